@@ -1,0 +1,98 @@
+"""Process bodies for the multi-process tests (module-level, so any start method works).
+
+Each reports through a queue as a plain dict; each builds its own TuneCache after the fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import tunecache
+
+
+def keys(n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"kind": "test", "op": "mm", "i": i, **extra} for i in range(n)]
+
+
+def timings_for(key: dict[str, Any]) -> dict[str, float]:
+    """Deterministic per key, so every process would agree even without the cache."""
+    i = int(key.get("i", 0))
+    return {"aten": 1.0 + (i % 5) * 0.1, "triton_a": 1.2 - (i % 3) * 0.1, "triton_b": 1.25}
+
+
+def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: Any) -> None:
+    """All processes ask for the same keys at once; report what each tuned."""
+    cache = tunecache.open(url, lease_seconds=10)
+    tuned_here: list[int] = []
+
+    def tune(key: dict[str, Any]) -> dict[str, float]:
+        tuned_here.append(key["i"])
+        time.sleep(tune_seconds)
+        return timings_for(key)
+
+    cache.lookup({"warm": "up"})  # connect and migrate before the race starts
+    barrier.wait()
+    results = cache.get_or_tune_many(keys(n_keys), tune)
+    queue.put({
+        "pid": os.getpid(),
+        "tuned": tuned_here,
+        "sources": [r.source for r in results],
+        "results": [(r.key_hash, r.best, sorted(r.timings.items())) for r in results],
+    })
+    cache.close()
+
+
+def hold_claim_forever(url: str, lease: float, ready: Path) -> None:
+    """Claim one key and never finish tuning it (the test kills or stops us)."""
+    cache = tunecache.open(url, lease_seconds=lease)
+
+    def tune() -> dict[str, float]:
+        ready.write_text(str(os.getpid()))
+        while True:
+            time.sleep(1)
+
+    cache.get_or_tune({"kind": "test", "op": "mm", "i": 0}, tune)
+
+
+def publish_after_stop(url: str, lease: float, ready: Path, go: Path, queue: Any) -> None:
+    """Claim key 0 and tune it slowly; the test freezes us past the lease meanwhile."""
+    logging.basicConfig(level=logging.WARNING)
+    cache = tunecache.open(url, lease_seconds=lease)
+
+    def tune() -> dict[str, float]:
+        ready.write_text(str(os.getpid()))
+        while not go.exists():
+            time.sleep(0.05)
+        return {"stale_owner_kernel": 0.5}
+
+    result = cache.get_or_tune({"kind": "test", "op": "mm", "i": 0}, tune)
+    queue.put({"source": result.source, "timings": result.timings, "best": result.best})
+    cache.close()
+
+
+def crash_while_tuning(url: str, lease: float, max_attempts: int) -> None:
+    """A poison key: its tuner takes the whole process down."""
+    cache = tunecache.open(url, lease_seconds=lease, max_attempts=max_attempts)
+
+    def tune() -> dict[str, float]:
+        os._exit(17)
+
+    cache.get_or_tune({"kind": "test", "op": "mm", "poison": True}, tune)
+
+
+def open_and_report(url: str, barrier: Any, queue: Any) -> None:
+    """Open a fresh database together with many others; say whether we migrated it."""
+    from tunecache.store import Database, ensure_schema
+    from tunecache.store.migrate import current_revision
+
+    db = Database(url, lock_timeout=60)
+    barrier.wait()
+    try:
+        migrated = ensure_schema(db)
+        queue.put({"migrated": migrated, "revision": db.run(current_revision)})
+    except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+        queue.put({"error": repr(e)})

@@ -1,0 +1,112 @@
+"""The public API on one process: hits, winners, readonly mode, usage counting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import func, select, text
+
+import tunecache
+from tunecache.store import Database
+from tunecache.store.schema import entries, usage
+
+
+def test_second_call_is_a_hit_with_the_same_timings_and_winner(db_url):
+    calls = []
+
+    def tune() -> dict[str, float]:
+        calls.append(1)
+        return {"b_kernel": 1.0, "a_kernel": 1.0, "slow": 3.0, "broken": math.inf}
+
+    with tunecache.open(db_url) as cache:
+        first = cache.get_or_tune({"op": "mm", "m": 8}, tune)
+        second = cache.get_or_tune({"m": 8, "op": "mm"}, tune)  # same key, other order
+    assert calls == [1]
+    assert (first.source, second.source) == ("tuned", "hit")
+    assert first.timings == second.timings
+    assert second.timings["broken"] == math.inf
+    assert first.best == second.best == "a_kernel"  # tie broken by name
+
+
+def test_get_or_tune_many_keeps_the_callers_order_and_duplicates(db_url):
+    keys = [{"i": 3}, {"i": 1}, {"i": 3}, {"i": 2}]
+    with tunecache.open(db_url) as cache:
+        results = cache.get_or_tune_many(keys, lambda key: {f"k{key['i']}": float(key["i"])})
+    assert [r.best for r in results] == ["k3", "k1", "k3", "k2"]
+    assert results[0] == results[2]
+
+
+def test_readonly_mode_reads_hits_and_never_writes(db_url):
+    with tunecache.open(db_url) as writer:
+        writer.get_or_tune({"i": 1}, lambda: {"a": 1.0})
+    count = select(func.count()).select_from(entries)
+    with tunecache.open(db_url, mode="readonly") as reader:
+        hit = reader.get_or_tune({"i": 1}, lambda: pytest.fail("a hit is not tuned"))
+        miss = reader.get_or_tune({"i": 2}, lambda: {"b": 1.0})
+        reader.flush_usage()
+        db = reader.store.db
+        rows = db.run(lambda c: c.execute(count).scalar())
+        hits = db.run(lambda c: c.execute(select(entries.c.hits)).scalar())
+        usage_rows = db.run(lambda c: c.execute(select(func.count()).select_from(usage)).scalar())
+    assert (hit.source, miss.source) == ("hit", "local")
+    assert (rows, hits, usage_rows) == (1, 0, 1)  # the one usage row is the writer's
+
+
+def test_readonly_mode_never_creates_a_database_file(tmp_path):
+    path = tmp_path / "missing.db"
+    with tunecache.open(str(path), mode="readonly") as reader:
+        assert reader.get_or_tune({"i": 1}, lambda: {"a": 1.0}).source == "local"
+        assert "unable to open" in reader.disabled_reason
+    assert not path.exists()
+
+
+def test_readonly_mode_never_migrates_and_says_how_to(db_url):
+    Database(db_url).run(lambda conn: None, write=True)  # exists, but has no schema
+    with tunecache.open(db_url, mode="readonly") as reader:
+        assert reader.get_or_tune({"i": 1}, lambda: {"a": 1.0}).source == "local"
+        assert "run `tunecache upgrade`" in reader.disabled_reason
+    with tunecache.open(db_url, mode="readonly") as reader:
+        # Still unmigrated: the readonly process wrote nothing, not even the schema.
+        assert reader.lookup({"i": 1}) is None
+
+
+def test_usage_is_written_in_one_batch_on_flush(db_url):
+    with tunecache.open(db_url) as cache:
+        cache.get_or_tune({"i": 1}, lambda: {"a": 1.0})
+        for _ in range(5):
+            cache.get_or_tune({"i": 1}, lambda: pytest.fail("hit"))
+        db = cache.store.db
+        before = db.run(lambda c: c.execute(select(entries.c.hits)).scalar())
+        cache.flush_usage()
+        after = db.run(lambda c: c.execute(select(entries.c.hits)).scalar())
+        row = db.run(lambda c: c.execute(select(usage)).one())
+    assert (before, after) == (0, 5)
+    assert (row.hits, row.tuned) == (5, 1)
+    assert row.seconds_saved >= 0
+
+
+def test_timings_with_nan_from_a_tuner_are_rejected_before_publishing(db_url):
+    with tunecache.open(db_url) as cache:
+        with pytest.raises(tunecache.InvalidEntryError, match="nan"):
+            cache.get_or_tune({"i": 1}, lambda: {"a": float("nan")})
+        # The claim was given back: a good tuner can still fill the key.
+        assert cache.get_or_tune({"i": 1}, lambda: {"a": 1.0}).source == "tuned"
+
+
+def test_keys_that_are_not_json_are_refused_with_a_clear_error(db_url):
+    with tunecache.open(db_url) as cache:
+        with pytest.raises(TypeError, match="JSON-able"):
+            cache.get_or_tune({"shape": object()}, lambda: {"a": 1.0})
+        with pytest.raises(TypeError, match="mapping"):
+            cache.get_or_tune(["not", "a", "mapping"], lambda: {"a": 1.0})  # type: ignore[arg-type]
+
+
+def test_postgresql_time_comes_from_the_database(pg_url):
+    with tunecache.open(pg_url) as cache:
+        cache.get_or_tune({"i": 1}, lambda: {"a": 1.0})
+        db = cache.store.db
+        created, server_now = db.run(lambda c: c.execute(text(
+            "SELECT created_at, extract(epoch from clock_timestamp()) FROM tunecache_entries"
+        )).one())
+    assert 0 <= float(server_now) - created < 60

@@ -1,0 +1,58 @@
+"""Alembic: the migrated schema is the declared one, and migrations ship in the wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from tunecache.store import Database, ensure_schema
+from tunecache.store.migrate import VERSION_TABLE, head_revision
+from tunecache.store.schema import metadata
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_migrated_schema_equals_the_declared_schema(db_url):
+    db = Database(db_url)
+    assert ensure_schema(db) is True
+    assert ensure_schema(db) is False
+
+    def diff(conn):
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+        )
+        return compare_metadata(context, metadata)
+
+    assert db.run(diff) == []
+
+
+def test_installed_wheel_migrates_without_the_source_tree(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheels), str(ROOT)],
+        check=True,
+    )
+    [wheel] = wheels.glob("tunecache-*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+         str(wheel)],
+        check=True,
+    )
+    script = (
+        "import tunecache, sys; c = tunecache.open(sys.argv[1]);"
+        "print(c.get_or_tune({'i': 1}, lambda: {'a': 1.0}).source, tunecache.__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "wheel.db")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert out[0] == "tuned"
+    assert out[1].startswith(str(site))
+    assert head_revision() == "0001"

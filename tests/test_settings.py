@@ -1,0 +1,58 @@
+"""TUNECACHE_* variables: parsed and validated in one place, with one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecache.errors import ConfigError
+from tunecache.settings import Settings, resolve_db_url
+
+
+def test_unset_db_is_the_embedded_default_under_xdg_cache_home(tmp_path):
+    settings = Settings.from_env({"XDG_CACHE_HOME": str(tmp_path)})
+    assert settings.db_url == f"sqlite:///{tmp_path}/tunecache/tunecache.db"
+
+
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        ("/shared/tune.db", "sqlite:////shared/tune.db"),
+        ("sqlite:////shared/tune.db", "sqlite:////shared/tune.db"),
+        ("postgresql://u:pw@db:5432/tune", "postgresql+psycopg://u:pw@db:5432/tune"),
+        ("postgres://db/tune", "postgresql+psycopg://db/tune"),
+    ],
+)
+def test_db_accepts_paths_and_urls(value, url):
+    assert resolve_db_url(value) == url
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TUNECACHE_DB": "  "}, "TUNECACHE_DB='  ' is invalid"),
+        ({"TUNECACHE_DB": "sqlite://"}, "a SQLite URL naming a file"),
+        ({"TUNECACHE_DB": "redis://cache/0"}, "not redis://"),
+        ({"TUNECACHE_DB": "postgresql://host:notaport/db"}, "TUNECACHE_DB="),
+        ({"TUNECACHE_MODE": "sometimes"}, "readwrite or readonly or off"),
+        ({"TUNECACHE_LEASE_SECONDS": "-3"}, "a positive number of seconds"),
+        ({"TUNECACHE_WAIT_TIMEOUT": "nan"}, "a positive number of seconds"),
+        ({"TUNECACHE_MAX_ATTEMPTS": "2.5"}, "a positive whole number"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env(env)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_keyword_settings_override_the_environment():
+    settings = Settings.from_env({"TUNECACHE_MODE": "readonly", "TUNECACHE_LEASE_SECONDS": "9"},
+                                 mode="off", db="/x.db")
+    assert (settings.mode, settings.lease_seconds, settings.db_url) == ("off", 9.0,
+                                                                       "sqlite:////x.db")
+
+
+def test_unknown_keyword_setting_is_a_type_error():
+    with pytest.raises(TypeError, match="lease"):
+        Settings.from_env({}, lease=3)

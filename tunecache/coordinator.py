@@ -1,0 +1,530 @@
+"""Claim -> tune -> publish, heartbeat, wait for peers, take over, fall back.
+
+:class:`TuneCache` tunes opaque keys with a callable; it knows nothing of Inductor, so it
+serves any autotuner. The guarantees:
+
+- every distinct key is tuned once, by whoever claims it first; processes that ask for the
+  same keys take them from the front of the list one at a time, so equal work splits evenly;
+- no transaction is open while tuning; the owner's heartbeat renews its lease, and a peer
+  takes over a key whose owner died or froze (its late publish is then rejected);
+- every process returns the stored timings, so every process picks the same winner;
+- a key whose tuner fails ``max_attempts`` times ends ``failed``, an answer, not a hang;
+- any store failure logs one warning and the process tunes locally from then on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import math
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+from .errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
+from .keys import best_candidate, key_hash, key_labels, timings_to_json, validate_timings
+from .settings import Settings
+from .store import Claim, Database, Entry, Publication, Store, ensure_schema
+from .store.store import NOTIFY_CHANNEL
+
+__all__ = ["TuneCache", "Result", "Source"]
+
+logger = logging.getLogger("tunecache")
+
+Source = Literal["hit", "tuned", "peer", "local", "failed"]
+Tuner = Callable[[Mapping[str, Any]], Mapping[str, float]]
+
+# How many keys one claim step looks at. Processes walk the key list in the same order, so
+# the first free key is almost always within the first few; the window only bounds a read.
+_CLAIM_WINDOW = 16
+_USAGE_FLUSH_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """Timings of one key. ``best`` is the least time, ties broken by candidate name.
+
+    ``source``: ``hit`` (already in the cache), ``tuned`` (this process tuned and published
+    it), ``peer`` (another process tuned it while this one waited), ``local`` (tuned here
+    without the cache: store unavailable, readonly miss, invalid entry, or wait timeout),
+    ``failed`` (the key failed its tuner too often; ``error`` says why).
+    """
+
+    key_hash: str
+    timings: dict[str, float]
+    best: str | None
+    source: Source
+    tune_seconds: float | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Key:
+    hash: str
+    json: str
+    labels: dict[str, str | None]
+    key: Mapping[str, Any]
+
+
+class TuneCache:
+    """A process's handle on the shared cache. Safe across fork; one per process is enough."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._db = Database(settings.db_url, settings.lock_timeout,
+                            readonly=settings.mode == "readonly")
+        self._store = Store(self._db)
+        self._lock = threading.RLock()
+        self._schema_pid = -1
+        self._disabled: str | None = "TUNECACHE_MODE=off" if settings.mode == "off" else None
+        self._warned_keys: set[str] = set()
+        self._owner_pid = -1
+        self._owner = ""
+        self._heartbeat: _Heartbeat | None = None
+        self._listener: _Listener | None = None
+        self._usage = _Usage()
+        _open_caches.add(self)
+
+    # -- public API ----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return self._db.display_url
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why this process tunes locally (None while the shared cache is in use)."""
+        return self._disabled
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def get_or_tune(
+        self, key: Mapping[str, Any], tune: Callable[[], Mapping[str, float]]
+    ) -> Result:
+        """The timings of ``key``, from the cache, a peer, or ``tune()``.
+
+        Raises :class:`KeyFailedError` if the key is marked failed; whatever ``tune``
+        raises propagates (the claim is given back first).
+        """
+        result = self.get_or_tune_many([key], lambda _key: tune())[0]
+        if result.source == "failed":
+            raise KeyFailedError(result.key_hash, self.settings.max_attempts, result.error)
+        return result
+
+    def get_or_tune_many(self, keys: Sequence[Mapping[str, Any]], tune: Tuner) -> list[Result]:
+        """Results for ``keys``, in their order; ``tune(key)`` tunes one key.
+
+        Claims free keys one at a time (in list order, so processes calling with the same
+        list share the work evenly) and tunes them, then waits on the database for keys
+        that peers are tuning, taking over any whose owner's lease passes. A failed key
+        gets a ``failed`` result rather than an exception, so the others are not lost.
+        """
+        prepared: dict[str, _Key] = {}
+        for key in keys:
+            h, j = key_hash(key)
+            prepared.setdefault(h, _Key(h, j, key_labels(key), key))
+        results: dict[str, Result] = {}
+        if self._ensure_available():
+            try:
+                if self.settings.mode == "readonly":
+                    self._read_only(prepared, results)
+                else:
+                    self._claim_tune_wait(prepared, tune, results)
+            except StoreError as e:
+                self._disable(e)
+        for k in prepared.values():
+            if k.hash not in results:
+                results[k.hash] = self._tune_locally(k, tune)
+        self._usage.add(results.values())
+        self._maybe_flush()
+        return [results[key_hash(key)[0]] for key in keys]
+
+    def lookup(self, key: Mapping[str, Any]) -> Result | None:
+        """The stored result of ``key`` if it is done and valid; never claims or waits."""
+        h, _ = key_hash(key)
+        if not self._ensure_available():
+            return None
+        try:
+            row = self._store.read([h]).get(h)
+        except StoreError as e:
+            self._disable(e)
+            return None
+        if row is None or row.state != "done":
+            return None
+        result = self._result_from_row(row, "hit")
+        if result is not None:
+            self._usage.add([result])
+        return result
+
+    def flush_usage(self) -> None:
+        """Write the hit counts and the usage row gathered so far (one transaction)."""
+        if self.settings.mode != "readwrite" or self._disabled:
+            self._usage.take()
+            return
+        hits, counts = self._usage.take()
+        if not hits and not any(counts.values()):
+            return
+        try:
+            self._store.record_usage(hits, counts)
+        except StoreError as e:
+            logger.debug("tunecache: usage not recorded: %s", e)
+
+    def close(self) -> None:
+        self.flush_usage()
+        if self._heartbeat is not None and self._heartbeat.pid == os.getpid():
+            self._heartbeat.stop()
+        self._heartbeat = None
+        if self._listener is not None:
+            self._listener.close()
+        self._listener = None
+        self._db.dispose()
+
+    def __enter__(self) -> "TuneCache":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- availability --------------------------------------------------------------------
+
+    def _ensure_available(self) -> bool:
+        if self._disabled:
+            return False
+        pid = os.getpid()
+        if self._schema_pid == pid:
+            return True
+        with self._lock:
+            if self._schema_pid != pid and not self._disabled:
+                try:
+                    ensure_schema(self._db, may_migrate=self.settings.mode == "readwrite")
+                    self._schema_pid = pid
+                except TuneCacheError as e:
+                    self._disable(e)
+        return not self._disabled
+
+    def _disable(self, error: BaseException) -> None:
+        with self._lock:
+            if self._disabled:
+                return
+            self._disabled = str(error)
+        logger.warning("tunecache: %s; tuning locally in this process from now on", error)
+
+    def _owner_id(self) -> str:
+        pid = os.getpid()
+        if self._owner_pid != pid:
+            self._owner = f"{socket.gethostname()[:200]}:{pid}:{uuid.uuid4().hex[:8]}"
+            self._owner_pid = pid
+        return self._owner
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def _read_only(self, keys: Mapping[str, _Key], results: dict[str, Result]) -> None:
+        for h, row in self._store.read(list(keys)).items():
+            if row.state == "done":
+                result = self._result_from_row(row, "hit")
+                if result is not None:
+                    results[h] = result
+
+    def _claim_tune_wait(
+        self, keys: Mapping[str, _Key], tune: Tuner, results: dict[str, Result]
+    ) -> None:
+        owner = self._owner_id()
+        todo = list(keys)  # free as far as we know, in the caller's order
+        waiting: list[str] = []  # claimed by peers
+        publications: list[Publication] = []
+        batch = 1
+        idle_since = time.monotonic()
+        poll = 0.01
+        while todo or waiting or publications:
+            if todo or publications:
+                window = todo[: _CLAIM_WINDOW + batch]
+                if batch > 1:
+                    # Cheap keys: start at a random place, so that processes claiming
+                    # batches do not queue behind each other's uncommitted inserts.
+                    # (Fairness is moot when tuning costs nothing.)
+                    at = random.randrange(len(todo)) if todo else 0
+                    window = (todo[at:] + todo[:at])[: _CLAIM_WINDOW + batch]
+                started = time.perf_counter()
+                outcome = self._store.step(
+                    publish=publications,
+                    candidates=[(h, keys[h].json, keys[h].labels) for h in window],
+                    limit=batch,
+                    owner=owner,
+                    lease_seconds=self.settings.lease_seconds,
+                    max_attempts=self.settings.max_attempts,
+                )
+                step_seconds = time.perf_counter() - started
+                for pub, accepted in zip(publications, outcome.published):
+                    h = pub.claim.key_hash
+                    if accepted:
+                        results[h] = Result(h, validate_timings(pub.timings_json, h), pub.best,
+                                            "tuned", pub.tune_seconds)
+                    else:
+                        # Our claim was taken over while we were frozen or slow: the new
+                        # owner's result is the one everybody uses, so wait for it.
+                        logger.warning(
+                            "tunecache: lost the claim on %s before publishing; "
+                            "using the result of the process that took it over", h[:16]
+                        )
+                        waiting.append(h)
+                claimed = {c.key_hash for c in outcome.claimed}
+                for h in window:
+                    row = outcome.seen.get(h)
+                    if h in claimed or row is None or row.lease_expired:
+                        continue  # ours now, or still free: a later step claims it
+                    todo.remove(h)
+                    if not self._settle(row, "hit", results):
+                        waiting.append(h)
+                publications = []
+                for claim in outcome.claimed:
+                    todo.remove(claim.key_hash)
+                    publications.append(self._tune_claimed(claim, keys[claim.key_hash], tune))
+                batch = _next_batch(step_seconds, publications)
+                continue
+            # Only peers' keys are left: watch them.
+            rows = self._store.read(waiting)
+            progressed = False
+            for h in list(waiting):
+                row = rows.get(h)
+                if row is None or row.lease_expired:
+                    waiting.remove(h)
+                    todo.append(h)  # owner gone (or entry pruned): try to claim it
+                    progressed = True
+                elif self._settle(row, "peer", results):
+                    waiting.remove(h)
+                    progressed = True
+            if progressed:
+                idle_since, poll = time.monotonic(), 0.01
+                continue
+            if time.monotonic() - idle_since > self.settings.wait_timeout:
+                logger.warning(
+                    "tunecache: peers made no progress on %d key(s) for %gs "
+                    "(TUNECACHE_WAIT_TIMEOUT); tuning them locally",
+                    len(waiting), self.settings.wait_timeout,
+                )
+                return
+            self._wait_for_change(poll)
+            poll = min(poll * 2, 0.5)
+
+    def _settle(self, row: Entry, source: Source, results: dict[str, Result]) -> bool:
+        """Record a finished row's result; False while it is still being tuned."""
+        if row.state == "done":
+            result = self._result_from_row(row, source)
+            if result is not None:
+                results[row.key_hash] = result
+            return True  # an invalid entry is left to the local fallback
+        if row.state == "failed":
+            results[row.key_hash] = Result(
+                row.key_hash, {}, None, "failed", error=row.error or "failed"
+            )
+            return True
+        return False
+
+    def _result_from_row(self, row: Entry, source: Source) -> Result | None:
+        try:
+            timings = validate_timings(row.timings_json, row.key_hash)
+        except InvalidEntryError as e:
+            if row.key_hash not in self._warned_keys:
+                self._warned_keys.add(row.key_hash)
+                logger.warning("tunecache: %s; tuning it locally", e)
+            return None
+        return Result(row.key_hash, timings, best_candidate(timings), source, row.tune_seconds)
+
+    def _tune_claimed(self, claim: Claim, key: _Key, tune: Tuner) -> Publication:
+        heartbeat = self._heartbeat_thread()
+        heartbeat.hold(claim)
+        start = time.perf_counter()
+        try:
+            timings = validate_timings(dict(tune(key.key)), key.hash)
+        except BaseException as e:
+            heartbeat.release(claim)
+            try:
+                state = self._store.release_failed(
+                    claim, f"{type(e).__name__}: {e}", self.settings.max_attempts
+                )
+                logger.warning("tunecache: tuning %s raised %s; key is now %s",
+                               key.hash[:16], type(e).__name__, state or "someone else's")
+            except StoreError as store_error:
+                self._disable(store_error)
+            raise
+        heartbeat.release(claim)
+        return Publication(
+            claim, timings_to_json(timings), best_candidate(timings) or "",
+            time.perf_counter() - start,
+        )
+
+    def _tune_locally(self, key: _Key, tune: Tuner) -> Result:
+        start = time.perf_counter()
+        timings = dict(tune(key.key))
+        clean = {name: (ms if isinstance(ms, (int, float)) and not math.isnan(ms) else math.inf)
+                 for name, ms in timings.items()}
+        return Result(key.hash, clean, best_candidate(clean), "local",
+                      time.perf_counter() - start)
+
+    def _wait_for_change(self, timeout: float) -> None:
+        if self._db.dialect == "postgresql":
+            if self._listener is None or self._listener.pid != os.getpid():
+                self._listener = _Listener(self._db.url)
+            if self._listener.wait(timeout):
+                return
+        time.sleep(timeout)
+
+    def _heartbeat_thread(self) -> "_Heartbeat":
+        if self._heartbeat is None or self._heartbeat.pid != os.getpid():
+            self._heartbeat = _Heartbeat(self._store, self.settings.lease_seconds)
+        return self._heartbeat
+
+    def _maybe_flush(self) -> None:
+        if self._usage.age() > _USAGE_FLUSH_SECONDS:
+            self.flush_usage()
+
+
+def _next_batch(step_seconds: float, tuned: Sequence[Publication]) -> int:
+    """How many keys to claim in the next step.
+
+    One, so that equal work splits evenly between processes, unless tuning is so cheap
+    (a no-op or a cached tuner) that the transaction costs several times the tuning: then
+    a batch, so that the database, not fairness over nothing, sets the pace.
+    """
+    if not tuned:
+        return 1
+    tune_seconds = sum(p.tune_seconds for p in tuned) / len(tuned)
+    if tune_seconds * 4 >= step_seconds:
+        return 1
+    return max(1, min(32, int(step_seconds / max(tune_seconds, 1e-6) / 4)))
+
+
+class _Usage:
+    """Hits and sources counted in memory, written by :meth:`TuneCache.flush_usage`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._hits: dict[str, int] = {}
+        self._counts: dict[str, float] = {}
+
+    def add(self, results: Iterable[Result]) -> None:
+        with self._lock:
+            for r in results:
+                self._counts[r.source] = self._counts.get(r.source, 0) + 1
+                if r.source in ("hit", "peer"):
+                    self._hits[r.key_hash] = self._hits.get(r.key_hash, 0) + 1
+                    saved = self._counts.get("seconds_saved", 0.0) + (r.tune_seconds or 0.0)
+                    self._counts["seconds_saved"] = saved
+                elif r.source in ("tuned", "local"):
+                    spent = self._counts.get("seconds_tuning", 0.0) + (r.tune_seconds or 0.0)
+                    self._counts["seconds_tuning"] = spent
+
+    def take(self) -> tuple[dict[str, int], dict[str, float]]:
+        with self._lock:
+            hits, counts = self._hits, self._counts
+            self._hits, self._counts, self._since = {}, {}, time.monotonic()
+            return hits, counts
+
+    def age(self) -> float:
+        return time.monotonic() - self._since
+
+
+class _Heartbeat:
+    """Renews the leases of the claims a process holds, every lease/3 seconds."""
+
+    def __init__(self, store: Store, lease_seconds: float) -> None:
+        self.pid = os.getpid()
+        self._store = store
+        self._lease = lease_seconds
+        self._claims: dict[str, Claim] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunecache-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def hold(self, claim: Claim) -> None:
+        with self._lock:
+            self._claims[claim.key_hash] = claim
+
+    def release(self, claim: Claim) -> None:
+        with self._lock:
+            self._claims.pop(claim.key_hash, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._lease / 3):
+            with self._lock:
+                claims = list(self._claims.values())
+            if not claims:
+                continue
+            try:
+                lost = self._store.heartbeat(claims, self._lease)
+            except StoreError as e:
+                logger.debug("tunecache: heartbeat failed: %s", e)
+                continue
+            for h in lost:
+                logger.warning("tunecache: lost the claim on %s (lease passed)", h[:16])
+
+
+class _Listener:
+    """A PostgreSQL connection LISTENing for published keys, to wake waiters early.
+
+    Polling stays the source of truth: a notification only cuts a sleep short.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.pid = os.getpid()
+        self._conn: Any = None
+        try:
+            import psycopg
+            from sqlalchemy.engine import make_url
+
+            conninfo = make_url(url).set(drivername="postgresql").render_as_string(
+                hide_password=False
+            )
+            self._conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except Exception as e:  # noqa: BLE001 - any failure here just means polling
+            logger.debug("tunecache: LISTEN unavailable, polling: %s", e)
+            self._conn = None
+
+    def wait(self, timeout: float) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                break
+            return True
+        except Exception as e:  # noqa: BLE001 - fall back to polling
+            logger.debug("tunecache: LISTEN failed, polling: %s", e)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None and self.pid == os.getpid():
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        self._conn = None
+
+
+_open_caches: "weakref.WeakSet[TuneCache]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for cache in list(_open_caches):
+        try:
+            cache.flush_usage()
+        except Exception:  # noqa: BLE001 - never fail interpreter shutdown
+            pass

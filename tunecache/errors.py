@@ -1,0 +1,115 @@
+"""tunecache's errors: one base class, subclasses that carry their fields and pickle.
+
+Inductor can compile in subprocesses, so every error must survive a round trip through
+pickle: each subclass passes all of its fields to ``Exception.__init__`` (that tuple is what
+pickle replays) and builds its message in ``__str__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TuneCacheError",
+    "ConfigError",
+    "StoreError",
+    "StoreUnavailableError",
+    "StoreTimeoutError",
+    "SchemaTooNewError",
+    "SchemaOutOfDateError",
+    "KeyFailedError",
+    "InvalidEntryError",
+]
+
+
+class TuneCacheError(Exception):
+    """Base class of every error tunecache raises."""
+
+
+class ConfigError(TuneCacheError, ValueError):
+    """A setting (environment variable or argument) has a value tunecache cannot use."""
+
+    def __init__(self, name: str, value: object, expected: str) -> None:
+        super().__init__(name, value, expected)
+        self.name = name
+        self.value = value
+        self.expected = expected
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value!r} is invalid: expected {self.expected}"
+
+
+class StoreError(TuneCacheError):
+    """The database could not serve a request."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(url, reason)
+        self.url = url
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"tunecache database {self.url}: {self.reason}"
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached or opened (server down, not a database file, …)."""
+
+
+class StoreTimeoutError(StoreError):
+    """The database stayed locked or busy past the configured timeout."""
+
+
+class SchemaTooNewError(StoreError):
+    """The database was written by a newer tunecache than this one."""
+
+    def __init__(self, url: str, revision: str) -> None:
+        super().__init__(url, revision)
+        self.revision = revision
+
+    def __str__(self) -> str:
+        return (
+            f"tunecache database {self.url} has schema revision {self.revision!r}, "
+            "which this tunecache does not know: it was written by a newer tunecache. "
+            "Upgrade tunecache (pip install -U tunecache) or point TUNECACHE_DB elsewhere."
+        )
+
+
+class SchemaOutOfDateError(StoreError):
+    """The database needs a migration and this process may not run one (readonly mode)."""
+
+    def __init__(self, url: str, revision: str | None) -> None:
+        super().__init__(url, str(revision))
+        self.revision = revision
+
+    def __str__(self) -> str:
+        return (
+            f"tunecache database {self.url} is at schema revision {self.revision!r}, "
+            "older than this tunecache; run `tunecache upgrade` (readonly mode never migrates)"
+        )
+
+
+class KeyFailedError(TuneCacheError):
+    """A key's tuner failed (raised or died) too many times; the key is marked failed."""
+
+    def __init__(self, key_hash: str, attempts: int, error: str | None) -> None:
+        super().__init__(key_hash, attempts, error)
+        self.key_hash = key_hash
+        self.attempts = attempts
+        self.error = error
+
+    def __str__(self) -> str:
+        why = f": {self.error}" if self.error else ""
+        return (
+            f"tuning key {self.key_hash[:16]} failed {self.attempts} time(s) and is marked "
+            f"failed{why}; `tunecache prune --failed` clears it"
+        )
+
+
+class InvalidEntryError(TuneCacheError):
+    """An entry read from shared storage (or imported) does not pass validation."""
+
+    def __init__(self, key_hash: str, reason: str) -> None:
+        super().__init__(key_hash, reason)
+        self.key_hash = key_hash
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"invalid tunecache entry {self.key_hash[:16]}: {self.reason}"

@@ -1,0 +1,121 @@
+"""Tuning keys and timings: canonical JSON, hashes, validation, the winner.
+
+Everything here is pure and torch-free. Whatever reads an entry from shared storage goes
+through :func:`validate_timings`, because a shared file can hold anything: a half-written
+row from a crashed host, an entry from a buggy tunecache, or one written by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Mapping
+
+from .errors import InvalidEntryError
+
+__all__ = [
+    "canonical_json",
+    "key_hash",
+    "key_labels",
+    "validate_timings",
+    "timings_to_json",
+    "best_candidate",
+    "MAX_KEY_BYTES",
+    "MAX_TIMINGS_BYTES",
+    "MAX_CANDIDATES",
+]
+
+# Bounds on what one entry may hold. Real GEMM keys are under 2 KiB and real candidate
+# lists under a few hundred names; anything far past that is garbage or hostile.
+MAX_KEY_BYTES = 64 * 1024
+MAX_TIMINGS_BYTES = 1024 * 1024
+MAX_CANDIDATES = 10_000
+MAX_CANDIDATE_NAME = 1024
+MAX_LABEL = 256
+
+
+def canonical_json(value: Any) -> str:
+    """One text per value: sorted keys, no spaces, no NaN, so equal keys hash equally."""
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"a tunecache key must be JSON-able (no NaN/inf): {e}") from None
+    return text
+
+
+def key_hash(key: Mapping[str, Any]) -> tuple[str, str]:
+    """(sha256 hex, canonical JSON) of a key mapping."""
+    if not isinstance(key, Mapping):
+        raise TypeError(f"a tunecache key must be a mapping, not {type(key).__name__}")
+    text = canonical_json(dict(key))
+    if len(text.encode()) > MAX_KEY_BYTES:
+        raise ValueError(f"a tunecache key must be under {MAX_KEY_BYTES} bytes as JSON")
+    return hashlib.sha256(text.encode()).hexdigest(), text
+
+
+def _label(value: Any) -> str | None:
+    return value[:MAX_LABEL] if isinstance(value, str) else None
+
+
+def key_labels(key: Mapping[str, Any]) -> dict[str, str | None]:
+    """The columns stats and prune group by, from the key convention
+    ``{"kind": ..., "op": ..., "env": {"device": ..., "torch": ..., "triton": ...}}``."""
+    env = key.get("env")
+    env = env if isinstance(env, Mapping) else {}
+    return {
+        "kind": _label(key.get("kind")),
+        "op": _label(key.get("op")),
+        "device": _label(env.get("device")),
+        "torch_version": _label(env.get("torch")),
+        "triton_version": _label(env.get("triton")),
+    }
+
+
+def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
+    """Check a timings mapping {candidate: ms}; return it with ``None`` read as ``inf``.
+
+    A candidate that failed to run is stored as JSON null (JSON has no infinity); every
+    other value must be a finite, non-negative number, and at least one must be finite.
+    """
+    if isinstance(raw, (str, bytes)):
+        if len(raw) > MAX_TIMINGS_BYTES:
+            raise InvalidEntryError(key, f"timings larger than {MAX_TIMINGS_BYTES} bytes")
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise InvalidEntryError(key, "timings are not valid JSON") from None
+    if not isinstance(raw, Mapping):
+        raise InvalidEntryError(key, "timings are not a JSON object")
+    if not raw:
+        raise InvalidEntryError(key, "timings are empty")
+    if len(raw) > MAX_CANDIDATES:
+        raise InvalidEntryError(key, f"more than {MAX_CANDIDATES} candidates")
+    out: dict[str, float] = {}
+    for name, ms in raw.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME:
+            raise InvalidEntryError(key, f"bad candidate name {str(name)[:40]!r}")
+        if ms is None or ms == math.inf:
+            out[name] = math.inf
+            continue
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+            raise InvalidEntryError(key, f"timing of {name[:40]!r} is not a number")
+        if not math.isfinite(ms) or ms < 0:
+            raise InvalidEntryError(key, f"timing of {name[:40]!r} is {ms!r}")
+        out[name] = float(ms)
+    if best_candidate(out) is None:
+        raise InvalidEntryError(key, "no candidate has a finite timing")
+    return out
+
+
+def timings_to_json(timings: Mapping[str, float]) -> str:
+    """Store infinite (failed) timings as null; JSON has no infinity."""
+    return canonical_json({k: (None if v == math.inf else v) for k, v in timings.items()})
+
+
+def best_candidate(timings: Mapping[str, float]) -> str | None:
+    """The fastest candidate; ties go to the smallest name, so every process agrees."""
+    finite = [(ms, name) for name, ms in timings.items() if math.isfinite(ms)]
+    return min(finite)[1] if finite else None

@@ -1,0 +1,152 @@
+"""Every TUNECACHE_* environment variable, read and validated in this one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .errors import ConfigError
+
+__all__ = ["Settings", "Mode", "resolve_db_url", "default_db_path"]
+
+Mode = Literal["readwrite", "readonly", "off"]
+MODES: tuple[str, ...] = ("readwrite", "readonly", "off")
+
+# The drivers we test against. A bare "postgresql://" means psycopg 3: SQLAlchemy's own
+# default for that scheme is psycopg2, which we neither depend on nor test.
+_SCHEMES = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+
+
+def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The embedded default database, under the user's cache directory (XDG)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tunecache" / "tunecache.db"
+
+
+def resolve_db_url(
+    db: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Turn a TUNECACHE_DB value (a path or a URL; None for the default) into a URL."""
+    if db is None:
+        return f"sqlite:///{default_db_path(environ)}"
+    text = os.fspath(db).strip()
+    if not text:
+        raise ConfigError("TUNECACHE_DB", db, "a file path or a sqlite:/// or postgresql:// URL")
+    if "://" not in text:
+        return f"sqlite:///{Path(text).expanduser().absolute()}"
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise ConfigError(
+            "TUNECACHE_DB", text, "a file path or a sqlite:/// or postgresql:// URL"
+        ) from None
+    scheme = _SCHEMES.get(url.drivername)
+    if scheme is None:
+        raise ConfigError(
+            "TUNECACHE_DB", text, f"a sqlite:/// or postgresql:// URL, not {url.drivername}://"
+        )
+    if scheme == "sqlite" and not url.database:
+        # An in-memory SQLite database cannot be shared by anyone: refuse it loudly.
+        raise ConfigError("TUNECACHE_DB", text, "a SQLite URL naming a file (sqlite:////path)")
+    if scheme == "sqlite" and url.database:
+        url = url.set(database=str(Path(url.database).expanduser().absolute()))
+    return url.set(drivername=scheme).render_as_string(hide_password=False)
+
+
+def _positive_float(name: str, raw: str | float) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, raw, "a positive number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(name, raw, "a positive number of seconds")
+    return value
+
+
+def _positive_int(name: str, raw: str | int) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, raw, "a positive whole number") from None
+    if value <= 0:
+        raise ConfigError(name, raw, "a positive whole number")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How a process uses the cache. Every field has an environment variable."""
+
+    db_url: str = dataclasses.field(default_factory=lambda: resolve_db_url(None))
+    mode: Mode = "readwrite"
+    # A claim's lease. The owner's heartbeat renews it every lease/3, so a live owner never
+    # loses its claim; a killed or frozen one loses it within this many seconds.
+    lease_seconds: float = 30.0
+    # How long a process waits for keys its peers are tuning before it tunes them itself.
+    wait_timeout: float = 900.0
+    # How long one database operation may wait for a lock (SQLite busy timeout) or a
+    # connection (PostgreSQL) before the store counts as unavailable.
+    lock_timeout: float = 30.0
+    # Claims of one key that may end without a result (tuner raised, process died) before
+    # the key is marked failed and waiters get that answer.
+    max_attempts: int = 3
+
+    _ENV = {
+        "db_url": "TUNECACHE_DB",
+        "mode": "TUNECACHE_MODE",
+        "lease_seconds": "TUNECACHE_LEASE_SECONDS",
+        "wait_timeout": "TUNECACHE_WAIT_TIMEOUT",
+        "lock_timeout": "TUNECACHE_LOCK_TIMEOUT",
+        "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
+    }
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError("TUNECACHE_MODE", self.mode, " or ".join(MODES))
+        for name in ("lease_seconds", "wait_timeout", "lock_timeout"):
+            object.__setattr__(self, name, _positive_float(self._ENV[name], getattr(self, name)))
+        object.__setattr__(
+            self, "max_attempts", _positive_int(self._ENV["max_attempts"], self.max_attempts)
+        )
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> "Settings":
+        """Settings from the environment; keyword arguments win over it.
+
+        ``db`` may be given as a path or URL (it is resolved like TUNECACHE_DB).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field, var in cls._ENV.items():
+            if var in env:
+                values[field] = env[var]
+        if "mode" in values:
+            values["mode"] = values["mode"].strip().lower()
+        db = overrides.pop("db", None)
+        if db is not None:
+            values["db_url"] = db
+        unknown = set(overrides) - set(cls._ENV)
+        if unknown:
+            raise TypeError(f"unknown tunecache setting(s): {', '.join(sorted(unknown))}")
+        values.update(overrides)
+        values["db_url"] = resolve_db_url(values.get("db_url"), env)
+        return cls(**values)
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.db_url.startswith("postgresql")

@@ -1,0 +1,205 @@
+"""Engines for SQLite on shared filesystems and for PostgreSQL, and the one transaction helper.
+
+SQLite notes (https://www.sqlite.org/lockingv3.html, https://www.sqlite.org/wal.html):
+- WAL keeps its index in shared memory, which does not work across the hosts of a network
+  filesystem, so the journal is a rollback journal (TRUNCATE: like DELETE, one directory
+  operation fewer per commit).
+- A deferred transaction that later writes can get SQLITE_BUSY without the busy handler ever
+  waiting (the deadlock SQLite avoids by failing). Every write transaction therefore starts
+  with BEGIN IMMEDIATE. Python's sqlite3 module issues its own BEGIN, so we switch that off
+  and emit ours: SQLAlchemy's documented recipe ("Serializable isolation / Savepoints /
+  Transactional DDL" in the pysqlite dialect docs).
+- synchronous=FULL: a host that loses power must not leave a torn entry behind.
+
+Engines do not survive fork(): the pool's sockets and file handles would be shared with the
+parent. :class:`Database` notices a new pid and builds a fresh engine in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import make_url
+
+from ..errors import StoreError, StoreTimeoutError, StoreUnavailableError
+
+__all__ = ["Database"]
+
+logger = logging.getLogger("tunecache")
+
+T = TypeVar("T")
+
+# Errors that mean "try again shortly" rather than "the database is gone".
+_SQLITE_RETRY = ("database is locked", "database table is locked", "database schema has changed")
+_PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock_not_available
+
+
+def _redacted(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class Database:
+    """An engine per process for one URL, and transactions with bounded retry."""
+
+    def __init__(self, url: str, lock_timeout: float = 30.0, readonly: bool = False) -> None:
+        self.url = url
+        # Readonly is enforced by the database, not only by our code paths: SQLite opens
+        # the file with mode=ro (never creating it), PostgreSQL sessions are read-only.
+        self.readonly = readonly
+        self.display_url = _redacted(url)
+        self.lock_timeout = lock_timeout
+        self.dialect = make_url(url).get_backend_name()
+        self._engine: Engine | None = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @property
+    def sqlite_path(self) -> str | None:
+        return make_url(self.url).database if self.is_sqlite else None
+
+    @property
+    def engine(self) -> Engine:
+        pid = os.getpid()
+        if self._engine is None or self._pid != pid:
+            with self._lock:
+                if self._engine is None or self._pid != pid:
+                    if self._engine is not None:
+                        # Inherited from the parent: drop the pool without closing the
+                        # parent's connections (SQLAlchemy's "Using Connection Pools with
+                        # Multiprocessing" recipe).
+                        self._engine.dispose(close=False)
+                    self._engine = self._create_engine()
+                    self._pid = pid
+        return self._engine
+
+    def _create_engine(self) -> Engine:
+        if self.is_sqlite:
+            path = self.sqlite_path or ""
+            if not self.readonly:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            # A small pool: reopening the file (and re-running the PRAGMAs) for every
+            # transaction costs more than the transaction. Forks get a fresh engine.
+            engine = create_engine(
+                f"sqlite:///file:{path}?mode=ro&uri=true" if self.readonly else self.url,
+                pool_size=2,
+                max_overflow=4,
+                connect_args={
+                    "timeout": self.lock_timeout,
+                    "isolation_level": None,
+                    "check_same_thread": False,
+                },
+            )
+            event.listen(engine, "connect", _sqlite_on_connect)
+            event.listen(engine, "begin", _sqlite_on_begin)
+            return engine
+        return create_engine(
+            self.url,
+            pool_size=2,
+            max_overflow=4,
+            connect_args={
+                "connect_timeout": max(1, int(min(self.lock_timeout, 10))),
+                "application_name": "tunecache",
+                **({"options": "-c default_transaction_read_only=on"} if self.readonly else {}),
+            },
+        )
+
+    def dispose(self) -> None:
+        if self._engine is not None and self._pid == os.getpid():
+            self._engine.dispose()
+        self._engine = None
+
+    @contextmanager
+    def _connection(self, write: bool) -> Iterator[Connection]:
+        conn = self.engine.connect()
+        try:
+            if write and self.is_sqlite:
+                conn = conn.execution_options(sqlite_begin="IMMEDIATE")
+            elif not write:
+                # A read is one statement, atomic on its own: no BEGIN/COMMIT round trips.
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+        finally:
+            conn.close()
+
+    def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
+        """Run ``work(conn)`` in one transaction, committed on return, rolled back on error.
+
+        ``write=False`` promises that ``work`` runs a single read statement (it then runs in
+        autocommit). Busy/locked errors are retried with jittered backoff until
+        ``lock_timeout``, then :class:`StoreTimeoutError`; a pooled connection found dead
+        (server restarted) is replaced once. Every other driver error becomes a
+        :class:`StoreError` (:class:`StoreUnavailableError` when the database cannot be
+        reached or read).
+        """
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.002
+        reconnected = False
+        while True:
+            try:
+                with self._connection(write) as conn:
+                    with conn.begin():
+                        return work(conn)
+            except exc.DBAPIError as e:
+                # No pre-ping (a round trip per checkout): a connection the server dropped
+                # is noticed on use, and the whole transaction is simply run again.
+                if e.connection_invalidated and not reconnected:
+                    reconnected = True
+                    continue
+                if not self._retryable(e):
+                    raise self._translate(e) from e
+                if time.monotonic() + delay > deadline:
+                    raise StoreTimeoutError(
+                        self.display_url,
+                        f"still locked after {self.lock_timeout:g}s "
+                        "(raise TUNECACHE_LOCK_TIMEOUT, or look for a stuck process)",
+                    ) from e
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
+            except exc.SQLAlchemyError as e:
+                raise StoreError(self.display_url, f"{type(e).__name__}: {e}") from e
+
+    def _retryable(self, e: exc.DBAPIError) -> bool:
+        if self.is_sqlite:
+            return isinstance(e.orig, sqlite3.OperationalError) and any(
+                s in str(e.orig) for s in _SQLITE_RETRY
+            )
+        return getattr(e.orig, "sqlstate", None) in _PG_RETRY_SQLSTATES
+
+    def _translate(self, e: exc.DBAPIError) -> StoreError:
+        first_line = str(e.orig).strip().splitlines()[0] if str(e.orig).strip() else repr(e.orig)
+        if isinstance(e, (exc.OperationalError, exc.InterfaceError)) or isinstance(
+            e.orig, sqlite3.DatabaseError
+        ):
+            return StoreUnavailableError(self.display_url, first_line)
+        return StoreError(self.display_url, first_line)
+
+
+def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+    # isolation_level=None (set in connect_args) stops pysqlite from emitting BEGIN itself.
+    cur = dbapi_connection.cursor()
+    try:
+        # Rollback-journal modes are per connection (only WAL persists in the file), so
+        # every connection states its own.
+        cur.execute("PRAGMA journal_mode=TRUNCATE")
+        cur.execute("PRAGMA synchronous=FULL")
+    finally:
+        cur.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    options = conn.get_execution_options()
+    if options.get("isolation_level") == "AUTOCOMMIT":
+        return
+    conn.exec_driver_sql(f"BEGIN {options.get('sqlite_begin', 'DEFERRED')}")

@@ -1,0 +1,65 @@
+"""The database schema, as SQLAlchemy Core tables. Alembic's revisions must produce exactly
+this (tests/test_migrations.py compares a migrated database with it)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+
+__all__ = ["metadata", "entries", "usage", "STATES"]
+
+metadata = MetaData()
+
+# A key moves claimed -> done, or claimed -> failed; done is final. A claimed row whose lease
+# has passed may be taken over (token + 1) by anyone.
+STATES = ("claimed", "done", "failed")
+
+entries = Table(
+    "tunecache_entries",
+    metadata,
+    Column("key_hash", String(64), primary_key=True),
+    Column("key_json", Text, nullable=False),
+    # Copied out of the key (tunecache.keys.key_labels) so stats and prune can group and
+    # filter without parsing JSON in SQL, which SQLite and PostgreSQL spell differently.
+    Column("kind", String(256)),
+    Column("op", String(256)),
+    Column("device", String(256)),
+    Column("torch_version", String(256)),
+    Column("triton_version", String(256)),
+    Column("state", String(16), nullable=False),
+    Column("owner", String(256)),
+    # Fencing token: bumped by every claim; a publish must present the current one.
+    Column("token", Integer, nullable=False),
+    Column("lease_expires_at", Float),
+    # Claims of this key so far; past Settings.max_attempts the key is marked failed.
+    Column("attempts", Integer, nullable=False),
+    Column("timings_json", Text),
+    Column("best", String(1024)),
+    Column("tune_seconds", Float),
+    Column("error", Text),
+    # Times are seconds since the epoch, from the database where it has a clock of its own
+    # (PostgreSQL) and from the host otherwise (SQLite runs inside the process).
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("last_used_at", Float),
+    Column("hits", Integer, nullable=False),
+    Index("ix_tunecache_entries_state", "state"),
+    Index("ix_tunecache_entries_last_used_at", "last_used_at"),
+    Index("ix_tunecache_entries_env", "device", "torch_version", "triton_version"),
+)
+
+# Usage is counted in memory and written in one row per flush (per compile or job), so a
+# warm job's lookups stay reads.
+usage = Table(
+    "tunecache_usage",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("recorded_at", Float, nullable=False),
+    Column("host", String(256), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("hits", Integer, nullable=False),
+    Column("tuned", Integer, nullable=False),
+    Column("peer", Integer, nullable=False),
+    Column("local", Integer, nullable=False),
+    Column("seconds_saved", Float, nullable=False),
+    Column("seconds_tuning", Float, nullable=False),
+)

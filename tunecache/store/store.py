@@ -1,0 +1,401 @@
+"""Every statement the claim protocol runs, by name, over one :class:`Database`.
+
+The protocol (DESIGN.md §4): a key is claimed by inserting its row (state ``claimed``,
+token 1) or by taking over a claimed row whose lease has passed (token + 1). Each of those
+is one conditional statement, so two processes can never both win, on SQLite or
+PostgreSQL, with or without an explicit row lock. A publish is an UPDATE guarded by the
+token: an owner that lost its claim while frozen publishes nothing. ``done`` rows are never
+updated again except for usage counters.
+
+Time is the database's wherever it has one (PostgreSQL's ``now()``); SQLite runs inside the
+process, so there it is the host's clock (``tunecache doctor`` reports skew).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import (
+    Connection,
+    Float,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+from .engine import Database
+from .schema import entries, usage
+
+__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication", "NOTIFY_CHANNEL"]
+
+NOTIFY_CHANNEL = "tunecache_done"
+# IN lists are chunked below SQLite's default limit on bound parameters (999 before 3.32).
+_CHUNK = 500
+
+
+class db_now(FunctionElement[float]):
+    """Seconds since the epoch, as the database sees it."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: Any, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
+    return "extract(epoch from clock_timestamp())::float8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One row, as read. ``now`` is the database's time at the read."""
+
+    key_hash: str
+    state: str
+    owner: str | None
+    token: int
+    lease_expires_at: float | None
+    attempts: int
+    timings_json: str | None
+    tune_seconds: float | None
+    error: str | None
+    now: float
+
+    @property
+    def lease_expired(self) -> bool:
+        return self.state == "claimed" and (self.lease_expires_at or 0.0) <= self.now
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    key_hash: str
+    token: int
+    owner: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Publication:
+    """A result ready to be written under a claim."""
+
+    claim: Claim
+    timings_json: str
+    best: str
+    tune_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    published: list[bool]  # one per publication given, in order
+    claimed: list[Claim]
+    seen: dict[str, Entry]  # the rows read while looking for keys to claim
+
+
+_ENTRY_COLUMNS = (
+    entries.c.key_hash,
+    entries.c.state,
+    entries.c.owner,
+    entries.c.token,
+    entries.c.lease_expires_at,
+    entries.c.attempts,
+    entries.c.timings_json,
+    entries.c.tune_seconds,
+    entries.c.error,
+)
+
+
+# The statements of the protocol, built once: building a Core statement costs more than
+# SQLite takes to run it.
+_NOW = db_now()
+_FENCE = and_(
+    entries.c.key_hash == bindparam("p_key_hash"),
+    entries.c.state == "claimed",
+    entries.c.token == bindparam("p_token"),
+    entries.c.owner == bindparam("p_owner"),
+)
+_READ = select(*_ENTRY_COLUMNS, _NOW.label("now")).where(
+    entries.c.key_hash.in_(bindparam("p_hashes", expanding=True))
+)
+_EXHAUSTED = entries.c.attempts >= bindparam("p_max_attempts")
+_TAKE_OVER = (
+    update(entries)
+    .where(
+        entries.c.key_hash == bindparam("p_key_hash"),
+        entries.c.state == "claimed",
+        entries.c.token == bindparam("p_token"),
+        entries.c.lease_expires_at <= _NOW,
+    )
+    .values(
+        state=case((_EXHAUSTED, literal("failed")), else_=literal("claimed")),
+        error=case(
+            (_EXHAUSTED, func.coalesce(entries.c.error, literal("the tuning process died or hung"))),
+            else_=entries.c.error,
+        ),
+        owner=case((_EXHAUSTED, entries.c.owner), else_=bindparam("p_owner")),
+        token=entries.c.token + 1,
+        attempts=case((_EXHAUSTED, entries.c.attempts), else_=entries.c.attempts + 1),
+        lease_expires_at=_NOW + bindparam("p_lease_seconds"),
+        updated_at=_NOW,
+    )
+    .returning(entries.c.state, entries.c.token)
+)
+_PUBLISH = (
+    update(entries)
+    .where(_FENCE)
+    .values(
+        state="done",
+        timings_json=bindparam("p_timings_json"),
+        best=bindparam("p_best"),
+        tune_seconds=bindparam("p_tune_seconds"),
+        lease_expires_at=None,
+        error=None,
+        updated_at=_NOW,
+        last_used_at=_NOW,
+    )
+)
+_HEARTBEAT = update(entries).where(_FENCE).values(lease_expires_at=_NOW + bindparam("p_lease_seconds"))
+_RELEASE_FAILED = (
+    update(entries)
+    .where(_FENCE)
+    .values(
+        state=case((_EXHAUSTED, literal("failed")), else_=literal("claimed")),
+        lease_expires_at=_NOW,
+        error=bindparam("p_error"),
+        updated_at=_NOW,
+    )
+    .returning(entries.c.state)
+)
+_RECORD_HITS = (
+    update(entries)
+    .where(entries.c.key_hash == bindparam("p_h"))
+    .values(hits=entries.c.hits + bindparam("p_n"), last_used_at=_NOW)
+)
+
+
+def _insert_claim_statement(dialect: str) -> Any:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(entries)
+        .values(
+            key_hash=bindparam("p_key_hash"),
+            key_json=bindparam("p_key_json"),
+            kind=bindparam("p_kind"),
+            op=bindparam("p_op"),
+            device=bindparam("p_device"),
+            torch_version=bindparam("p_torch_version"),
+            triton_version=bindparam("p_triton_version"),
+            state="claimed",
+            owner=bindparam("p_owner"),
+            token=1,
+            lease_expires_at=_NOW + bindparam("p_lease_seconds"),
+            attempts=1,
+            created_at=_NOW,
+            updated_at=_NOW,
+            hits=0,
+        )
+        .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(entries.c.token)
+    )
+
+
+_NOTIFY = text(f"NOTIFY {NOTIFY_CHANNEL}")
+_INSERT_CLAIM = {d: _insert_claim_statement(d) for d in ("sqlite", "postgresql")}
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    # Bound parameters may not share a column's name in INSERT/UPDATE statements.
+    return {f"p_{name}": value for name, value in values.items()}
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+class Store:
+    """Named operations of the claim protocol. Knows nothing of torch or of tuning."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- reads -------------------------------------------------------------------------
+
+    def read(self, hashes: Sequence[str]) -> dict[str, Entry]:
+        def work(conn: Connection) -> dict[str, Entry]:
+            return self._read(conn, hashes)
+
+        return self.db.run(work)
+
+    def _read(self, conn: Connection, hashes: Sequence[str]) -> dict[str, Entry]:
+        found: dict[str, Entry] = {}
+        for chunk in _chunks(list(hashes)):
+            for row in conn.execute(_READ, _params(hashes=list(chunk))):
+                found[row.key_hash] = Entry(*row)
+        return found
+
+    # -- the claim protocol ------------------------------------------------------------
+
+    def step(
+        self,
+        *,
+        publish: Sequence[Publication],
+        candidates: Sequence[tuple[str, str, Mapping[str, str | None]]],
+        limit: int,
+        owner: str,
+        lease_seconds: float,
+        max_attempts: int,
+    ) -> StepOutcome:
+        """Publish results, then claim up to ``limit`` free keys of ``candidates`` (in
+        their order), in one write transaction: on SQLite every commit is a few fsyncs on
+        a shared disk, so a tuned key costs one commit, not two.
+
+        ``candidates`` are (key_hash, key_json, labels).
+        """
+
+        def work(conn: Connection) -> StepOutcome:
+            published = [self._publish(conn, pub) for pub in publish]
+            seen = self._read(conn, [c[0] for c in candidates]) if candidates else {}
+            claimed: list[Claim] = []
+            for key_hash, key_json, labels in candidates:
+                if len(claimed) >= limit:
+                    break
+                row = seen.get(key_hash)
+                if row is None:
+                    claim = self._insert_claim(conn, key_hash, key_json, labels, owner,
+                                               lease_seconds)
+                elif row.lease_expired:
+                    claim = self._take_over(conn, row, owner, lease_seconds, max_attempts)
+                else:
+                    continue
+                if claim is not None:
+                    claimed.append(claim)
+                else:
+                    # Lost a race (PostgreSQL reads without locks); the row is someone's now.
+                    seen.update(self._read(conn, [key_hash]))
+            if any(published):
+                self._notify(conn)
+            return StepOutcome(published, claimed, seen)
+
+        return self.db.run(work, write=True)
+
+    def _insert_claim(
+        self,
+        conn: Connection,
+        key_hash: str,
+        key_json: str,
+        labels: Mapping[str, str | None],
+        owner: str,
+        lease_seconds: float,
+    ) -> Claim | None:
+        row = conn.execute(
+            _INSERT_CLAIM[self.db.dialect],
+            _params(**labels, key_hash=key_hash, key_json=key_json, owner=owner,
+                    lease_seconds=lease_seconds),
+        ).first()
+        return Claim(key_hash, 1, owner) if row is not None else None
+
+    def _take_over(
+        self, conn: Connection, row: Entry, owner: str, lease_seconds: float, max_attempts: int
+    ) -> Claim | None:
+        """Claim a row whose owner's lease has passed; past max_attempts, mark it failed."""
+        result = conn.execute(
+            _TAKE_OVER,
+            _params(key_hash=row.key_hash, token=row.token, owner=owner,
+                    lease_seconds=lease_seconds, max_attempts=max_attempts),
+        ).first()
+        if result is None or result.state != "claimed":
+            if result is not None:
+                self._notify(conn)
+            return None
+        return Claim(row.key_hash, result.token, owner)
+
+    @staticmethod
+    def _fence(claim: Claim, **more: Any) -> dict[str, Any]:
+        return _params(key_hash=claim.key_hash, token=claim.token, owner=claim.owner, **more)
+
+    def _publish(self, conn: Connection, pub: Publication) -> bool:
+        result = conn.execute(
+            _PUBLISH,
+            self._fence(pub.claim, timings_json=pub.timings_json, best=pub.best,
+                        tune_seconds=pub.tune_seconds),
+        )
+        return result.rowcount == 1
+
+    def heartbeat(self, claims: Sequence[Claim], lease_seconds: float) -> set[str]:
+        """Extend the leases of live claims; return the key hashes whose claim was lost."""
+
+        def work(conn: Connection) -> set[str]:
+            return {
+                claim.key_hash
+                for claim in claims
+                if conn.execute(
+                    _HEARTBEAT, self._fence(claim, lease_seconds=lease_seconds)
+                ).rowcount != 1
+            }
+
+        return self.db.run(work, write=True)
+
+    def release_failed(self, claim: Claim, error: str, max_attempts: int) -> str | None:
+        """The tuner raised: give the key back (lease expired now) for another attempt, or
+        mark it failed once it has had max_attempts. Returns the new state (None: claim lost).
+        """
+
+        def work(conn: Connection) -> str | None:
+            row = conn.execute(
+                _RELEASE_FAILED,
+                self._fence(claim, error=error[:4000], max_attempts=max_attempts),
+            ).first()
+            if row is not None:
+                self._notify(conn)
+            return None if row is None else str(row.state)
+
+        return self.db.run(work, write=True)
+
+    def _notify(self, conn: Connection) -> None:
+        # Delivered at commit, so a waiter woken by it reads the new rows. One per
+        # transaction and without a payload: waiters re-read what they wait for anyway.
+        if self.db.dialect == "postgresql":
+            conn.execute(_NOTIFY)
+
+    # -- usage ---------------------------------------------------------------------------
+
+    def record_usage(
+        self, hits_by_key: Mapping[str, int], counts: Mapping[str, float]
+    ) -> None:
+        """Add hit counts and one usage row, in one transaction (batched by the caller)."""
+
+        def work(conn: Connection) -> None:
+            if hits_by_key:
+                conn.execute(
+                    _RECORD_HITS, [_params(h=h, n=n) for h, n in sorted(hits_by_key.items())]
+                )
+            conn.execute(
+                usage.insert().values(
+                    recorded_at=_NOW,
+                    host=socket.gethostname()[:256],
+                    pid=os.getpid(),
+                    hits=int(counts.get("hit", 0)),
+                    tuned=int(counts.get("tuned", 0)),
+                    peer=int(counts.get("peer", 0)),
+                    local=int(counts.get("local", 0)),
+                    seconds_saved=float(counts.get("seconds_saved", 0.0)),
+                    seconds_tuning=float(counts.get("seconds_tuning", 0.0)),
+                )
+            )
+
+        self.db.run(work, write=True)
