@@ -110,3 +110,13 @@ def test_postgresql_time_comes_from_the_database(pg_url):
             "SELECT created_at, extract(epoch from clock_timestamp()) FROM tunecache_entries"
         )).one())
     assert 0 <= float(server_now) - created < 60
+
+
+def test_a_key_whose_candidates_all_failed_is_a_result_not_an_error(db_url):
+    # Seen on H200: a compile adds one Triton config that needs more shared memory than the
+    # card has; tuning just that candidate gives only inf, and peers must get that answer.
+    with tunecache.open(db_url) as cache:
+        tuned = cache.get_or_tune({"i": "oom"}, lambda: {"triton_big": math.inf})
+        hit = cache.get_or_tune({"i": "oom"}, lambda: pytest.fail("a hit"))
+    assert (tuned.source, hit.source) == ("tuned", "hit")
+    assert hit.timings == {"triton_big": math.inf} and hit.best is None

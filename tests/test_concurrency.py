@@ -15,6 +15,8 @@ from sqlalchemy import select
 
 import procs
 import tunecache
+from tunecache.keys import key_hash
+from tunecache.store.migrate import head_revision
 from tunecache.store.schema import entries
 
 ctx = mp.get_context("fork")
@@ -34,7 +36,7 @@ def _gather(target, n: int, args: tuple, timeout: float = 300) -> list[dict]:
 
 def _row(url: str, key: dict):
     cache = tunecache.open(url)
-    h = tunecache.keys.key_hash(key)[0]
+    h = key_hash(key)[0]
     with cache.store.db.engine.connect() as conn:
         row = conn.execute(select(entries).where(entries.c.key_hash == h)).one()
     cache.close()
@@ -142,7 +144,7 @@ def test_32_processes_opening_an_empty_database_migrate_it_exactly_once(db_url):
     reports = _gather(procs.open_and_report, 32, (db_url,))
     assert [r.get("error") for r in reports] == [None] * 32
     assert sum(r["migrated"] for r in reports) == 1
-    assert {r["revision"] for r in reports} == {tunecache.store.migrate.head_revision()}
+    assert {r["revision"] for r in reports} == {head_revision()}
 
 
 def test_cache_used_before_fork_works_in_the_child(sqlite_url):

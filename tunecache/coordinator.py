@@ -358,7 +358,7 @@ class TuneCache:
             raise
         heartbeat.release(claim)
         return Publication(
-            claim, timings_to_json(timings), best_candidate(timings) or "",
+            claim, timings_to_json(timings), best_candidate(timings),
             time.perf_counter() - start,
         )
 

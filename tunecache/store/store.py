@@ -95,7 +95,7 @@ class Publication:
 
     claim: Claim
     timings_json: str
-    best: str
+    best: str | None  # None when every candidate failed
     tune_seconds: float
 
 

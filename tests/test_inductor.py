@@ -1,0 +1,480 @@
+"""tunecache.inductor: Inductor's GEMM autotuning through the shared cache.
+
+Two tiers:
+
+* compile tests run real ``torch.compile(mode="max-autotune-no-cudagraphs")`` on CPU in
+  subprocesses (tests/inductor_worker.py), each with a fresh TORCHINDUCTOR_CACHE_DIR and
+  the FX graph / AOTAutograd caches off, so every GEMM key really reaches the autotuner:
+  bmm (ATen vs the C++ bmm template) and a frozen nn.Linear (mkl packed_linear vs the
+  C++ GEMM template). Benchmarks are counted by the hook's wrapper around Inductor's real
+  benchmark callable (``tunecache.inductor.stats``), not by mocking Inductor.
+* hook tests call the hooked selector with fake kernels in this process, or drive the
+  deferred (MultiTemplateBuffer) path, which the CPU C++ backend never takes, with real
+  scheduler objects (tests/inductor_fakes.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._inductor import config as inductor_config  # noqa: E402
+from torch._inductor.select_algorithm import get_algorithm_selector_cache  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache import inductor as tc_inductor  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+import inductor_fakes as fakes  # noqa: E402
+
+OPS = ("bmm", "packed_linear")
+
+
+# ------------------------------------------------------------------ subprocess helpers
+
+
+def _env(tmp: Path, db: str | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
+    cache_dir = tmp / f"inductor-{time.monotonic_ns()}"
+    cache_dir.mkdir(parents=True)
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(cache_dir),
+        TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+        TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    if db is not None:
+        env["TUNECACHE_DB"] = db
+    env.update(extra)
+    return env
+
+
+def _start(tmp: Path, name: str, db: str | None, *args: str, **env: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp / f"{name}.json"
+    log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "inductor_worker.py"), "--out", str(out), *args],
+        env=_env(tmp, db, **env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(tmp),
+    )
+    return proc, out
+
+
+def _finish(tmp: Path, name: str, proc: subprocess.Popen, out: Path) -> dict[str, Any]:
+    rc = proc.wait(timeout=300)
+    log_text = (tmp / f"{name}.log").read_text()
+    assert rc == 0, f"worker {name} failed:\n{log_text[-4000:]}"
+    result = json.loads(out.read_text())
+    result["log"] = log_text
+    return result
+
+
+def _run(tmp: Path, name: str, db: str | None, *args: str, **env: str) -> dict[str, Any]:
+    proc, out = _start(tmp, name, db, *args, **env)
+    return _finish(tmp, name, proc, out)
+
+
+def _winners(result: dict[str, Any]) -> dict[str, str]:
+    """op -> winning candidate, from the first lookup of each op."""
+    winners: dict[str, str] = {}
+    for event in result["stats"]["events"]:
+        winners.setdefault(event["op"], event["best"])
+    return winners
+
+
+def _benchmarked_ops(result: dict[str, Any]) -> list[str]:
+    return [e["op"] for e in result["stats"]["events"] if e["source"] in ("tuned", "local")]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- compile tests (slow)
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory) -> dict[str, Any]:
+    """Two processes compile bmm + frozen Linear together on an empty database."""
+    tmp = tmp_path_factory.mktemp("cold")
+    db = tmp / "tune.db"
+    start_at = str(time.time() + 12)  # both are importing torch by then
+    a = _start(tmp, "a", str(db), "--start-at", start_at)
+    b = _start(tmp, "b", str(db), "--start-at", start_at)
+    return {"tmp": tmp, "db": db, "runs": [_finish(tmp, "a", *a), _finish(tmp, "b", *b)]}
+
+
+@pytest.fixture(scope="module")
+def warm(cold) -> dict[str, Any]:
+    """A later process (fresh Inductor cache dir), activated through the autoload hook."""
+    return _run(cold["tmp"], "warm", str(cold["db"]), "--activation", "autoload")
+
+
+@pytest.fixture(scope="module")
+def side_runs(cold, warm) -> dict[str, Any]:
+    """Three bmm-only processes at once: changed torch version (readwrite, own copy of the
+    warm database), the same in readonly mode, and an unreachable database."""
+    tmp = cold["tmp"]
+    rw_db, ro_db = tmp / "rw.db", tmp / "ro.db"
+    shutil.copy(cold["db"], rw_db)
+    shutil.copy(cold["db"], ro_db)
+    ro_before = _sha(ro_db)
+    fake = ["--ops", "bmm", "--fake-torch-version", "2.13.0+tunecache.test"]
+    procs = {
+        "version": _start(tmp, "version", str(rw_db), *fake),
+        "readonly": _start(tmp, "readonly", str(ro_db), *fake, TUNECACHE_MODE="readonly"),
+        "unreachable": _start(
+            tmp, "unreachable", "postgresql://tunecache@127.0.0.1:1/x", "--ops", "bmm",
+            TUNECACHE_LOCK_TIMEOUT="5",
+        ),
+    }
+    runs = {name: _finish(tmp, name, *p) for name, p in procs.items()}
+    runs["readonly_db_unchanged"] = _sha(ro_db) == ro_before
+    return runs
+
+
+def test_two_concurrent_processes_benchmark_each_gemm_key_exactly_once(cold):
+    a, b = cold["runs"]
+    assert a["enabled"] and b["enabled"]
+    assert sorted(_benchmarked_ops(a) + _benchmarked_ops(b)) == sorted(OPS)
+    assert a["stats"]["benchmarks"] + b["stats"]["benchmarks"] == len(OPS)
+    # whoever did not tune a key waited for the peer or found it done
+    for run in (a, b):
+        assert {e["source"] for e in run["stats"]["events"]} <= {"tuned", "peer", "hit"}
+
+
+def test_concurrent_processes_pick_identical_winners_and_outputs(cold):
+    a, b = cold["runs"]
+    assert set(_winners(a)) == set(OPS)
+    assert _winners(a) == _winners(b)
+    assert a["outputs"] == b["outputs"]
+
+
+def test_later_process_activated_by_autoload_benchmarks_no_gemm(cold, warm):
+    assert warm["enabled"]
+    assert warm["stats"]["benchmarks"] == 0
+    assert warm["stats"]["hits"] == len(OPS)
+    assert _winners(warm) == _winners(cold["runs"][0])
+    assert warm["outputs"] == cold["runs"][0]["outputs"]
+    # and the ops really were looked up, i.e. lowering happened (no FX graph cache hit)
+    assert {e["op"] for e in warm["stats"]["events"]} == set(OPS)
+
+
+def test_changed_torch_version_misses_and_tunes_again(side_runs):
+    run = side_runs["version"]
+    assert run["stats"]["benchmarks"] == 1
+    assert [e["source"] for e in run["stats"]["events"]] == ["tuned"]
+
+
+def test_readonly_mode_tunes_locally_and_never_writes(side_runs):
+    run = side_runs["readonly"]
+    assert run["stats"]["benchmarks"] == 1
+    assert [e["source"] for e in run["stats"]["events"]] == ["local"]
+    assert side_runs["readonly_db_unchanged"]
+
+
+def test_unreachable_database_still_compiles_with_inductor_timings(side_runs, cold):
+    run = side_runs["unreachable"]
+    assert run["enabled"]
+    assert run["stats"]["benchmarks"] == 1
+    assert len(run["outputs"]["bmm"]) == len(cold["runs"][0]["outputs"]["bmm"])
+    expected = torch.tensor(cold["runs"][0]["outputs"]["bmm"])
+    assert torch.allclose(torch.tensor(run["outputs"]["bmm"]), expected, rtol=1e-4, atol=1e-4)
+    assert run["log"].count("tuning locally in this process") <= 1
+
+
+# ------------------------------------------------------------------- hook tests (fast)
+
+
+@pytest.fixture(autouse=True)
+def _own_inductor_cache_dir(tmp_path, monkeypatch):
+    """Inductor's local autotune cache (the fallback path) must not touch the user's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+@pytest.fixture
+def hooked(sqlite_url):
+    """The hooks on a fresh SQLite file in this process; removed afterwards."""
+    tc_inductor.stats.reset()
+    assert tc_inductor.enable(db=sqlite_url)
+    yield sqlite_url
+    tc_inductor.disable()
+    tc_inductor.stats.reset()
+
+
+def _rehook(url: str) -> None:
+    """A new process's view: forget what this one read (the memo) but keep the database."""
+    tc_inductor.disable()
+    tc_inductor.enable(db=url)
+
+
+def test_changed_candidate_list_benchmarks_only_the_new_candidates(hooked):
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5})
+    first = fakes.lookup([fakes.FakeChoice("aten"), fakes.FakeChoice("tmpl_a")], "mm", "k", bench)
+    assert calls == [["aten", "tmpl_a"]]
+    assert sorted(first.values()) == [1.0, 2.0]
+
+    _rehook(hooked)
+    choices = [fakes.FakeChoice(n) for n in ("aten", "tmpl_a", "tmpl_b")]
+    merged = fakes.lookup(choices, "mm", "k", bench)
+    assert calls[1:] == [["tmpl_b"]]  # only the candidate the entry lacked
+    assert {c.name: t for c, t in merged.items()} == {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5}
+
+    _rehook(hooked)
+    again = fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl_a", "tmpl_b")], "mm", "k", bench)
+    assert len(calls) == 2  # base entry + derived "extra_candidates" entry: all known
+    assert {c.name: t for c, t in again.items()} == {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5}
+
+
+def test_stored_candidates_missing_from_this_compile_are_ignored(hooked):
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"aten": 2.0, "gone": 0.1, "tmpl": 1.0})
+    fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "gone", "tmpl")], "mm", "k", bench)
+    _rehook(hooked)
+    answer = fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl")], "mm", "k", bench)
+    assert len(calls) == 1
+    assert {c.name: t for c, t in answer.items()} == {"aten": 2.0, "tmpl": 1.0}
+
+
+def test_precompile_probe_answers_only_full_hits_and_never_claims(hooked):
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {})
+    assert fakes.lookup([fakes.FakeChoice("x"), fakes.FakeChoice("y")], "mm", "k", None) == {}
+    fakes.lookup([fakes.FakeChoice("x"), fakes.FakeChoice("y")], "mm", "k", bench)
+    _rehook(hooked)
+    probe = fakes.lookup([fakes.FakeChoice("x"), fakes.FakeChoice("y")], "mm", "k", None)
+    assert sorted(c.name for c in probe) == ["x", "y"]
+    partial = fakes.lookup([fakes.FakeChoice(n) for n in ("x", "y", "z")], "mm", "k", None)
+    assert partial == {}
+    assert len(calls) == 1
+
+
+def test_inductor_benchmark_error_propagates_unchanged(hooked):
+    class Boom(RuntimeError):
+        pass
+
+    def bench(choices):
+        raise Boom("kernel crashed")
+
+    with pytest.raises(Boom, match="kernel crashed"):
+        fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k", bench)
+
+
+def test_tunecache_failure_warns_once_and_falls_back_to_inductor(hooked, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated tunecache bug")
+
+    monkeypatch.setattr(tunecache.TuneCache, "get_or_tune", broken)
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"a": 1.0, "b": 2.0})
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        for key in ("k1", "k2"):
+            got = fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", key, bench)
+            assert {c.name: t for c, t in got.items()} == {"a": 1.0, "b": 2.0}
+    warnings = [r for r in caplog.records if "simulated tunecache bug" in r.getMessage()]
+    assert len(warnings) == 1
+    assert tc_inductor.stats.fallbacks == 2
+    assert len(calls) == 2  # Inductor's own lookup benchmarked each key once
+
+
+def test_entry_without_a_finite_timing_for_this_compile_is_not_trusted(hooked, caplog):
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"a": math.inf, "b": 1.0})
+    fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k", bench)
+    _rehook(hooked)
+    # "b" (the only finite one) is gone from this compile: re-measure with Inductor's own
+    got = fakes.lookup([fakes.FakeChoice("a")], "mm", "k", fakes.fake_benchmark(calls, {"a": 3.0}))
+    assert {c.name: t for c, t in got.items()} == {"a": 3.0}
+    assert calls == [["a", "b"], ["a"]]
+
+
+def test_count_only_mode_counts_inductor_benchmarks_without_a_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "unused.db"))
+    tc_inductor.stats.reset()
+    assert tc_inductor.enable(count_only=True)
+    try:
+        calls: list[list[str]] = []
+        inductor_config.autotune_local_cache = False
+        fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k", fakes.fake_benchmark(calls, {}))
+        assert tc_inductor.stats.benchmarks == 1
+        assert tc_inductor.stats.candidates_benchmarked == 2
+        assert inductor_config._pre_fusion_custom_pass is None
+        assert not (tmp_path / "unused.db").exists()
+    finally:
+        inductor_config.autotune_local_cache = True
+        tc_inductor.disable()
+        tc_inductor.stats.reset()
+
+
+def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqlite_url):
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass
+
+    class Theirs(CustomSchedulerPass):
+        def __call__(self, nodes):
+            self.seen = len(nodes)
+            return nodes
+
+        def uuid(self):
+            return "theirs-v1"
+
+    selector = get_algorithm_selector_cache()
+    theirs = Theirs()
+    inductor_config._pre_fusion_custom_pass = theirs
+    try:
+        tc_inductor.enable(db=sqlite_url)
+        ours = inductor_config._pre_fusion_custom_pass
+        assert isinstance(ours, CustomSchedulerPass)  # keeps the FX graph cache usable
+        assert ours.uuid() == ("tunecache-pre-fusion-v1", "theirs-v1")
+        assert ours([]) == [] and theirs.seen == 0  # chained: theirs still runs
+        assert "lookup" in vars(selector)
+        tc_inductor.disable()
+        assert "lookup" not in vars(selector) and "make_precompile_fn" not in vars(selector)
+        assert inductor_config._pre_fusion_custom_pass is theirs
+    finally:
+        tc_inductor.disable()
+        inductor_config._pre_fusion_custom_pass = None
+
+
+def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, caplog):
+    inductor_config.distributed_max_autotune_gemm = True
+    try:
+        with caplog.at_level(logging.INFO, logger="tunecache"):
+            tc_inductor.enable(db=sqlite_url)
+        assert inductor_config.distributed_max_autotune_gemm is False
+        assert sum("distributed_max_autotune_gemm" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        tc_inductor.disable()
+        inductor_config.distributed_max_autotune_gemm = False
+
+
+def test_unsupported_torch_version_warns_once_and_installs_nothing(monkeypatch, sqlite_url, caplog):
+    monkeypatch.setattr(torch, "__version__", "2.10.0")
+    monkeypatch.setattr(tc_inductor, "_version_warned", False)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert tc_inductor.enable(db=sqlite_url) is False
+        assert tc_inductor.enable(db=sqlite_url) is False
+    assert not tc_inductor.is_enabled()
+    assert "lookup" not in vars(get_algorithm_selector_cache())
+    assert sum("2.10.0" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_mode_off_installs_nothing(monkeypatch, sqlite_url):
+    monkeypatch.setenv("TUNECACHE_MODE", "off")
+    assert tc_inductor.enable(db=sqlite_url) is False
+    assert not tc_inductor.is_enabled()
+
+
+def test_triton_candidate_identity_has_no_device_index():
+    from torch._inductor.select_algorithm import TritonTemplateCaller
+
+    def triton_choice(name: str) -> Any:
+        choice = TritonTemplateCaller.__new__(TritonTemplateCaller)
+        choice.name = name
+        choice.description = "ACC_TYPE='tl.float32', BLOCK_K=32, BLOCK_M=64, num_warps=4"
+        return choice
+
+    # the counter suffix differs between ranks and graphs; the identity does not
+    assert tc_inductor.candidate_id(triton_choice("triton_mm_3")) == tc_inductor.candidate_id(
+        triton_choice("triton_mm_17")
+    )
+    assert tc_inductor.candidate_id(triton_choice("triton_mm_3")).startswith("triton:triton_mm:")
+
+
+def test_key_carries_fingerprint_op_inputs_precision_and_hint():
+    key = tc_inductor.make_key("mm", "[('cpu', 'torch.float32', 8, 8)]", 64, "cpu")
+    assert key["kind"] == "gemm" and key["op"] == "mm" and key["hint_override"] == 64
+    assert key["precision"] == torch.get_float32_matmul_precision()
+    env = key["env"]
+    assert env["torch"] == torch.__version__ and env["device_type"] == "cpu"
+    assert {"device", "triton", "cuda", "hip", "threads", "isa"} <= set(env)
+    assert all(isinstance(v, str) for v in env.values())
+    assert "inductor.max_autotune_gemm_backends" in env
+
+
+# -------------------------------------------------------- deferred path, multi-process
+
+
+def _deferred(tmp: Path, db: Path, graphs: dict[str, str]) -> dict[str, dict[str, Any]]:
+    start_at = str(time.time() + 8)
+    procs = {}
+    for name, keys in graphs.items():
+        out = tmp / f"{name}.json"
+        log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        procs[name] = (
+            subprocess.Popen(
+                [sys.executable, str(TESTS / "inductor_deferred_worker.py"), "--keys", keys,
+                 "--out", str(out), "--start-at", start_at],
+                env=_env(tmp, str(db)), stdout=log, stderr=subprocess.STDOUT,
+            ),
+            out,
+        )
+    results = {}
+    for name, (proc, out) in procs.items():
+        assert proc.wait(timeout=120) == 0, (tmp / f"{name}.log").read_text()[-3000:]
+        results[name] = json.loads(out.read_text())
+    return results
+
+
+def test_deferred_gemms_of_a_graph_are_split_between_ranks_and_tuned_once(tmp_path):
+    runs = _deferred(tmp_path, tmp_path / "tune.db", {"r0": "k1,k2,k3,k4", "r1": "k1,k2,k3,k4"})
+    benchmarked = sorted(n for r in runs.values() for call in r["benchmarked"] for n in call)
+    assert benchmarked == sorted(f"{p}_{k}" for k in ("k1", "k2", "k3", "k4") for p in ("aten", "tmpl"))
+    assert runs["r0"]["timings"] == runs["r1"]["timings"]  # same winner everywhere
+
+
+def test_ranks_compiling_different_graphs_do_not_hang(tmp_path):
+    runs = _deferred(tmp_path, tmp_path / "tune.db", {"r0": "k1,k2", "r1": "k2,k3"})
+    benchmarked = sorted(call[0] for r in runs.values() for call in r["benchmarked"])
+    assert benchmarked == ["aten_k1", "aten_k2", "aten_k3"]
+
+
+# ------------------------------------------------------------------------------ autoload
+
+_AUTOLOAD_PROBE = """
+import sys
+from tunecache import _autoload
+_autoload.torch_backend_entry()
+finder = any(type(f).__name__ == "_Finder" for f in sys.meta_path)
+print(finder, "torch" in sys.modules, "torch._inductor" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "False False False"),
+        ({"TUNECACHE_DB": "/nonexistent/tune.db", "TUNECACHE_MODE": "off"}, "False False False"),
+        # set: only a post-import finder; torch._inductor is imported by the user's compile
+        ({"TUNECACHE_DB": "/nonexistent/tune.db"}, "True False False"),
+    ],
+    ids=["db-unset", "mode-off", "db-set"],
+)
+def test_autoload_entry_point_is_cheap_and_imports_no_torch(tmp_path, env, expected):
+    out = subprocess.run(
+        [sys.executable, "-c", _AUTOLOAD_PROBE],
+        env={**_env(tmp_path, None), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == expected

@@ -1,0 +1,283 @@
+"""Compile-time benchmark of GEMM autotuning on a multi-GPU node, with and without tunecache.
+
+    torchrun --nproc-per-node 2 tools/bench_gpu.py --mode plain --out bench.jsonl
+    torchrun --nproc-per-node 2 tools/bench_gpu.py --mode inductor-distributed --out bench.jsonl
+    TUNECACHE_DB=/shared/tc.db torchrun --nproc-per-node 2 tools/bench_gpu.py --mode tunecache --out bench.jsonl
+    torchrun --nproc-per-node 2 tools/bench_gpu.py --mode default --out bench.jsonl
+    python tools/bench_gpu.py --tiny --device cpu --mode tunecache --out /tmp/b.jsonl   # smoke test
+
+The model is a 2-layer llama-like block (hidden 4096, MLP 14336, 32 query heads and 8 KV
+heads of 128, i.e. KV dim 1024; 8192 tokens; bf16), forward + backward: about ten
+distinct GEMM keys. Modes:
+
+``default``               torch.compile without max-autotune
+``plain``                 max-autotune (every rank benchmarks every GEMM)
+``inductor-distributed``  max-autotune + ``config.distributed_max_autotune_gemm=True``
+``tunecache``             max-autotune + tunecache (cold or warm: whatever TUNECACHE_DB holds)
+
+Every rank uses a fresh TORCHINDUCTOR_CACHE_DIR unless ``--keep-inductor-cache DIR`` is
+given (then DIR/rank<N>), and the FX graph and AOTAutograd caches are off, so every run
+lowers and autotunes for real. Compile seconds = the first forward+backward (synchronised).
+GEMM benchmarks are counted by tunecache.inductor's wrapper around Inductor's benchmark
+callable; in the plain and inductor-distributed modes the same wrapper runs in count-only
+mode (no cache), so the numbers are comparable. Each rank appends one JSON line to
+``--out``; rank 0 appends one more with the job's totals.
+
+Needs only torch (+ triton on GPU) and tunecache (+ sqlalchemy, alembic, psycopg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("default", "plain", "inductor-distributed", "tunecache")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--out", required=True, help="JSON lines file to append to")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes (CPU smoke test)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--mlp", type=int, default=14336)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--steps", type=int, default=5, help="timed steps after the compile")
+    p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                   help="torch.compile mode for the max-autotune modes")
+    p.add_argument("--keep-inductor-cache", metavar="DIR", default=None,
+                   help="use DIR/rank<N> as TORCHINDUCTOR_CACHE_DIR instead of a fresh one")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
+                   help="process group backend (default: nccl when every rank has a GPU)")
+    p.add_argument("--tag", default="", help="free text copied into every JSON line")
+    args = p.parse_args()
+    if args.tiny:
+        args.tokens, args.hidden, args.mlp, args.heads, args.kv_heads = 64, 64, 128, 4, 2
+        args.steps = min(args.steps, 2)
+    return args
+
+
+def setup_env(args: argparse.Namespace, rank: int) -> str:
+    """Environment that must be set before torch reads it."""
+    if args.keep_inductor_cache:
+        cache_dir = os.path.join(args.keep_inductor_cache, f"rank{rank}")
+        os.makedirs(cache_dir, exist_ok=True)
+    else:
+        cache_dir = tempfile.mkdtemp(prefix=f"inductor-{args.mode}-rank{rank}-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    # An FX graph or AOTAutograd cache hit skips lowering, and with it every GEMM lookup.
+    os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+    os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+    if args.mode != "tunecache":
+        # The autoload hook must not turn tunecache on in the comparison modes.
+        os.environ["TUNECACHE_MODE"] = "off"
+    return cache_dir
+
+
+def build_model(args: argparse.Namespace, torch: Any) -> Any:
+    nn = torch.nn
+    F = torch.nn.functional
+    head_dim = args.hidden // args.heads
+    kv_dim = args.kv_heads * head_dim
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x: Any) -> Any:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn_norm = RMSNorm(args.hidden)
+            self.q = nn.Linear(args.hidden, args.hidden, bias=False)
+            self.k = nn.Linear(args.hidden, kv_dim, bias=False)
+            self.v = nn.Linear(args.hidden, kv_dim, bias=False)
+            self.o = nn.Linear(args.hidden, args.hidden, bias=False)
+            self.mlp_norm = RMSNorm(args.hidden)
+            self.gate = nn.Linear(args.hidden, args.mlp, bias=False)
+            self.up = nn.Linear(args.hidden, args.mlp, bias=False)
+            self.down = nn.Linear(args.mlp, args.hidden, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            t = x.shape[0]
+            h = self.attn_norm(x)
+            q = self.q(h).view(t, args.heads, head_dim).transpose(0, 1)
+            k = self.k(h).view(t, args.kv_heads, head_dim).transpose(0, 1)
+            v = self.v(h).view(t, args.kv_heads, head_dim).transpose(0, 1)
+            rep = args.heads // args.kv_heads
+            k = k.repeat_interleave(rep, dim=0)
+            v = v.repeat_interleave(rep, dim=0)
+            a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+            x = x + self.o(a.transpose(0, 1).reshape(t, args.hidden))
+            h = self.mlp_norm(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    return nn.Sequential(*[Layer() for _ in range(args.layers)])
+
+
+def compile_time_breakdown(torch: Any) -> dict[str, float] | str:
+    """Seconds per dynamo_timed phase (torch._dynamo.utils), summed over calls."""
+    utils = torch._dynamo.utils
+    metrics = getattr(utils, "compilation_time_metrics", None)
+    if isinstance(metrics, dict):
+        return {k: round(sum(v), 3) for k, v in sorted(metrics.items(), key=lambda kv: -sum(kv[1]))}
+    return str(utils.compile_times(repr="str", aggregate=True))
+
+
+def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
+    """all_gather of a JSON-able object without numpy (dist.all_gather_object needs it:
+    torch/distributed/distributed_c10d.py _tensor_to_object calls Tensor.numpy())."""
+    import torch.distributed as dist
+
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8).to(device)
+    size = torch.tensor([data.numel()], device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    chunks = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(chunks, padded)
+    return [json.loads(bytes(c[: int(s.item())].tolist())) for c, s in zip(chunks, sizes)]
+
+
+def main() -> int:
+    args = parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cache_dir = setup_env(args, rank)
+    sys.path.insert(0, str(REPO))
+
+    import torch
+    import torch.distributed as dist
+    import torch._inductor.config as inductor_config
+
+    from tunecache import inductor as tc_inductor
+
+    if args.mode == "inductor-distributed":
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            sys.exit("--mode inductor-distributed needs numpy: Inductor shares its results with "
+                     "dist.all_gather_object, which needs it (pip install numpy)")
+    gpu = local_rank % torch.cuda.device_count() if args.device == "cuda" else 0
+    if world > 1:
+        # More ranks than GPUs (coordination runs): NCCL refuses two ranks on one GPU, and
+        # this script's own collectives are tiny, so gloo does.
+        backend = args.backend or ("nccl" if args.device == "cuda" and
+                                   world <= torch.cuda.device_count() else "gloo")
+        if args.device == "cuda":
+            torch.cuda.set_device(gpu)
+        dist.init_process_group(backend)
+    device = torch.device(args.device, gpu) if args.device == "cuda" else torch.device("cpu")
+    comm_device = device if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+    enabled = False
+    if args.mode == "tunecache":
+        enabled = tc_inductor.enable()
+        if not enabled:
+            print(f"rank {rank}: tunecache did not enable (see the warning above)", file=sys.stderr)
+    elif args.mode in ("plain", "inductor-distributed"):
+        enabled = tc_inductor.enable(count_only=True)
+    if args.mode == "inductor-distributed":
+        inductor_config.distributed_max_autotune_gemm = True
+
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    model = build_model(args, torch).to(device=device, dtype=dtype)
+    x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, requires_grad=True)
+    mode = None if args.mode == "default" else args.compile_mode
+    compiled = torch.compile(model, mode=mode)
+
+    def step() -> None:
+        compiled(x).float().pow(2).mean().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if world > 1:
+        dist.barrier()
+    t0 = time.perf_counter()
+    step()
+    compile_seconds = time.perf_counter() - t0
+
+    step_ms = None
+    if args.steps > 0:
+        t1 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        step_ms = (time.perf_counter() - t1) * 1000 / args.steps
+
+    stats = tc_inductor.stats.as_dict()
+    sources: dict[str, int] = {}
+    for event in stats["events"]:
+        sources[event["source"]] = sources.get(event["source"], 0) + 1
+    line: dict[str, Any] = {
+        "kind": "rank",
+        "tag": args.tag,
+        "mode": args.mode,
+        "rank": rank,
+        "world": world,
+        "host": socket.gethostname(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "compile_mode": mode,
+        "tunecache_enabled": enabled,
+        "tunecache_db": os.environ.get("TUNECACHE_DB") if args.mode == "tunecache" else None,
+        "inductor_cache_dir": cache_dir,
+        "compile_seconds": round(compile_seconds, 3),
+        "step_ms": None if step_ms is None else round(step_ms, 3),
+        "gemm_benchmarks": stats["benchmarks"],
+        "gemm_candidates_benchmarked": stats["candidates_benchmarked"],
+        "gemm_benchmark_seconds": round(stats["benchmark_seconds"], 3),
+        "gemm_lookups_by_source": sources,
+        "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
+        "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
+        "compile_times": compile_time_breakdown(torch),
+    }
+
+    everyone = gather_json(line, world, comm_device, torch) if world > 1 else [line]
+    # O_APPEND writes of one line each: ranks on one host do not interleave within a line.
+    with open(args.out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+        if rank == 0:
+            job = {
+                "kind": "job",
+                "tag": args.tag,
+                "mode": args.mode,
+                "world": world,
+                "compile_seconds_max": max(r["compile_seconds"] for r in everyone),
+                "compile_seconds_by_rank": [r["compile_seconds"] for r in everyone],
+                "gemm_benchmarks": sum(r["gemm_benchmarks"] for r in everyone),
+                "gemm_benchmarks_by_rank": [r["gemm_benchmarks"] for r in everyone],
+                "distinct_gemm_keys": len({k for r in everyone for k in r["gemm_keys"]}),
+            }
+            f.write(json.dumps(job) + "\n")
+            print(json.dumps(job))
+    print(f"rank {rank}: {args.mode}: compile {compile_seconds:.1f}s, "
+          f"{stats['benchmarks']} GEMM benchmark(s), step {step_ms} ms")
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Side-by-side compile benchmark of GEMM autotuning on one multi-GPU node, in one session:
+#
+#   tools/bench_gpu_suite.sh OUTDIR STEP [STEP ...]
+#
+# STEP is one of
+#   plain                  max-autotune, every rank benchmarks every GEMM
+#   inductor-distributed   max-autotune + Inductor's distributed_max_autotune_gemm
+#   default                torch.compile without max-autotune
+#   tunecache-cold         max-autotune + tunecache on an empty database ($DB)
+#   tunecache-warm         the same database, fresh Inductor caches: a new node, a later job
+#   warm-command           `tunecache warm` re-tunes the keys in $DB recorded under
+#                          $WARM_FROM_TORCH (another torch), then a job on a fresh cache runs
+#
+# Each step appends its JSON lines (tools/bench_gpu.py) to OUTDIR/bench.jsonl and its log to
+# OUTDIR/STEP.log. Environment: NPROC (ranks, default: number of GPUs), DB (default
+# OUTDIR/tunecache.db), DEADLINE_S (stop starting steps past this many seconds, default
+# 560), ARGS (extra bench_gpu.py arguments).
+set -u
+out=$1; shift
+mkdir -p "$out"
+nproc=${NPROC:-$(nvidia-smi -L | wc -l)}
+db=${DB:-$out/tunecache.db}
+deadline=$(( $(date +%s) + ${DEADLINE_S:-560} ))
+# NVLink multicast stays off on shared hosts (it can take the host's GPUs down).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+here=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
+
+{
+    date -u +%FT%TZ; hostname; nvidia-smi -L
+    python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
+} >>"$out/env.txt" 2>&1
+
+bench() {  # tag, then bench_gpu.py arguments
+    local tag=$1; shift
+    local left=$(( deadline - $(date +%s) ))
+    if (( left < 30 )); then echo "skip $tag: past the deadline" | tee -a "$out/$tag.log"; return; fi
+    echo "== $tag (limit ${left}s)"
+    timeout "$left" torchrun --standalone --nproc-per-node "$nproc" "$here/tools/bench_gpu.py" \
+        --out "$out/bench.jsonl" --tag "$tag" ${ARGS:-} "$@" >>"$out/$tag.log" 2>&1
+    echo "   rc=$? $(grep -h '"kind": "job"' "$out/$tag.log" | tail -1)"
+}
+
+for step in "$@"; do
+    case $step in
+        plain|inductor-distributed|default) bench "$step" --mode "$step" ;;
+        tunecache-cold) rm -f "$db"; TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+        tunecache-warm) TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+        warm-command)
+            timeout $(( deadline - $(date +%s) )) torchrun --standalone --nproc-per-node "$nproc" \
+                -m tunecache.cli warm --db "$db" --from-torch "${WARM_FROM_TORCH:?}" \
+                >>"$out/$step.log" 2>&1
+            echo "== warm-command rc=$?"
+            TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+        *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done

@@ -1,0 +1,1429 @@
+"""PyTorch Inductor integration: GEMM autotuning timings from the shared tunecache.
+
+This is the only tunecache module that touches ``torch._inductor`` internals.
+
+Supported torch versions: 2.11, 2.12, 2.13, 2.14. On any other version :func:`enable`
+logs one warning and installs nothing, so Inductor behaves exactly as it would without
+tunecache. The hooks were read in the 2.11, 2.13 and 2.14 sources and run on 2.13 (CPU);
+:func:`enable` also checks the hooked methods' signatures, so a 2.12 or a patched build
+that changed them is refused the same way.
+
+Hooks, and why each is safe
+---------------------------
+All GEMM (and convolution) autotuning goes through the process-wide singleton
+``torch._inductor.select_algorithm.get_algorithm_selector_cache()``. We override two
+methods on that *instance* with ``types.MethodType``; the class, the lowering registry
+and every other instance are untouched, and :func:`disable` deletes the instance
+attributes, which restores the class methods.
+
+``lookup(choices, op, inputs, benchmark, hint_override=None)``
+    Inherited from ``codecache.PersistentCache`` (2.11-2.14, same signature). It is the
+    one place Inductor gets timings from, on the immediate path (``do_autotuning``) and
+    on the deferred path (``MultiTemplateBuffer.choice_timings`` -> ``get_timings`` ->
+    ``do_autotuning``), and ``benchmark(choices)`` returns ``{choice: ms}`` for any
+    subset. We answer with timings from the shared cache and call ``benchmark`` only for
+    keys (or candidates) nobody has measured yet. The return value has exactly the shape
+    Inductor's own lookup returns, so everything downstream (winner selection,
+    ``min_speedup_threshold``, feedback functions, logging) is unchanged.
+    ``lookup(..., benchmark=None)`` is Inductor's probe from ``make_precompile_fn``: a
+    full answer there makes Inductor skip precompiling the candidates, exactly as a hit in
+    its own local cache does.
+``make_precompile_fn(choices, name, inputs_key, precompilation_timeout_seconds)``
+    Called by ``AlgorithmSelectorCache.__call__`` for every autotuned op, before a
+    ``MultiTemplateBuffer`` is built on the deferred path, with the same ``choices`` list
+    object that buffer keeps. We record (op name, inputs key) for that list so the
+    pre-fusion pass can compute each deferred GEMM's key, then call Inductor's own method.
+    Nothing is returned differently.
+
+We deliberately do not patch ``tuned_mm`` & co (the lowering registry holds references
+to the originals), ``autotune_select_algorithm`` (modules import it by name) or
+``AlgorithmSelectorCache.__call__`` (its return type changed: 2.11 returns the node,
+2.13+ returns ``(node, choice)``).
+
+Deferred path (GPU default, ``benchmark_epilogue_fusion=True``)
+    Lowering returns ``MultiTemplateBuffer``s whose timings are computed lazily, one at a
+    time, during fusion. We chain ``config._pre_fusion_custom_pass`` (keeping any pass
+    already there: it runs first) to see all of the graph's deferred GEMMs at once, call
+    ``get_or_tune_many`` over their keys, and tune a key by calling the buffer's
+    ``choice_timings()`` (what Inductor's own distributed autotune does). So every rank
+    benchmarks only the keys it claimed and waits for its peers only at the end. Ranks
+    that compile different graphs cannot hang: a rank waits only for keys that a peer
+    has claimed, and a claimer tunes every key it claims before it waits; an expired
+    claim is taken over by the core. Our pass is a ``CustomSchedulerPass`` with a stable
+    ``uuid()`` so the FX graph cache keeps working (a raw callable would make Inductor
+    bypass it, torch/_inductor/codecache.py); if the pass we chain is a raw callable we
+    stay a raw callable too, so Inductor still bypasses as it would have.
+
+Keys and candidate identities
+    key = environment fingerprint (device model and capability or CPU model, vector ISA
+    and threads; torch, triton, CUDA and HIP versions; the Inductor config flags that
+    change the candidate set or numerics) + op name + Inductor's ``inputs_key`` (dtype,
+    size and stride hints, no device index) + ``torch.get_float32_matmul_precision()`` +
+    ``hint_override``. Timings are stored per candidate under an identity that is the
+    same on every rank: extern kernels' ``hash_key()`` (name, kwargs, source hash);
+    Triton templates' (template name, description), because their ``hash_key()`` hashes
+    generated source that embeds the device index; anything else (C++ templates,
+    CUTLASS, subgraphs) its ``hash_key()``. A compile whose candidates are not all in the
+    stored entry tunes only the missing ones, under the derived key
+    ``{**key, "extra_candidates": sorted(missing)}`` (entries are immutable), and merges.
+    Stored candidates this compile lacks are ignored.
+
+Every rank picks the same winner: its timings come from the one shared entry.
+
+``distributed_max_autotune_gemm``
+    Inductor's own distributed autotune (2.11-2.14: aten.mm only, all ranks must compile
+    identical graphs, all_gather over NCCL, nothing persists) and tunecache replace the
+    same thing. When tunecache is enabled it wins: :func:`enable` turns the flag off with
+    one info log. tunecache covers every GEMM op, tolerates ranks that compile different
+    graphs and persists across jobs, so keeping both would only add an all_gather whose
+    placeholders (``_DistributedAutotuneBuffer``) bypass the shared cache. If the flag is
+    switched on again later (``config.patch``), tunecache logs one warning and still
+    serves every GEMM that reaches ``lookup``.
+
+Failures
+    Store trouble never raises out of the core (it tunes locally). Anything else that goes
+    wrong in tunecache during a compile logs one warning and falls back to Inductor's own
+    lookup for that op (re-using a benchmark already taken), so the compile succeeds.
+    Exceptions raised by Inductor's benchmark propagate exactly as without tunecache.
+
+Counting
+    :data:`stats` counts the calls of Inductor's benchmark callable that went through our
+    hook. ``enable(count_only=True)`` installs only a counting wrapper (no cache), to
+    measure plain max-autotune or ``distributed_max_autotune_gemm`` the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import logging
+import math
+import os
+import platform
+import re
+import threading
+import time
+import types
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; importing the core stays lazy
+    from . import TuneCache
+
+__all__ = [
+    "enable",
+    "disable",
+    "is_enabled",
+    "stats",
+    "Stats",
+    "SUPPORTED_TORCH",
+    "candidate_id",
+    "candidate_ids",
+    "environment",
+    "make_key",
+    "triton_stats",
+    "TritonStats",
+    "triton_key",
+    "triton_kernel_info",
+    "TRITON_LEASE_SECONDS",
+]
+
+log = logging.getLogger("tunecache")
+
+# (major, minor) bounds, inclusive. See the module docstring for what was checked.
+SUPPORTED_TORCH: tuple[tuple[int, int], tuple[int, int]] = ((2, 11), (2, 14))
+
+# The hooked methods' parameter names in every supported version. If a build differs, we
+# refuse to hook rather than guess (one warning, Inductor's own behaviour).
+_LOOKUP_PARAMS = ("choices", "op", "inputs", "benchmark", "hint_override")
+_PRECOMPILE_PARAMS = ("choices", "name", "inputs_key", "precompilation_timeout_seconds")
+
+# Inductor config flags that change the candidate set or the numerics of a GEMM; read per
+# lookup because users patch them per compile (torch/_inductor/config.py, 2.11-2.14).
+# A dotted name reads a nested config class; a missing flag reads as "-".
+_CONFIG_FLAGS = (
+    "max_autotune_gemm_backends",
+    "max_autotune_gemm_search_space",
+    "max_autotune_conv_backends",
+    "emulate_precision_casts",
+    "cpu_backend",
+    "cuda_backend",
+    "cpp.simdlen",
+    "triton.enable_persistent_tma_matmul",
+    "triton.use_tensor_descriptor",
+    "cuda.cutlass_max_profiling_configs",
+    "cuda.cutlass_op_allowlist_regex",
+    "cuda.cutlass_op_denylist_regex",
+)
+
+
+# --------------------------------------------------------------------------- counting
+
+
+@dataclasses.dataclass
+class Stats:
+    """What the hooks did in this process; read it after a compile.
+
+    ``benchmarks`` is the number of calls of Inductor's benchmark callable that went
+    through the hook (one per key or candidate subset measured here), in every mode.
+    """
+
+    benchmarks: int = 0
+    candidates_benchmarked: int = 0
+    benchmark_seconds: float = 0.0
+    # lookups that wanted timings (not precompile probes), by where the timings came from
+    hits: int = 0  # already in the shared cache (source "hit")
+    peer: int = 0  # tuned by a concurrent peer while we waited (source "peer")
+    tuned: int = 0  # tuned here and published (source "tuned")
+    local: int = 0  # tuned here, not published (store down, or readonly mode)
+    memo: int = 0  # an entry this process had already read or written (same key again)
+    fallbacks: int = 0  # tunecache failed; Inductor's own lookup answered
+    # one dict per lookup that wanted timings: op, key hash, source, best, benchmarked
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def reset(self) -> None:
+        with self._lock:
+            fresh = Stats()
+            for f in dataclasses.fields(self):
+                if f.name != "_lock":
+                    setattr(self, f.name, getattr(fresh, f.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            out = {
+                f.name: getattr(self, f.name)
+                for f in dataclasses.fields(self)
+                if f.name != "_lock"
+            }
+            out["events"] = [dict(e) for e in self.events]
+            return out
+
+    def _count_benchmark(self, n_choices: int, seconds: float) -> None:
+        with self._lock:
+            self.benchmarks += 1
+            self.candidates_benchmarked += n_choices
+            self.benchmark_seconds += seconds
+
+    def _record(self, source: str, event: dict[str, Any]) -> None:
+        with self._lock:
+            attr = {"hit": "hits", "fallback": "fallbacks"}.get(source, source)
+            if hasattr(self, attr):
+                setattr(self, attr, getattr(self, attr) + 1)
+            self.events.append({"source": source, **event})
+
+
+stats = Stats()
+
+
+# ----------------------------------------------------------------- keys and identities
+
+
+def _torch_version() -> tuple[int, int] | None:
+    import torch
+
+    try:
+        major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
+
+
+def _dist_version(*names: str) -> str:
+    # importlib.metadata, not `import triton`: cheap, and the key must not depend on
+    # whether someone imported triton yet.
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _device_env(device_type: str) -> tuple[tuple[str, str], ...]:
+    """Hardware part of the fingerprint for one device type (cached: it cannot change)."""
+    import torch
+
+    env: dict[str, str] = {}
+    if device_type == "cuda" and torch.cuda.is_available():
+        # Name and capability only, never the index: ranks on GPUs 0..7 share keys.
+        idx = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(idx)
+        env["device"] = torch.cuda.get_device_name(idx)
+        env["capability"] = f"{major}.{minor}"
+    elif device_type == "cpu":
+        env["device"] = _cpu_model()
+        try:
+            from torch._inductor import cpu_vec_isa
+
+            env["isa"] = str(cpu_vec_isa.pick_vec_isa()) or "none"
+        except Exception:  # noqa: BLE001 - the ISA only refines the key; never fail on it
+            env["isa"] = "unknown"
+    else:
+        try:
+            env["device"] = torch.get_device_module(device_type).get_device_name()
+        except Exception:  # noqa: BLE001 - unknown backends still get a usable key
+            env["device"] = device_type
+    env["device_type"] = device_type
+    return tuple(sorted(env.items()))
+
+
+def _config_value(name: str) -> str:
+    from torch._inductor import config
+
+    obj: Any = config
+    for part in name.split("."):
+        obj = getattr(obj, part, "-")
+    return str(obj)
+
+
+def environment(device_type: str) -> dict[str, str]:
+    """The environment fingerprint of a key: everything outside the op that changes the
+    candidates or their timings. All values are strings (the key convention)."""
+    import torch
+
+    env = dict(_device_env(device_type))
+    env["torch"] = str(torch.__version__)
+    env["triton"] = _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm")
+    env["cuda"] = str(torch.version.cuda or "none")
+    env["hip"] = str(getattr(torch.version, "hip", None) or "none")
+    if device_type == "cpu":
+        # CPU GEMM timings scale with the thread count; a 4-thread winner is not a
+        # 64-thread winner.
+        env["threads"] = str(torch.get_num_threads())
+    if device_type == "cuda":
+        matmul = torch.backends.cuda.matmul
+        env["fp16_reduced_reduction"] = str(matmul.allow_fp16_reduced_precision_reduction)
+        env["bf16_reduced_reduction"] = str(matmul.allow_bf16_reduced_precision_reduction)
+    for flag in _CONFIG_FLAGS:
+        env[f"inductor.{flag}"] = _config_value(flag)
+    return env
+
+
+def _unwrap(choice: Any) -> Any:
+    # DataProcessorChoiceCallerWrapper (CPU packed GEMMs) forwards attributes but is no
+    # subclass of ChoiceCaller (torch/_inductor/select_algorithm.py, 2.11-2.14).
+    while hasattr(choice, "_wrapped"):
+        choice = choice._wrapped
+    return choice
+
+
+def candidate_id(choice: Any) -> str:
+    """A candidate's identity, equal on every rank and every process of one environment."""
+    from torch._inductor.ir import TritonTemplateCallerBase
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    inner = _unwrap(choice)
+    if isinstance(inner, ExternKernelCaller):
+        return f"extern:{choice.hash_key()}"
+    if isinstance(inner, TritonTemplateCallerBase):
+        # hash_key() hashes generated source that embeds the device index; the template
+        # name (the caller's name without its counter, as hash_key() itself strips it)
+        # and the config description identify the kernel on any GPU of the same model.
+        return f"triton:{inner.name.rsplit('_', 1)[0]}:{inner.description}"
+    return f"{type(inner).__name__}:{choice.hash_key()}"
+
+
+def candidate_ids(choices: Sequence[Any]) -> list[str]:
+    """Identities for a choice list; duplicates (same kernel twice) get ``#n`` suffixes in
+    list order, which is the same on every rank that built the same list."""
+    seen: dict[str, int] = {}
+    out = []
+    for choice in choices:
+        cid = candidate_id(choice)
+        n = seen.get(cid, 0)
+        seen[cid] = n + 1
+        out.append(cid if n == 0 else f"{cid}#{n + 1}")
+    return out
+
+
+def _device_type(choices: Sequence[Any], inputs: str) -> str:
+    for choice in choices:
+        layout = getattr(choice, "layout", None)
+        device = getattr(layout, "device", None)
+        if device is not None:
+            return str(device.type)
+    # inputs_key is a repr of tuples that start with the device type
+    return inputs.split("'")[1] if inputs.count("'") >= 2 else "unknown"
+
+
+def make_key(
+    op: str, inputs: str, hint_override: int | None, device_type: str
+) -> dict[str, Any]:
+    """The shared-cache key of one autotuned op (see the module docstring)."""
+    import torch
+
+    return {
+        "kind": "gemm",
+        "op": op,
+        "env": environment(device_type),
+        "inputs": inputs,
+        "precision": torch.get_float32_matmul_precision(),
+        "hint_override": hint_override,
+    }
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+class _BenchmarkFailed(Exception):
+    """Carries an exception raised by Inductor's benchmark through the core, so that we
+    re-raise it untouched instead of mistaking it for a tunecache failure."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+class _Hooks:
+    """State of the installed hooks (one per process, see :func:`enable`)."""
+
+    def __init__(
+        self,
+        selector: Any,
+        cache: TuneCache | None,
+        settings: dict[str, Any],
+        count_only: bool,
+    ) -> None:
+        self.selector = selector
+        self.count_only = count_only
+        self._cache = cache
+        self._owns_cache = cache is None
+        self._settings = settings
+        self._broken = False  # the cache could not be opened: Inductor's own from now on
+        self._warned = False
+        self._lock = threading.RLock()
+        # key hash -> timings of entries read or written by this process (immutable)
+        self._memo: dict[str, dict[str, float]] = {}
+        # key hashes this process is tuning inside get_or_tune_many right now -> timings
+        # collected by lookup; shared by all threads (Inductor may benchmark in a pool).
+        self._tuning: dict[str, dict[str, float]] = {}
+        # choices list (by its first choice, weakly) -> (id(list), op, inputs_key)
+        self._pending: weakref.WeakKeyDictionary[Any, tuple[int, str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.prev_pass: Any = None
+        self.our_pass: Any = None
+        self.triton_patch: Any = None  # what _enable_triton changed (Triton section)
+        self._dist_warned = False
+
+    # -- helpers
+
+    def warn_once(self, what: str, error: BaseException) -> None:
+        with self._lock:
+            first = not self._warned
+            self._warned = True
+        if first:
+            log.warning(
+                "tunecache: %s failed (%s: %s); Inductor's own autotuning takes over for "
+                "this op, the compile goes on (further failures are logged at debug level)",
+                what,
+                type(error).__name__,
+                error,
+            )
+        else:
+            log.debug("tunecache: %s failed again: %r", what, error)
+
+    def cache(self) -> TuneCache:
+        with self._lock:
+            if self._broken:
+                raise RuntimeError("the tunecache database could not be opened earlier")
+            if self._cache is None:
+                import tunecache
+
+                try:
+                    self._cache = tunecache.open(**self._settings)
+                except BaseException:
+                    self._broken = True
+                    raise
+            return self._cache
+
+    def counted(self, benchmark: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def run(choices: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return benchmark(choices)
+            finally:
+                stats._count_benchmark(len(choices), time.perf_counter() - t0)
+
+        return run
+
+    def _record_counted(
+        self, choices: list[Any], op: str, inputs: str, hint_override: int | None
+    ) -> None:
+        """Count-only mode: note which key Inductor looked up (for distinct-key counts)."""
+        try:
+            from . import keys as tc_keys
+
+            key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
+            stats._record("counted", {"op": op, "key_hash": tc_keys.key_hash(key)[0], "best": None})
+        except Exception as e:  # noqa: BLE001 - counting must never break a compile
+            log.debug("tunecache: could not record a counted lookup: %r", e)
+
+    def close(self) -> None:
+        if self._owns_cache and self._cache is not None:
+            try:
+                self._cache.close()
+            except Exception as e:  # noqa: BLE001 - closing must not break disable()
+                log.debug("tunecache: closing the cache failed: %r", e)
+        self._cache = None
+
+    def check_distributed_flag(self) -> None:
+        from torch._inductor import config
+
+        if getattr(config, "distributed_max_autotune_gemm", False) and not self._dist_warned:
+            self._dist_warned = True
+            log.warning(
+                "tunecache: torch._inductor.config.distributed_max_autotune_gemm was turned "
+                "on after tunecache.enable(); Inductor's all_gather autotune now runs for "
+                "aten.mm placeholders, which bypass the shared cache. Leave it off while "
+                "tunecache is enabled."
+            )
+
+    # -- lookup
+
+    def lookup(
+        self,
+        orig: Callable[..., dict[Any, float]],
+        choices: list[Any],
+        op: str,
+        inputs: str,
+        benchmark: Callable[[Any], dict[Any, float]] | None,
+        hint_override: int | None,
+    ) -> dict[Any, float]:
+        if self.count_only or self._broken:
+            if benchmark is None:
+                return orig(choices, op, inputs, None, hint_override)
+            if self.count_only:
+                self._record_counted(choices, op, inputs, hint_override)
+            return orig(choices, op, inputs, self.counted(benchmark), hint_override)
+        # Timings a benchmark produced before tunecache failed: reused by the fallback.
+        taken: dict[Any, float] = {}
+        try:
+            return self._lookup(choices, op, inputs, benchmark, hint_override, taken)
+        except _BenchmarkFailed as e:
+            raise e.error from None
+        except Exception as e:  # noqa: BLE001 - any tunecache failure: Inductor's own path
+            self.warn_once(f"looking up {op} timings", e)
+            stats._record("fallback", {"op": op, "key_hash": None, "best": None})
+            if benchmark is None:
+                return orig(choices, op, inputs, None, hint_override)
+            if taken and all(c in taken for c in choices):
+                return {c: taken[c] for c in choices}
+            return orig(choices, op, inputs, self.counted(benchmark), hint_override)
+
+    def _lookup(
+        self,
+        choices: list[Any],
+        op: str,
+        inputs: str,
+        benchmark: Callable[[Any], dict[Any, float]] | None,
+        hint_override: int | None,
+        taken: dict[Any, float],
+    ) -> dict[Any, float]:
+        from . import keys as tc_keys
+
+        ids = candidate_ids(choices)
+        key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
+        key_hash, _ = tc_keys.key_hash(key)
+
+        def bench(subset: list[Any]) -> dict[str, float]:
+            """Run Inductor's benchmark on some choices; timings by candidate id."""
+            assert benchmark is not None
+            t0 = time.perf_counter()
+            try:
+                raw = benchmark(subset)
+            except BaseException as e:
+                raise _BenchmarkFailed(e) from e
+            finally:
+                stats._count_benchmark(len(subset), time.perf_counter() - t0)
+            taken.update(raw)
+            by_choice = dict(zip(map(id, choices), ids))
+            # inf for anything the benchmark did not return (Inductor asserts it returns
+            # every choice; this is belt and braces for the stored entry).
+            return {
+                by_choice[id(c)]: _ms(raw.get(c, math.inf)) for c in subset
+            }
+
+        if benchmark is None:
+            # make_precompile_fn's probe: answer only with a full hit, never claim or wait.
+            known = self._probe(key, key_hash, ids)
+            if known is not None:
+                return {c: known[i] for c, i in zip(choices, ids)}
+            return {}
+
+        with self._lock:
+            in_tune = self._tuning.get(key_hash)
+        if in_tune is not None:
+            # We are inside our own get_or_tune_many tune(key) for this key (deferred
+            # path): measure and hand the timings back to it, which publishes them.
+            measured = bench(choices)
+            with self._lock:
+                in_tune.update(measured)
+            # counted by tune_deferred, which learns the result's source from the core
+            return {c: measured[i] for c, i in zip(choices, ids)}
+
+        timings, source = self._get_or_tune(key, key_hash, lambda: bench(choices))
+        missing = [c for c, i in zip(choices, ids) if i not in timings]
+        if missing:
+            missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
+            extra_key = {**key, "extra_candidates": missing_ids}
+            extra_hash, _ = tc_keys.key_hash(extra_key)
+            extra, _ = self._get_or_tune(extra_key, extra_hash, lambda: bench(missing))
+            timings = {**timings, **{i: extra[i] for i in missing_ids if i in extra}}
+        answer = {i: timings.get(i, math.inf) for i in ids}
+        best = _best(answer)
+        if best is None:
+            # Nothing in this compile has a finite stored timing: never trust that.
+            raise ValueError(f"no candidate of this {op} compile has a finite stored timing")
+        event = {"op": op, "key_hash": key_hash, "best": best, "missing": len(missing)}
+        stats._record(source, event)
+        return {c: answer[i] for c, i in zip(choices, ids)}
+
+    def _probe(
+        self, key: Mapping[str, Any], key_hash: str, ids: list[str]
+    ) -> dict[str, float] | None:
+        with self._lock:
+            timings = self._memo.get(key_hash)
+        if timings is None:
+            result = self.cache().lookup(key)
+            if result is None:
+                return None
+            timings = dict(result.timings)
+            with self._lock:
+                self._memo[key_hash] = timings
+        if not all(i in timings for i in ids) or _best({i: timings[i] for i in ids}) is None:
+            return None
+        return timings
+
+    def _get_or_tune(
+        self, key: Mapping[str, Any], key_hash: str, tune: Callable[[], Mapping[str, float]]
+    ) -> tuple[dict[str, float], str]:
+        with self._lock:
+            timings = self._memo.get(key_hash)
+        if timings is not None:
+            return timings, "memo"  # this process already read or wrote the entry
+        result = self.cache().get_or_tune(key, tune)
+        timings = dict(result.timings)
+        with self._lock:
+            self._memo[key_hash] = timings
+        return timings, result.source
+
+    # -- make_precompile_fn
+
+    def note_choices(self, choices: list[Any], name: str, inputs_key: str) -> None:
+        if choices:
+            try:
+                self._pending[choices[0]] = (id(choices), name, inputs_key)
+            except TypeError:  # not weak-referenceable: the deferred pass skips it
+                pass
+
+    # -- deferred path
+
+    def tune_deferred(self, nodes: list[Any]) -> None:
+        """Claim, tune and wait for all of a graph's deferred GEMMs in one go."""
+        if self.count_only or self._broken:
+            return
+        from torch._inductor import ir
+        from torch._inductor.scheduler import SchedulerNode
+
+        from . import keys as tc_keys
+
+        self.check_distributed_flag()
+        keys: list[dict[str, Any]] = []
+        owners: dict[str, Any] = {}  # key hash -> first buffer with that key
+        unknown = 0
+        for node in nodes:
+            buf = getattr(node, "node", None)
+            if not isinstance(node, SchedulerNode) or not isinstance(buf, ir.MultiTemplateBuffer):
+                continue
+            choices = buf.choices
+            if not choices or None in getattr(buf, "_choice_timings", {}):
+                continue  # a placeholder (distributed autotune) or already timed
+            info = self._pending.get(choices[0])
+            if info is None or info[0] != id(choices):
+                unknown += 1  # not lowered through our hook; lookup handles it lazily
+                continue
+            _, op, inputs_key = info
+            key = make_key(op, inputs_key, None, _device_type(choices, inputs_key))
+            key_hash, _ = tc_keys.key_hash(key)
+            with self._lock:
+                if key_hash in self._memo:
+                    continue
+            if key_hash not in owners:
+                owners[key_hash] = buf
+                keys.append(key)
+        if unknown:
+            # Expected never; if a torch version stops passing the same list to
+            # make_precompile_fn and MultiTemplateBuffer, those GEMMs still go through
+            # lookup() one at a time (correct, only less parallel across ranks).
+            log.info("tunecache: %d deferred GEMM(s) not recognised; tuned one by one", unknown)
+        if not keys:
+            return
+
+        def tune(key: Mapping[str, Any]) -> Mapping[str, float]:
+            key_hash, _ = tc_keys.key_hash(key)
+            slot: dict[str, float] = {}
+            with self._lock:
+                self._tuning[key_hash] = slot
+            try:
+                # The buffer's own timing function: precompile, prescreen, benchmark,
+                # each benchmark routed through lookup(), which fills `slot`.
+                owners[key_hash].choice_timings()
+            finally:
+                with self._lock:
+                    self._tuning.pop(key_hash, None)
+            if not slot:
+                raise RuntimeError("Inductor produced no timings for this key")
+            return slot
+
+        t0 = time.perf_counter()
+        results = self.cache().get_or_tune_many(keys, tune)
+        with self._lock:
+            for result in results:
+                # A "failed" key (its tuner failed too often) has no usable timings:
+                # lookup() then asks the core again, gets KeyFailedError, and leaves the
+                # op to Inductor's own lookup.
+                if result.source != "failed" and result.timings:
+                    self._memo[result.key_hash] = dict(result.timings)
+        for key, result in zip(keys, results):
+            event = {"op": key["op"], "key_hash": result.key_hash, "best": result.best}
+            stats._record(result.source, event)
+        log.info(
+            "tunecache: %d deferred GEMM key(s) of this graph ready in %.1fs (%s)",
+            len(keys),
+            time.perf_counter() - t0,
+            ", ".join(sorted({r.source for r in results})),
+        )
+
+
+def _ms(value: Any) -> float:
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        return math.inf
+    return ms if math.isfinite(ms) and ms >= 0 else math.inf
+
+
+def _best(timings: Mapping[str, float]) -> str | None:
+    finite = [(ms, name) for name, ms in timings.items() if math.isfinite(ms)]
+    return min(finite)[1] if finite else None
+
+
+def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
+    """Our scheduler pass, chained after ``prev`` (see the module docstring)."""
+    from torch._inductor import custom_graph_pass
+
+    base = getattr(custom_graph_pass, "CustomSchedulerPass", None)
+
+    def run(nodes: list[Any]) -> list[Any]:
+        if prev is not None:
+            nodes = prev(nodes)
+        if _HOOKS is hooks:
+            try:
+                hooks.tune_deferred(nodes)
+            except Exception as e:  # noqa: BLE001 - fusion then benchmarks lazily, per key
+                # This includes an error of Inductor's own benchmark: fusion asks the same
+                # buffer again, and the error is raised there, where Inductor raises it.
+                hooks.warn_once("tuning the graph's deferred GEMMs", e)
+        return nodes
+
+    raw_prev = prev is not None and (base is None or not isinstance(prev, base))
+    if base is None or raw_prev:
+        # A raw callable makes Inductor bypass the FX graph cache; stay raw so it still
+        # does (torch/_inductor/codecache.py, _pre_fusion_custom_pass check).
+        def tunecache_pre_fusion_pass(nodes: list[Any]) -> list[Any]:
+            return run(nodes)
+
+        tunecache_pre_fusion_pass.tunecache_prev = prev  # type: ignore[attr-defined]
+        return tunecache_pre_fusion_pass
+
+    class TuneCachePreFusionPass(base):  # type: ignore[misc, valid-type]
+        tunecache_prev = prev
+
+        def __call__(self, nodes: list[Any]) -> list[Any]:
+            return run(nodes)
+
+        def uuid(self) -> Any:
+            # The pass changes no generated code (it only benchmarks earlier), so the FX
+            # graph cache key needs only the chained pass's identity.
+            return ("tunecache-pre-fusion-v1", prev.uuid() if prev is not None else None)
+
+    return TuneCachePreFusionPass()
+
+
+# ------------------------------------------------------------------ Triton kernel autotune
+#
+# Everything in this section serves issue 6: the best config of every Triton kernel that
+# Inductor autotunes (pointwise, reduction, template ...; the autotune_to_one_config
+# benchmark and coordinate descent) goes through the shared cache. docs/triton-autotune.md
+# has the reasoning; the facts it rests on (torch 2.13, torch/_inductor/runtime/
+# autotune_cache.py and triton_heuristics.py, checked against 2.11's sources):
+#
+# * Inductor keeps one ``AutotuneCache`` per kernel module. ``check_autotune_cache`` calls
+#   ``AutotuneCache.create(inductor_meta, filename, configs_hash)`` when the kernel is
+#   loaded, then ``read_best`` -> remote ``get``; ``CachingAutotuner`` calls
+#   ``save_cache_hook`` (``AutotuneCache.save`` -> remote ``put``) at the kernel's first
+#   run, after autotune_to_one_config and again after coordinate descent.
+# * The remote cache is whatever class ``torch._inductor.remote_cache`` exports under the
+#   name ``RemoteAutotuneCache`` (``create_cache`` looks it up by name), and it is used
+#   when the kernel's ``inductor_meta["autotune_remote_cache"]`` (from
+#   ``config.autotune_remote_cache`` at code generation) is true.
+# * With parallel compile, kernels load in compile-worker subprocesses, which run none of
+#   our code unless tunecache's ``torch.backends`` entry point is installed there. We set
+#   ``config.compile_threads = 1`` so that every kernel loads, and reads the cache, in
+#   the process that runs it.
+# * Inductor's remote key hashes the kernel source, and the source embeds
+#   ``DeviceProperties(type='cuda', index=N, ...)``: rank N's key would differ from rank
+#   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
+#   cache with the source hashed without the device index.
+
+# How long a kernel's claim stands without a publish. Claims are taken when a kernel
+# loads and published at its first run, so nothing can renew them; a peer waits at most
+# this long for a claimed key (then takes it over and tunes itself), so it also bounds how
+# long tunecache may stall one kernel's compile.
+TRITON_LEASE_SECONDS = 60.0
+
+# Heuristics whose kernels have one fixed config and no coordinate descent
+# (triton_heuristics.template / fixed_config, 2.11-2.14): Inductor never saves a result for
+# them, so claiming their keys would only make peers wait for nothing.
+_NO_SAVE_HEURISTICS = ("template", "fixed_config")
+_DECORATOR = re.compile(r"@triton_heuristics\.(\w+)\(")
+# DeviceProperties is a NamedTuple; its repr in the generated source starts
+# "DeviceProperties(type='cuda', index=0, " (torch/_inductor/runtime/hints.py, 2.11-2.14).
+_DEVICE_INDEX = re.compile(r"(DeviceProperties\(type='([^']*)', )index=\d+")
+
+
+@dataclasses.dataclass
+class TritonStats:
+    """What the Triton autotune cache did in this process (:data:`triton_stats`).
+
+    ``lookups`` are Inductor's reads (one per loaded kernel that autotunes and missed its
+    local cache). A warm job has ``hits == lookups`` and no coordinate descent.
+    """
+
+    lookups: int = 0
+    hits: int = 0  # a stored best config was returned: this kernel is not tuned here
+    peer: int = 0  # returned after waiting for the peer that claimed it
+    claimed: int = 0  # a miss this process claimed: it tunes and publishes
+    local: int = 0  # a miss tuned here without publishing (store down, readonly, invalid
+    #                 or failed entry, a peer's claim that outlived the wait, own claim)
+    invalid: int = 0  # stored entries refused by validation (also counted in local)
+    puts: int = 0  # results Inductor saved
+    published: int = 0  # results stored in the shared cache
+    unpublished: int = 0  # not stored: the key was done already, or the claim was lost
+    errors: int = 0  # tunecache failed inside get/put; Inductor went on without it
+    wait_seconds: float = 0.0  # spent in lookups (reads, claims and waits for peers)
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def reset(self) -> None:
+        with self._lock:
+            for f in dataclasses.fields(self):
+                if f.name != "_lock":
+                    setattr(self, f.name, f.default)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                f.name: getattr(self, f.name)
+                for f in dataclasses.fields(self)
+                if f.name != "_lock"
+            }
+
+    def _add(self, **counts: float) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+
+triton_stats = TritonStats()
+
+
+def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The rank-independent identity of a generated Triton kernel module.
+
+    ``kernel``: sha256 of the source with the device index blanked (everything else in
+    the source, including its inductor_meta and triton_meta, stays in); ``name``: the
+    kernel's name (a label: it is in the source anyway); ``device_type``; ``heuristic``:
+    the ``triton_heuristics`` decorator; ``coordesc``: whether coordinate descent is on;
+    ``tag``: ``torch.compiler.config.cache_key_tag``, which Inductor's own key has too.
+    """
+    from torch.compiler import config as compiler_config
+
+    match = _DEVICE_INDEX.search(source)
+    device_type = match.group(2) if match else "cuda"
+    normalized = _DEVICE_INDEX.sub(r"\1index=None", source)
+    heuristic = _DECORATOR.search(source)
+    return {
+        "kernel": hashlib.sha256(normalized.encode()).hexdigest(),
+        "name": str(inductor_meta.get("kernel_name") or "triton_kernel"),
+        "device_type": "cuda" if device_type == "hip" else device_type,
+        "heuristic": heuristic.group(1) if heuristic else "unknown",
+        "coordesc": bool(inductor_meta.get("coordinate_descent_tuning")),
+        "tag": str(getattr(compiler_config, "cache_key_tag", "")),
+    }
+
+
+def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
+    """The shared-cache key of one Triton kernel's best config.
+
+    ``inductor_key`` is Inductor's remote-cache id for the kernel's config list: a hash of
+    torch's source (``torch_key``), Triton's version and backend (``backend_hash``: the
+    compiler and the GPU target, no device index) and the candidate configs.
+    """
+    info = dict(info)
+    return {
+        "kind": "triton_config",
+        "op": info.pop("name", None) or "triton_kernel",
+        "env": environment(str(info.get("device_type") or "cuda")),
+        "inductor_key": inductor_key,
+        **info,
+    }
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def triton_config_from_entry(timings: Mapping[str, float]) -> dict[str, Any] | None:
+    """The best-config dict of a stored entry, or None if it is not one we would write.
+
+    An entry holds exactly one candidate whose name is the canonical JSON of the dict
+    ``AutotuneCache.save`` built (without ``time_taken_ms``). A shared database can hold
+    anything, so every field Inductor turns into a Triton launch is checked.
+    """
+    if len(timings) != 1:
+        return None
+    (name,) = timings
+    try:
+        value = json.loads(name)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    for field, wanted in (("num_warps", int), ("num_stages", int), ("configs_hash", str)):
+        v = value.get(field)
+        if isinstance(v, bool) or not isinstance(v, wanted):
+            return None
+    if not (_is_pow2(value["num_warps"]) and value["num_warps"] <= 64):
+        return None
+    if not 0 <= value["num_stages"] <= 16:
+        return None
+    for k, v in value.items():
+        if k == "extra_options":
+            if v is not None and not isinstance(v, dict):
+                return None
+        elif k == "found_by_coordesc":
+            if not isinstance(v, bool):
+                return None
+        elif isinstance(v, bool) or v is None:
+            continue
+        elif isinstance(v, int):
+            if k.upper().endswith("BLOCK") and not (_is_pow2(v) and v <= 1 << 20):
+                return None
+            if abs(v) > 1 << 31:
+                return None
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return None
+        elif isinstance(v, str):
+            if len(v) > 256:
+                return None
+        else:
+            return None
+    value["time_taken_ms"] = int(timings[name]) if math.isfinite(timings[name]) else 0
+    return value
+
+
+class _TritonCache:
+    """get/put of Inductor's remote autotune cache, over the shared TuneCache.
+
+    get: a stored, valid best config -> it; else claim the key and return None (this
+    process tunes it); if a peer holds a live claim, wait up to the lease for its publish,
+    then take the key over. put: publish under our claim. With coordinate descent on,
+    Inductor saves twice per kernel (the autotune_to_one_config winner, then the
+    coordinate descent result); entries are immutable, so the first is held back until
+    the second replaces it, or until this thread moves on to another kernel.
+    """
+
+    def __init__(self, hooks: _Hooks) -> None:
+        self.hooks = hooks
+        self._lock = threading.Lock()
+        self._claims: dict[str, Any] = {}  # key hash -> Claim held by this process
+        self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+        self._warned: set[str] = set()
+
+    @staticmethod
+    def _info(key_text: str) -> dict[str, Any]:
+        try:
+            info = json.loads(key_text)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "kernel" not in info:
+            # Inductor's own key (the re-keying wrapper did not run): correct, but it
+            # hashes the device index, so ranks on other GPUs do not share it.
+            info = {"kernel": key_text}
+        return info
+
+    def _warn_once(self, what: str, error: BaseException) -> None:
+        triton_stats._add(errors=1)
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(
+                "tunecache: %s failed (%s: %s); Inductor autotunes that Triton kernel as "
+                "usual (further failures are logged at debug level)",
+                what, type(error).__name__, error,
+            )
+        else:
+            log.debug("tunecache: %s failed again: %r", what, error)
+
+    # -- Inductor's calls
+
+    def get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        t0 = time.perf_counter()
+        triton_stats._add(lookups=1)
+        try:
+            self.flush(threading.get_ident())
+            return self._get(inductor_key, key_text)
+        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel load
+            self._warn_once("reading a Triton kernel's best config", e)
+            return None
+        finally:
+            triton_stats._add(wait_seconds=time.perf_counter() - t0)
+
+    def put(self, inductor_key: str, key_text: str, value: Any) -> None:
+        triton_stats._add(puts=1)
+        try:
+            self._put(inductor_key, key_text, value)
+        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel run
+            self._warn_once("publishing a Triton kernel's best config", e)
+
+    def flush(self, thread: int | None = None) -> None:
+        """Publish held results (of one thread, or all)."""
+        with self._lock:
+            ready = [h for h, (t, _, _) in self._held.items() if thread is None or t == thread]
+            items = [self._held.pop(h) for h in ready]
+        for _, key, value in items:
+            try:
+                self._publish(key, value)
+            except Exception as e:  # noqa: BLE001 - see put()
+                self._warn_once("publishing a Triton kernel's best config", e)
+
+    # -- the protocol
+
+    def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        from . import keys as tc_keys
+        from .coordinator import Result
+
+        info = self._info(key_text)
+        key = triton_key(inductor_key, info)
+        key_hash, _ = tc_keys.key_hash(key)
+        with self._lock:
+            ours = key_hash in self._claims
+        if ours:
+            # The same kernel loaded again before its first run: still ours to tune.
+            triton_stats._add(local=1)
+            return None
+        cache = self.hooks.cache()
+        answer: Any = cache.lookup(key)
+        if answer is None and info.get("heuristic") not in _NO_SAVE_HEURISTICS:
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
+                                 wait=TRITON_LEASE_SECONDS)
+        if answer is None:
+            triton_stats._add(local=1)
+            return None
+        if not isinstance(answer, Result):
+            with self._lock:
+                self._claims[key_hash] = answer
+            triton_stats._add(claimed=1)
+            return None
+        if answer.source == "failed":
+            triton_stats._add(local=1)
+            return None
+        best = triton_config_from_entry(answer.timings)
+        if best is None:
+            triton_stats._add(invalid=1, local=1)
+            if key_hash not in self._warned:
+                self._warned.add(key_hash)
+                log.warning("tunecache: the stored Triton config of %s (%s) is not valid; "
+                            "Inductor tunes it here", info.get("name", "?"), key_hash[:16])
+            return None
+        triton_stats._add(**{"peer" if answer.source == "peer" else "hits": 1})
+        return best
+
+    def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
+        from . import keys as tc_keys
+
+        if not isinstance(value, dict):
+            return
+        info = self._info(key_text)
+        key = triton_key(inductor_key, info)
+        key_hash, _ = tc_keys.key_hash(key)
+        thread = threading.get_ident()
+        # With coordinate descent on, autotune_to_one_config saves first (it passes the
+        # winner's triton_cache_hash), then coordinate descent saves the final config
+        # (without one). Hold the first: the second replaces it.
+        first_of_two = (
+            info.get("coordesc")
+            and info.get("heuristic") not in _NO_SAVE_HEURISTICS + ("user_autotune",)
+            and value.get("triton_cache_hash") is not None
+        )
+        with self._lock:
+            self._held.pop(key_hash, None)  # a second save replaces a held first one
+        self.flush(thread)  # this thread has moved on from any other kernel it held
+        if first_of_two:
+            with self._lock:
+                self._held[key_hash] = (thread, key, dict(value))
+            return
+        self._publish(key, value)
+
+    def _publish(self, key: dict[str, Any], value: Mapping[str, Any]) -> None:
+        from . import keys as tc_keys
+        from .coordinator import Result
+
+        key_hash, _ = tc_keys.key_hash(key)
+        entry = {k: v for k, v in value.items() if k != "time_taken_ms"}
+        ms = _ms(value.get("time_taken_ms", 0))
+        timings = {tc_keys.canonical_json(entry): 0.0 if ms == math.inf else ms}
+        if triton_config_from_entry(timings) is None:
+            log.debug("tunecache: not publishing an unexpected Triton config %r", entry)
+            triton_stats._add(unpublished=1)
+            return
+        with self._lock:
+            claim = self._claims.pop(key_hash, None)
+        cache = self.hooks.cache()
+        if claim is None:
+            # Not claimed at get() (tuned locally, or read from Inductor's local cache
+            # and saved again): store it if nobody has.
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+            if answer is None or isinstance(answer, Result):
+                triton_stats._add(unpublished=1)
+                return
+            claim = answer
+        stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000)
+        triton_stats._add(**{"published" if stored is not None else "unpublished": 1})
+
+
+_TRITON: _TritonCache | None = None
+_triton_atexit = False
+
+
+@functools.lru_cache(maxsize=None)
+def _remote_cache_class() -> type:
+    """Our ``RemoteAutotuneCache``: Inductor's RemoteCache over a tunecache backend."""
+    from torch._inductor import remote_cache as rc
+
+    serde_cls = getattr(rc, "RemoteCachePassthroughSerde", None)
+
+    class TuneCacheAutotuneBackend(rc.RemoteCacheBackend):  # type: ignore[misc, valid-type]
+        def __init__(self, cache_id: str) -> None:
+            super().__init__()
+            self.cache_id = cache_id
+
+        def _get(self, key: str) -> Any:
+            state = _TRITON
+            return None if state is None else state.get(self.cache_id, key)
+
+        def _put(self, key: str, data: Any) -> None:
+            state = _TRITON
+            if state is not None:
+                state.put(self.cache_id, key, data)
+
+    class TuneCacheAutotuneCache(rc.RemoteCache):  # type: ignore[misc, valid-type]
+        """Inductor's remote autotune cache, backed by tunecache (tunecache.inductor)."""
+
+        def __init__(self, cache_id: str) -> None:
+            super().__init__(TuneCacheAutotuneBackend(cache_id), serde_cls())
+
+    return TuneCacheAutotuneCache
+
+
+def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``AutotuneCache.create``, re-keying our remote cache without the device index."""
+
+    def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
+        cache = orig(inductor_meta, filename, configs_hash)
+        remote = getattr(cache, "remote_cache", None)
+        if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+            try:
+                with open(filename, encoding="utf-8") as f:
+                    source = f.read()
+                info = triton_kernel_info(source, inductor_meta or {})
+                from .keys import canonical_json
+
+                cache.remote_cache = (remote[0], canonical_json(info))
+            except Exception as e:  # noqa: BLE001 - Inductor's own key still works
+                if _TRITON is not None:
+                    _TRITON._warn_once("keying a Triton kernel without its device index", e)
+        return cache
+
+    return create
+
+
+@dataclasses.dataclass
+class _TritonPatch:
+    """What _enable_triton changed, to put back."""
+
+    remote_cls: Any
+    autotune_remote_cache: Any
+    compile_threads: Any
+    create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
+    ours: Any
+
+
+def _enable_triton(hooks: _Hooks) -> _TritonPatch | None:
+    """Plug tunecache in as Inductor's remote autotune cache (see this section's notes)."""
+    global _TRITON, _triton_atexit
+    try:
+        from torch._inductor import config
+        from torch._inductor import remote_cache as rc
+        from torch._inductor.runtime import autotune_cache as ac
+
+        missing = [
+            what for what, ok in (
+                ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
+                ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
+                ("remote_cache.RemoteCachePassthroughSerde",
+                 hasattr(rc, "RemoteCachePassthroughSerde")),
+                ("AutotuneCache.create", isinstance(ac.AutotuneCache.__dict__.get("create"),
+                                                    staticmethod)),
+                ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
+                ("config.compile_threads", hasattr(config, "compile_threads")),
+            ) if not ok
+        ]
+        create = ac.AutotuneCache.__dict__.get("create")
+        if not missing and _param_names(create.__func__) != (
+            "inductor_meta", "filename", "configs_hash"
+        ):
+            missing.append("AutotuneCache.create(inductor_meta, filename, configs_hash)")
+        cache = hooks._cache
+        if cache is None:
+            from .coordinator import TuneCache as cache_type
+        else:
+            cache_type = type(cache)
+        if not (hasattr(cache_type, "claim") and hasattr(cache_type, "publish")):
+            missing.append("TuneCache.claim/publish (docs/issue6-core-api.patch)")
+        if missing:
+            log.warning(
+                "tunecache: Triton kernel autotuning is not shared (missing: %s); GEMM "
+                "autotuning is", ", ".join(missing),
+            )
+            return None
+        ours = _remote_cache_class()
+        patch = _TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
+                             config.compile_threads, create, ours)
+        _TRITON = _TritonCache(hooks)
+        rc.RemoteAutotuneCache = ours
+        ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
+        config.autotune_remote_cache = True
+        if config.compile_threads != 1:
+            config.compile_threads = 1
+            log.info(
+                "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
+                "kernels load (and read the shared autotune cache) in this process, not "
+                "in compile workers that cannot reach it (docs/triton-autotune.md)"
+            )
+        if not _triton_atexit:
+            _triton_atexit = True
+            atexit.register(_flush_triton)
+        return patch
+    except Exception as e:  # noqa: BLE001 - the GEMM hooks stay; Triton as usual
+        log.warning("tunecache: Triton kernel autotuning is not shared (%s: %s)",
+                    type(e).__name__, e)
+        return None
+
+
+def _disable_triton(patch: _TritonPatch | None) -> None:
+    global _TRITON
+    state, _TRITON = _TRITON, None
+    if state is not None:
+        state.flush()
+    if patch is None:
+        return
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
+    from torch._inductor.runtime import autotune_cache as ac
+
+    if rc.RemoteAutotuneCache is patch.ours:
+        rc.RemoteAutotuneCache = patch.remote_cls
+    ac.AutotuneCache.create = patch.create
+    config.autotune_remote_cache = patch.autotune_remote_cache
+    config.compile_threads = patch.compile_threads
+
+
+def _flush_triton() -> None:
+    state = _TRITON
+    if state is not None:
+        try:
+            state.flush()
+        except Exception:  # noqa: BLE001 - never fail interpreter shutdown
+            pass
+
+
+# ------------------------------------------------------------------------- enable/disable
+
+_HOOKS: _Hooks | None = None
+_ENABLE_LOCK = threading.Lock()
+_version_warned = False
+
+
+def _param_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(p for p in inspect.signature(fn).parameters if p != "self")
+
+
+def _refuse(reason: str) -> bool:
+    global _version_warned
+    if not _version_warned:
+        _version_warned = True
+        log.warning("tunecache: not enabled for Inductor: %s; Inductor autotunes as usual", reason)
+    return False
+
+
+def is_enabled() -> bool:
+    """Whether the hooks are installed (in either mode)."""
+    return _HOOKS is not None
+
+
+def enable(
+    cache: TuneCache | None = None, *, count_only: bool = False, **settings: Any
+) -> bool:
+    """Route Inductor's GEMM autotuning through tunecache; returns whether hooks are on.
+
+    ``cache``: a ``tunecache.TuneCache`` to use; by default one is opened (lazily, at the
+    first autotuned op) with ``tunecache.open(**settings)``, i.e. from TUNECACHE_* unless
+    overridden. ``count_only=True`` installs only the benchmark counter (:data:`stats`),
+    no cache. TUNECACHE_MODE=off enables nothing. Calling it again replaces the hooks.
+    """
+    global _HOOKS
+    version = _torch_version()
+    low, high = SUPPORTED_TORCH
+    if version is None or not (low <= version <= high):
+        import torch
+
+        return _refuse(
+            f"torch {torch.__version__} is outside the supported "
+            f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
+        )
+    if not count_only and cache is None:
+        from .settings import Settings
+
+        mode = Settings.from_env(**settings).mode
+        if mode == "off":
+            log.info("tunecache: TUNECACHE_MODE=off, Inductor autotunes as usual")
+            return False
+
+    from torch._inductor import config
+    from torch._inductor import select_algorithm
+
+    selector = select_algorithm.get_algorithm_selector_cache()
+    cls = type(selector)
+    if _param_names(cls.lookup) != _LOOKUP_PARAMS or _param_names(
+        cls.make_precompile_fn
+    ) != _PRECOMPILE_PARAMS:
+        return _refuse("AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+
+    with _ENABLE_LOCK:
+        if _HOOKS is not None:
+            _disable_locked()
+        hooks = _Hooks(selector, cache, settings, count_only)
+        orig_lookup = cls.lookup.__get__(selector, cls)
+        orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
+
+        def lookup(
+            self: Any,
+            choices: list[Any],
+            op: str,
+            inputs: str,
+            benchmark: Callable[[Any], dict[Any, float]] | None,
+            hint_override: int | None = None,
+        ) -> dict[Any, float]:
+            return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
+
+        def make_precompile_fn(
+            self: Any,
+            choices: list[Any],
+            name: str,
+            inputs_key: str,
+            precompilation_timeout_seconds: int | None = 60 * 60,
+        ) -> Callable[[], dict[Any, float]]:
+            try:
+                hooks.note_choices(choices, name, inputs_key)
+            except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
+                hooks.warn_once("recording a deferred GEMM", e)
+            return orig_precompile(
+                choices,
+                name,
+                inputs_key,
+                precompilation_timeout_seconds=precompilation_timeout_seconds,
+            )
+
+        selector.lookup = types.MethodType(lookup, selector)
+        selector.make_precompile_fn = types.MethodType(make_precompile_fn, selector)
+        if not count_only:
+            if getattr(config, "distributed_max_autotune_gemm", False):
+                config.distributed_max_autotune_gemm = False
+                log.info(
+                    "tunecache: turned off torch._inductor.config.distributed_max_autotune_gemm; "
+                    "tunecache shares GEMM autotuning across ranks and jobs instead"
+                )
+            hooks.prev_pass = config._pre_fusion_custom_pass
+            hooks.our_pass = _make_pre_fusion_pass(hooks, hooks.prev_pass)
+            config._pre_fusion_custom_pass = hooks.our_pass
+            hooks.triton_patch = _enable_triton(hooks)
+        _HOOKS = hooks
+    log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
+    return True
+
+
+def _disable_locked() -> None:
+    global _HOOKS
+    hooks, _HOOKS = _HOOKS, None
+    if hooks is None:
+        return
+    _disable_triton(hooks.triton_patch)
+    for name in ("lookup", "make_precompile_fn"):
+        hooks.selector.__dict__.pop(name, None)  # the class method shows through again
+    if hooks.our_pass is not None:
+        from torch._inductor import config
+
+        if config._pre_fusion_custom_pass is hooks.our_pass:
+            config._pre_fusion_custom_pass = hooks.prev_pass
+    hooks.close()
+
+
+def disable() -> None:
+    """Remove the hooks (Inductor's own autotuning again) and close the cache we opened."""
+    with _ENABLE_LOCK:
+        _disable_locked()
+
+
+def _enable_from_env() -> None:
+    """Called by the autoload hook (tunecache._autoload) once select_algorithm exists."""
+    if os.environ.get("TUNECACHE_INDUCTOR_COUNT_ONLY") == "1":
+        enable(count_only=True)
+    else:
+        enable()
