@@ -37,6 +37,7 @@ def test_db_accepts_paths_and_urls(value, url):
         ({"TUNECACHE_LEASE_SECONDS": "-3"}, "a positive number of seconds"),
         ({"TUNECACHE_WAIT_TIMEOUT": "nan"}, "a positive number of seconds"),
         ({"TUNECACHE_MAX_ATTEMPTS": "2.5"}, "a positive whole number"),
+        ({"TUNECACHE_TRITON_CONFIGS": "maybe"}, "expected 1 or 0"),
     ],
 )
 def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):

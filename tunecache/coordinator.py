@@ -33,7 +33,7 @@ from .settings import Settings
 from .store import Claim, Database, Entry, Publication, Store, ensure_schema
 from .store.store import NOTIFY_CHANNEL
 
-__all__ = ["TuneCache", "Result", "Source"]
+__all__ = ["TuneCache", "Result", "Source", "Claim"]
 
 logger = logging.getLogger("tunecache")
 
@@ -44,6 +44,7 @@ Tuner = Callable[[Mapping[str, Any]], Mapping[str, float]]
 # the first free key is almost always within the first few; the window only bounds a read.
 _CLAIM_WINDOW = 16
 _USAGE_FLUSH_SECONDS = 60.0
+_CHEAP_TUNE_SECONDS = 0.005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +163,129 @@ class TuneCache:
             return None
         result = self._result_from_row(row, "hit")
         if result is not None:
+            self._usage.add([result])
+        return result
+
+    def claim(
+        self,
+        key: Mapping[str, Any],
+        *,
+        lease_seconds: float | None = None,
+        wait: float = 0.0,
+    ) -> Result | Claim | None:
+        """Claim ``key`` now and :meth:`publish` its timings later, from another call.
+
+        For tuners that cannot run inside :meth:`get_or_tune`'s callable: Inductor's
+        remote autotune cache asks for a key in one call (``get``) and hands the result
+        over in another (``put``), possibly much later, possibly never. Returns
+
+        - a :class:`Result` when the key is settled: ``hit`` (done before we asked),
+          ``peer`` (a peer published it while we waited) or ``failed``;
+        - a :class:`Claim`: this process owns the key; tune it and :meth:`publish`.
+          Nothing renews it (no heartbeat: the caller may never publish), so after
+          ``lease_seconds`` (default ``settings.lease_seconds``) a peer may take it
+          over, and a late publish is then rejected. A publish after the lease passed
+          but before anyone took over is still accepted;
+        - ``None``: tune locally and publish nothing. The store is unavailable, the mode
+          is readonly and the key is not done, the stored entry is invalid, or a peer
+          still held a live claim after ``wait`` seconds.
+
+        While waiting it only reads (no write transaction), and takes the key over as
+        soon as the peer's lease passes.
+        """
+        h, j = key_hash(key)
+        lease = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
+        if not math.isfinite(lease) or lease <= 0:
+            raise ValueError(f"lease_seconds must be a positive number, not {lease_seconds!r}")
+        if not self._ensure_available():
+            return None
+        deadline = time.monotonic() + max(0.0, wait)
+        source: Source = "hit"
+        poll = 0.01
+        try:
+            if self.settings.mode == "readonly":
+                row = self._store.read([h]).get(h)
+                return self._claim_answer(row, source)
+            candidates = [(h, j, key_labels(key))]
+            while True:
+                outcome = self._store.step(
+                    publish=[],
+                    candidates=candidates,
+                    limit=1,
+                    owner=self._owner_id(),
+                    lease_seconds=lease,
+                    max_attempts=self.settings.max_attempts,
+                )
+                if outcome.claimed:
+                    return outcome.claimed[0]
+                row = outcome.seen.get(h)
+                if row is not None and row.state != "claimed":
+                    return self._claim_answer(row, source)
+                # A peer's live claim: read (no write transaction) until it settles or
+                # its lease passes, then go round again to settle or take it over.
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._wait_for_change(min(poll, left))
+                    poll = min(poll * 2, 0.5)
+                    row = self._store.read([h]).get(h)
+                    if row is None or row.state != "claimed" or row.lease_expired:
+                        break
+                source = "peer"
+        except StoreError as e:
+            self._disable(e)
+            return None
+
+    def publish(
+        self,
+        claim: Claim,
+        timings: Mapping[str, float],
+        *,
+        tune_seconds: float | None = None,
+    ) -> Result | None:
+        """Publish the timings of a key claimed with :meth:`claim`.
+
+        Returns the stored result (source ``tuned``), or None if the claim was lost (a
+        peer took it over after the lease passed) or the store failed. Raises
+        :class:`InvalidEntryError` for timings the cache would refuse to read back.
+        """
+        clean = validate_timings(dict(timings), claim.key_hash)
+        pub = Publication(claim, timings_to_json(clean), best_candidate(clean),
+                          float(tune_seconds or 0.0))
+        if not self._ensure_available() or self.settings.mode != "readwrite":
+            return None
+        try:
+            outcome = self._store.step(
+                publish=[pub],
+                candidates=[],
+                limit=0,
+                owner=claim.owner,
+                lease_seconds=self.settings.lease_seconds,
+                max_attempts=self.settings.max_attempts,
+            )
+        except StoreError as e:
+            self._disable(e)
+            return None
+        if not outcome.published[0]:
+            logger.warning(
+                "tunecache: lost the claim on %s before publishing (its lease passed and a "
+                "peer took it over); the peer's result is the one stored", claim.key_hash[:16]
+            )
+            return None
+        result = Result(claim.key_hash, clean, pub.best, "tuned", tune_seconds)
+        self._usage.add([result])
+        self._maybe_flush()
+        return result
+
+    def _claim_answer(self, row: Entry | None, source: Source) -> Result | None:
+        """:meth:`claim`'s answer for a row it did not claim (None: tune locally)."""
+        if row is None:
+            return None
+        results: dict[str, Result] = {}
+        self._settle(row, source, results)
+        result = results.get(row.key_hash)
+        if result is not None and result.source != "failed":
             self._usage.add([result])
         return result
 
@@ -391,14 +515,16 @@ class TuneCache:
 def _next_batch(step_seconds: float, tuned: Sequence[Publication]) -> int:
     """How many keys to claim in the next step.
 
-    One, so that equal work splits evenly between processes, unless tuning is so cheap
-    (a no-op or a cached tuner) that the transaction costs several times the tuning: then
-    a batch, so that the database, not fairness over nothing, sets the pace.
+    One, so that equal work splits evenly between processes, unless tuning is nearly free
+    (a no-op or cached tuner, under _CHEAP_TUNE_SECONDS): then a batch, so that the
+    database, not fairness over nothing, sets the pace. The bound is absolute on purpose:
+    a step's time grows with lock contention, and contention is exactly when real work
+    must still be split evenly (a ratio alone made 16 loaded processes batch).
     """
     if not tuned:
         return 1
     tune_seconds = sum(p.tune_seconds for p in tuned) / len(tuned)
-    if tune_seconds * 4 >= step_seconds:
+    if tune_seconds >= _CHEAP_TUNE_SECONDS or tune_seconds * 4 >= step_seconds:
         return 1
     return max(1, min(32, int(step_seconds / max(tune_seconds, 1e-6) / 4)))
 

@@ -1,6 +1,8 @@
 """PyTorch Inductor integration: GEMM autotuning timings from the shared tunecache.
 
-This is the only tunecache module that touches ``torch._inductor`` internals.
+This is the only tunecache module that touches ``torch._inductor`` internals. The best
+configs of Triton kernels (autotune_to_one_config, coordinate descent) are shared too:
+see the "Triton kernel autotune" section below and docs/triton-autotune.md.
 
 Supported torch versions: 2.11, 2.12, 2.13, 2.14. On any other version :func:`enable`
 logs one warning and installs nothing, so Inductor behaves exactly as it would without
@@ -796,7 +798,9 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 # * Inductor's remote key hashes the kernel source, and the source embeds
 #   ``DeviceProperties(type='cuda', index=N, ...)``: rank N's key would differ from rank
 #   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
-#   cache with the source hashed without the device index.
+#   cache with the source hashed without the device index and without the kernel's
+#   per-graph number (triton_poi_fused_add_3), which shifts when fusion differs earlier
+#   in the graph (seen on 2xH200, torch 2.11: 8 of 13 warm misses before this).
 
 # How long a kernel's claim stands without a publish. Claims are taken when a kernel
 # loads and published at its first run, so nothing can renew them; a peer waits at most
@@ -809,6 +813,7 @@ TRITON_LEASE_SECONDS = 60.0
 # them, so claiming their keys would only make peers wait for nothing.
 _NO_SAVE_HEURISTICS = ("template", "fixed_config")
 _DECORATOR = re.compile(r"@triton_heuristics\.(\w+)\(")
+_KERNEL_DEF = re.compile(r"@triton\.jit\s*\ndef (\w+)\(")
 # DeviceProperties is a NamedTuple; its repr in the generated source starts
 # "DeviceProperties(type='cuda', index=0, " (torch/_inductor/runtime/hints.py, 2.11-2.14).
 _DEVICE_INDEX = re.compile(r"(DeviceProperties\(type='([^']*)', )index=\d+")
@@ -864,21 +869,28 @@ triton_stats = TritonStats()
 def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[str, Any]:
     """The rank-independent identity of a generated Triton kernel module.
 
-    ``kernel``: sha256 of the source with the device index blanked (everything else in
-    the source, including its inductor_meta and triton_meta, stays in); ``name``: the
-    kernel's name (a label: it is in the source anyway); ``device_type``; ``heuristic``:
-    the ``triton_heuristics`` decorator; ``coordesc``: whether coordinate descent is on;
-    ``tag``: ``torch.compiler.config.cache_key_tag``, which Inductor's own key has too.
+    ``kernel``: sha256 of the source with the device index and the kernel's name blanked
+    (everything else in the source, including its inductor_meta and triton_meta, stays
+    in); ``name``: the kernel's name (:func:`triton_key` keeps it without its counter);
+    ``device_type``; ``heuristic``: the ``triton_heuristics`` decorator; ``coordesc``:
+    whether coordinate descent is on; ``tag``: ``torch.compiler.config.cache_key_tag``,
+    which Inductor's own key has too.
     """
     from torch.compiler import config as compiler_config
 
     match = _DEVICE_INDEX.search(source)
     device_type = match.group(2) if match else "cuda"
     normalized = _DEVICE_INDEX.sub(r"\1index=None", source)
+    jit = _KERNEL_DEF.search(source)
+    name = jit.group(1) if jit else str(inductor_meta.get("kernel_name") or "triton_kernel")
+    if jit:
+        # The name ends in a per-graph counter (triton_poi_fused_add_3): one more or one
+        # less kernel earlier in the graph renumbers identical kernels.
+        normalized = re.sub(rf"\b{re.escape(name)}\b", "KERNEL_NAME", normalized)
     heuristic = _DECORATOR.search(source)
     return {
         "kernel": hashlib.sha256(normalized.encode()).hexdigest(),
-        "name": str(inductor_meta.get("kernel_name") or "triton_kernel"),
+        "name": name,
         "device_type": "cuda" if device_type == "hip" else device_type,
         "heuristic": heuristic.group(1) if heuristic else "unknown",
         "coordesc": bool(inductor_meta.get("coordinate_descent_tuning")),
@@ -894,9 +906,12 @@ def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
     compiler and the GPU target, no device index) and the candidate configs.
     """
     info = dict(info)
+    # The kernel's name without its per-graph counter: a label for `tunecache stats`,
+    # and part of the hash like every key field, so it must not carry the counter.
+    name = re.sub(r"_\d+$", "", str(info.pop("name", None) or "")) or "triton_kernel"
     return {
         "kind": "triton_config",
-        "op": info.pop("name", None) or "triton_kernel",
+        "op": name,
         "env": environment(str(info.get("device_type") or "cuda")),
         "inductor_key": inductor_key,
         **info,
@@ -1328,13 +1343,15 @@ def enable(
             f"torch {torch.__version__} is outside the supported "
             f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
         )
-    if not count_only and cache is None:
+    share_triton = False
+    if not count_only:
         from .settings import Settings
 
-        mode = Settings.from_env(**settings).mode
-        if mode == "off":
+        chosen = cache.settings if cache is not None else Settings.from_env(**settings)
+        if chosen.mode == "off" and cache is None:
             log.info("tunecache: TUNECACHE_MODE=off, Inductor autotunes as usual")
             return False
+        share_triton = chosen.triton_configs
 
     from torch._inductor import config
     from torch._inductor import select_algorithm
@@ -1393,7 +1410,8 @@ def enable(
             hooks.prev_pass = config._pre_fusion_custom_pass
             hooks.our_pass = _make_pre_fusion_pass(hooks, hooks.prev_pass)
             config._pre_fusion_custom_pass = hooks.our_pass
-            hooks.triton_patch = _enable_triton(hooks)
+            if share_triton:
+                hooks.triton_patch = _enable_triton(hooks)
         _HOOKS = hooks
     log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
     return True

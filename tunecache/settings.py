@@ -86,6 +86,17 @@ def _positive_int(name: str, raw: str | int) -> int:
     return value
 
 
+def _flag(name: str, raw: str | bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(name, raw, "1 or 0")
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """How a process uses the cache. Every field has an environment variable."""
@@ -103,6 +114,10 @@ class Settings:
     # Claims of one key that may end without a result (tuner raised, process died) before
     # the key is marked failed and waiters get that answer.
     max_attempts: int = 3
+    # Share Triton kernel configs (coordinate descent included) too, not only GEMM
+    # timings. Off by default: it needs config.compile_threads=1 (docs/triton-autotune.md),
+    # whose cost on a cold compile of a large model has not been measured yet.
+    triton_configs: bool = False
 
     _ENV = {
         "db_url": "TUNECACHE_DB",
@@ -111,6 +126,7 @@ class Settings:
         "wait_timeout": "TUNECACHE_WAIT_TIMEOUT",
         "lock_timeout": "TUNECACHE_LOCK_TIMEOUT",
         "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
+        "triton_configs": "TUNECACHE_TRITON_CONFIGS",
     }
 
     def __post_init__(self) -> None:
@@ -120,6 +136,9 @@ class Settings:
             object.__setattr__(self, name, _positive_float(self._ENV[name], getattr(self, name)))
         object.__setattr__(
             self, "max_attempts", _positive_int(self._ENV["max_attempts"], self.max_attempts)
+        )
+        object.__setattr__(
+            self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
         )
 
     @classmethod

@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 # Errors that mean "try again shortly" rather than "the database is gone".
 _SQLITE_RETRY = ("database is locked", "database table is locked", "database schema has changed")
+_SQLITE_BUSY_SECONDS = 0.05
+_MAX_RETRY_DELAY = 0.02
 _PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock_not_available
 
 
@@ -96,7 +98,12 @@ class Database:
                 pool_size=2,
                 max_overflow=4,
                 connect_args={
-                    "timeout": self.lock_timeout,
+                    # SQLite's own busy handler sleeps up to 100 ms at a time, so under
+                    # contention a waiter can lose whole rounds to processes that just
+                    # arrived (seen as unfair work splits with 16 processes). It waits at
+                    # most _SQLITE_BUSY_SECONDS; run() retries in finer, jittered steps
+                    # until lock_timeout.
+                    "timeout": min(self.lock_timeout, _SQLITE_BUSY_SECONDS),
                     "isolation_level": None,
                     "check_same_thread": False,
                 },
@@ -144,7 +151,7 @@ class Database:
         reached or read).
         """
         deadline = time.monotonic() + self.lock_timeout
-        delay = 0.002
+        delay = 0.001
         reconnected = False
         while True:
             try:
@@ -166,7 +173,7 @@ class Database:
                         "(raise TUNECACHE_LOCK_TIMEOUT, or look for a stuck process)",
                     ) from e
                 time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.25)
+                delay = min(delay * 2, _MAX_RETRY_DELAY)
             except exc.SQLAlchemyError as e:
                 raise StoreError(self.display_url, f"{type(e).__name__}: {e}") from e
 

@@ -1,0 +1,382 @@
+"""tunecache.inductor's Triton section: Inductor's remote autotune cache over tunecache.
+
+Triton is not installed on the CPU test machines, but Inductor's autotune-cache code is
+pure Python: these tests drive Inductor's own ``check_autotune_cache`` ->
+``AutotuneCache.create`` -> ``read_best`` and ``AutotuneCache.save`` (the calls a kernel
+load and its first run make, torch/_inductor/runtime/triton_heuristics.py) with fake
+configs and generated-looking kernel files. The two-process test runs this file as a
+script (see the bottom) so that each "rank" is its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._inductor import config as inductor_config  # noqa: E402
+from torch._inductor import remote_cache as rc  # noqa: E402
+from torch._inductor.runtime import autotune_cache as ac  # noqa: E402
+from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.coordinator import TuneCache  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+BACKEND_HASH = "b" * 64
+
+
+class FakeConfig:
+    """What Inductor reads of a triton.Config (kwargs, num_warps, num_stages)."""
+
+    def __init__(self, num_warps: int, num_stages: int = 1, **kwargs: int) -> None:
+        self.kwargs = kwargs
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+
+    def __repr__(self) -> str:
+        return f"FakeConfig({self.kwargs}, w={self.num_warps}, s={self.num_stages})"
+
+
+def configs() -> list[FakeConfig]:
+    return [FakeConfig(4, XBLOCK=128), FakeConfig(8, XBLOCK=512), FakeConfig(2, XBLOCK=64)]
+
+
+def meta(coordesc: bool = False, name: str = "triton_poi_fused_add_0") -> dict[str, Any]:
+    return {
+        "autotune_local_cache": False,  # the remote (shared) cache is what we test
+        "autotune_remote_cache": True,
+        "backend_hash": BACKEND_HASH,
+        "coordinate_descent_tuning": coordesc,
+        "kernel_name": name,
+    }
+
+
+def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
+                heuristic: str = "pointwise") -> str:
+    """A kernel module as Inductor writes it; the device index differs per rank."""
+    source = (
+        "import triton\n"
+        "from torch._inductor.runtime import triton_heuristics\n"
+        "from torch._inductor.runtime.hints import DeviceProperties\n"
+        f"@triton_heuristics.{heuristic}(size_hints={{'x': 1024}}, "
+        "triton_meta={'signature': {'in_ptr0': '*fp32'}, "
+        f"'device': DeviceProperties(type='cuda', index={index}, multi_processor_count=132, "
+        "cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, "
+        "max_threads_per_block=1024, warp_size=32)}, inductor_meta={})\n"
+        "@triton.jit\n"
+        f"def triton_poi_fused_add_0(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    {body}\n"
+    )
+    path = tmp / f"rank{index}-{abs(hash((body, heuristic))) % 10**8}" / "kernel.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return str(path)
+
+
+@pytest.fixture
+def enabled(tmp_path, monkeypatch):
+    """tunecache enabled on a fresh SQLite file; yields the TuneCache."""
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    tc_inductor.triton_stats.reset()
+    try:
+        yield cache
+    finally:
+        tc_inductor.disable()
+        cache.close()
+
+
+def load(filename: str, m: dict[str, Any], cfgs: list[FakeConfig] | None = None):
+    """What a kernel load does: Inductor's check_autotune_cache."""
+    return th.check_autotune_cache(cfgs or configs(), filename, m)
+
+
+def create(filename: str, m: dict[str, Any]):
+    """Inductor's AutotuneCache for a kernel, without reading it (no claim)."""
+    return ac.AutotuneCache.create(m, filename, th.hash_configs(configs()))
+
+
+def stored(cache: TuneCache) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from tunecache.store.schema import entries
+
+    def work(conn: Any) -> list[dict[str, Any]]:
+        rows = conn.execute(select(entries.c.kind, entries.c.state, entries.c.timings_json))
+        return [dict(r._mapping) for r in rows]
+
+    return cache.store.db.run(work)
+
+
+# ------------------------------------------------------- the core API this relies on
+
+
+def test_core_claim_publish_take_over_and_wait(db_url):
+    import threading
+
+    db = db_url
+    key = {"kind": "triton_config", "op": "k", "kernel": "x"}
+    with tunecache.open(db) as a, tunecache.open(db) as b:
+        first = a.claim(key, lease_seconds=0.5)
+        assert first is not None and not isinstance(first, tunecache.Result)
+        assert b.claim(key, wait=0.0) is None  # a live claim, and we would not wait
+        time.sleep(0.6)
+        second = b.claim(key, wait=0.0)  # the lease passed: taken over
+        assert second is not None and not isinstance(second, tunecache.Result)
+        assert a.publish(first, {"late": 1.0}) is None  # fenced off
+        assert b.publish(second, {"won": 2.0}).source == "tuned"
+        hit = a.claim(key)
+        assert hit.source == "hit" and hit.timings == {"won": 2.0}
+
+        other = {**key, "kernel": "y"}
+        claim = a.claim(other, lease_seconds=30)
+        threading.Timer(0.3, a.publish, (claim, {"c": 3.0})).start()
+        waited = b.claim(other, wait=10.0)
+        assert waited.source == "peer" and waited.timings == {"c": 3.0}
+    with tunecache.open(db, mode="readonly") as ro:
+        assert ro.claim({**key, "kernel": "z"}) is None
+        assert ro.claim(key).source == "hit"
+
+
+# --------------------------------------------------------------------------- enable
+
+
+def test_enable_plugs_in_and_disable_restores(tmp_path):
+    before = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
+              inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    try:
+        assert rc.RemoteAutotuneCache is not before[0]
+        assert rc.RemoteAutotuneCache.__name__ == "TuneCacheAutotuneCache"
+        assert inductor_config.autotune_remote_cache is True
+        assert inductor_config.compile_threads == 1
+        # Inductor's create_cache finds our class by name, as it finds the Redis one.
+        assert type(rc.create_cache("x", False, "FbRemoteAutotuneCache",
+                                    "RemoteAutotuneCache")) is rc.RemoteAutotuneCache
+    finally:
+        tc_inductor.disable()
+        cache.close()
+    after = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
+             inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
+    assert after == before
+
+
+def test_count_only_leaves_triton_alone():
+    before = rc.RemoteAutotuneCache
+    assert tc_inductor.enable(count_only=True)
+    try:
+        assert rc.RemoteAutotuneCache is before
+    finally:
+        tc_inductor.disable()
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def test_key_ignores_the_device_index_only(enabled, tmp_path):
+    k0 = create(kernel_file(tmp_path, 0), meta()).remote_cache[1]
+    k1 = create(kernel_file(tmp_path, 1), meta()).remote_cache[1]
+    other = create(kernel_file(tmp_path, 0, body="tmp0 * tmp1"), meta()).remote_cache[1]
+    # Inductor numbers kernels per graph: the same kernel renumbered is the same key.
+    renumbered = Path(kernel_file(tmp_path, 2))
+    renumbered.write_text(renumbered.read_text().replace("fused_add_0", "fused_add_7"))
+    k7 = create(str(renumbered), meta()).remote_cache[1]
+    assert k0 == k1
+    assert json.loads(k7)["name"] == "triton_poi_fused_add_7"
+    key7, key0 = (tc_inductor.triton_key("i", json.loads(k)) for k in (k7, k0))
+    assert key7 == key0
+    assert other != k0
+    info = json.loads(k0)
+    assert info["heuristic"] == "pointwise" and info["device_type"] == "cuda"
+    key = tc_inductor.triton_key("inductor-key", info)
+    assert key["kind"] == "triton_config" and key["op"] == "triton_poi_fused_add"
+    assert "torch" in key["env"] and "triton" in key["env"]
+    assert "index" not in json.dumps(key)
+
+
+# -------------------------------------------------------------------- get, claim, put
+
+
+def test_miss_claims_then_save_publishes_and_next_load_hits(enabled, tmp_path):
+    filename = kernel_file(tmp_path, 0)
+    cfgs, cache, info = load(filename, meta())
+    assert info["autotune_cache_state"] == "miss" and len(cfgs) == 3
+    assert [r["state"] for r in stored(enabled)] == ["claimed"]
+    cache.save(cfgs[1], 7_000_000)  # what autotune_to_one_config does
+    rows = stored(enabled)
+    assert [(r["kind"], r["state"]) for r in rows] == [("triton_config", "done")]
+
+    cfgs, _, info = load(kernel_file(tmp_path, 3), meta())  # another GPU index
+    assert info["autotune_cache_state"] == "hit"
+    assert (cfgs[0].kwargs, cfgs[0].num_warps) == ({"XBLOCK": 512}, 8)
+    s = tc_inductor.triton_stats.as_dict()
+    assert (s["lookups"], s["claimed"], s["hits"], s["puts"], s["published"]) == (2, 1, 1, 1, 1)
+
+
+def test_coordinate_descent_result_replaces_the_first_save(enabled, tmp_path):
+    m = meta(coordesc=True)
+    cfgs, cache, _ = load(kernel_file(tmp_path, 0), m)
+    # autotune_to_one_config saves its winner (with the launcher's cache hash) ...
+    cache.save(cfgs[0], 3_000_000, found_by_coordesc=True, triton_cache_hash="abc")
+    assert [r["state"] for r in stored(enabled)] == ["claimed"]  # held back
+    # ... then coordinate descent saves the final config (triton_heuristics, 2.11-2.14).
+    cache.save(FakeConfig(16, num_stages=2, XBLOCK=1024), 9_000_000, found_by_coordesc=True)
+    (row,) = stored(enabled)
+    assert row["state"] == "done"
+    (name,) = json.loads(row["timings_json"])
+    best = json.loads(name)
+    assert (best["XBLOCK"], best["num_warps"], best["found_by_coordesc"]) == (1024, 16, True)
+    assert tc_inductor.triton_stats.published == 1
+
+
+def test_held_first_save_is_published_when_the_thread_moves_on(enabled, tmp_path):
+    # A kernel that coordinate descent skips (deterministic reductions) saves only once.
+    m = meta(coordesc=True)
+    cfgs, cache, _ = load(kernel_file(tmp_path, 0), m)
+    cache.save(cfgs[2], 1_000_000, found_by_coordesc=True, triton_cache_hash="abc")
+    assert [r["state"] for r in stored(enabled)] == ["claimed"]
+    load(kernel_file(tmp_path, 0, body="other"), m)  # the next kernel
+    assert sorted(r["state"] for r in stored(enabled)) == ["claimed", "done"]
+
+
+def test_template_kernels_are_looked_up_but_never_claimed(enabled, tmp_path):
+    # One fixed config, no coordinate descent: Inductor never saves, so a claim would
+    # only make peers wait for a publish that never comes.
+    _, cache, info = load(kernel_file(tmp_path, 0, heuristic="template"), meta(True))
+    assert info["autotune_cache_state"] == "miss" and cache is not None
+    assert stored(enabled) == []
+    assert tc_inductor.triton_stats.local == 1
+
+
+def test_hostile_entry_is_ignored(enabled, tmp_path):
+    cache = create(kernel_file(tmp_path, 0), meta())
+    key = tc_inductor.triton_key(cache.remote_cache_full_key, json.loads(cache.remote_cache[1]))
+    claim = enabled.claim(key)
+    evil = {"num_warps": 3, "num_stages": 1, "configs_hash": cache.configs_hash, "XBLOCK": 7}
+    assert enabled.publish(claim, {json.dumps(evil): 0.0}) is not None
+
+    cfgs, _, state = load(kernel_file(tmp_path, 1), meta())
+    assert state["autotune_cache_state"] == "miss" and len(cfgs) == 3
+    s = tc_inductor.triton_stats.as_dict()
+    assert s["invalid"] == 1 and s["hits"] == 0
+
+
+@pytest.mark.parametrize("bad", [
+    {},
+    {"a": 1.0, "b": 2.0},
+    {"not json": 0.0},
+    {json.dumps([1, 2]): 0.0},
+    {json.dumps({"num_warps": 4, "num_stages": 1}): 0.0},  # no configs_hash
+    {json.dumps({"num_warps": True, "num_stages": 1, "configs_hash": "h"}): 0.0},
+    {json.dumps({"num_warps": 4, "num_stages": 99, "configs_hash": "h"}): 0.0},
+    {json.dumps({"num_warps": 4, "num_stages": 1, "configs_hash": "h", "R0_BLOCK": 0}): 0.0},
+    {json.dumps({"num_warps": 4, "num_stages": 1, "configs_hash": "h", "X": [1]}): 0.0},
+])
+def test_entry_validation(bad):
+    assert tc_inductor.triton_config_from_entry(bad) is None
+
+
+def test_orphaned_claim_expires_and_the_waiter_tunes(enabled, tmp_path, monkeypatch):
+    monkeypatch.setattr(tc_inductor, "TRITON_LEASE_SECONDS", 1.0)
+    created = create(kernel_file(tmp_path, 0), meta(name="k_orphan"))
+    key_text, cache_id = created.remote_cache[1], created.remote_cache_full_key
+    # A peer claims the key and never publishes (its kernel never ran, or it died).
+    peer = tunecache.open(enabled.settings.db_url)
+    try:
+        key = tc_inductor.triton_key(cache_id, json.loads(key_text))
+        assert not isinstance(peer.claim(key, lease_seconds=1.0), tunecache.Result)
+        tc_inductor.triton_stats.reset()
+        t0 = time.monotonic()
+        cfgs, cache, info = load(kernel_file(tmp_path, 1), meta(name="k_orphan"))
+        waited = time.monotonic() - t0
+        assert info["autotune_cache_state"] == "miss"
+        assert 0.5 < waited < 5, waited
+        assert tc_inductor.triton_stats.claimed == 1  # taken over
+        cache.save(cfgs[0], 1_000_000)
+        assert [r["state"] for r in stored(enabled)] == ["done"]
+    finally:
+        peer.close()
+
+
+def test_store_failure_never_fails_the_kernel(tmp_path):
+    # A database nobody can open: the kernel loads and saves as without tunecache.
+    bad = tmp_path / "no-such-dir" / "sub" / "tune.db"
+    (tmp_path / "no-such-dir").write_text("a file, so the directory cannot be made")
+    cache = tunecache.open(str(bad), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    tc_inductor.triton_stats.reset()
+    try:
+        cfgs, autotune_cache, info = load(kernel_file(tmp_path, 0), meta())
+        assert info["autotune_cache_state"] == "miss" and len(cfgs) == 3
+        autotune_cache.save(cfgs[0], 1_000_000)
+        s = tc_inductor.triton_stats.as_dict()
+        assert s["hits"] == 0 and s["published"] == 0
+    finally:
+        tc_inductor.disable()
+        cache.close()
+
+
+# ------------------------------------------------------------------ two processes
+
+
+def _run_rank(db: str, tmp: Path, index: int, role: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{index}")
+    out = subprocess.run(
+        [sys.executable, __file__, role, db, str(tmp), str(index)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_two_processes_share_one_best_config(tmp_path):
+    db = str(tmp_path / "tune.db")
+    first = _run_rank(db, tmp_path, 0, "tune")
+    assert first["state"] == "miss" and first["stats"]["published"] == 1
+    second = _run_rank(db, tmp_path, 1, "read")
+    assert second["state"] == "hit"
+    assert second["best"] == first["best"] == [{"XBLOCK": 512}, 8, 1]
+    assert second["stats"]["hits"] == 1 and second["stats"]["claimed"] == 0
+
+
+def test_triton_sharing_is_off_unless_asked_for(tmp_path):
+    threads, remote = inductor_config.compile_threads, inductor_config.autotune_remote_cache
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tc_inductor.enable(cache)
+    try:
+        assert inductor_config.compile_threads == threads
+        assert inductor_config.autotune_remote_cache == remote
+    finally:
+        tc_inductor.disable()
+
+
+def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
+    cache = tunecache.open(db, triton_configs=True)
+    tc_inductor.enable(cache)
+    cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index), meta())
+    if role == "tune":
+        assert len(cfgs) == 3
+        cfgs = [cfgs[1]]  # "benchmarked": the second config won
+        autotune_cache.save(cfgs[0], 5_000_000)
+    tc_inductor.disable()
+    best = cfgs[0]
+    print(json.dumps({"state": info["autotune_cache_state"],
+                      "best": [best.kwargs, best.num_warps, best.num_stages],
+                      "stats": tc_inductor.triton_stats.as_dict()}))
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
