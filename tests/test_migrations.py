@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
+import pytest
 from alembic.runtime.migration import MigrationContext
 
+import tunecache
+
 from tunecache.store import Database, ensure_schema
-from tunecache.store.migrate import VERSION_TABLE, head_revision
+from tunecache.store.migrate import (
+    VERSION_TABLE,
+    known_revisions,
+    current_revision,
+    head_revision,
+)
 from tunecache.store.schema import metadata
 
 ROOT = Path(__file__).resolve().parents[1]
+# One SQLite file per past schema revision, frozen with entries written at that revision.
+FROZEN = sorted((ROOT / "tests" / "data").glob("schema-*.db"))
 
 
 def test_migrated_schema_equals_the_declared_schema(db_url):
@@ -29,6 +40,22 @@ def test_migrated_schema_equals_the_declared_schema(db_url):
         return compare_metadata(context, metadata)
 
     assert db.run(diff) == []
+
+
+@pytest.mark.parametrize("frozen", FROZEN, ids=[p.stem for p in FROZEN])
+def test_database_of_every_past_schema_upgrades_and_keeps_its_entries(frozen, tmp_path):
+    path = tmp_path / frozen.name
+    shutil.copyfile(frozen, path)
+    with tunecache.open(str(path)) as cache:
+        hit = cache.get_or_tune(
+            {"kind": "gemm", "op": "mm", "i": 1,
+             "env": {"device": "cpu-frozen", "torch": "2.13.0", "triton": "none"}},
+            lambda: pytest.fail("an entry of the old schema is a hit after the upgrade"),
+        )
+        db = cache.store.db
+        assert db.run(current_revision) == head_revision()
+    assert (hit.source, hit.best, hit.timings) == ("hit", "aten", {"aten": 1.0, "cpp": 3.0})
+    assert len(FROZEN) == len(known_revisions()) - 1, "freeze a file for every past revision"
 
 
 def test_installed_wheel_migrates_without_the_source_tree(tmp_path):
@@ -55,4 +82,4 @@ def test_installed_wheel_migrates_without_the_source_tree(tmp_path):
     ).stdout.split()
     assert out[0] == "tuned"
     assert out[1].startswith(str(site))
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, text
 from ..errors import SchemaOutOfDateError, SchemaTooNewError
 from .engine import Database
 
-__all__ = ["ensure_schema", "current_revision", "head_revision", "VERSION_TABLE"]
+__all__ = ["ensure_schema", "current_revision", "head_revision", "known_revisions", "VERSION_TABLE"]
 
 logger = logging.getLogger("tunecache")
 
@@ -61,7 +61,7 @@ def head_revision() -> str:
     return head
 
 
-def _known_revisions() -> set[str]:
+def known_revisions() -> set[str]:
     return {rev.revision for rev in _scripts().walk_revisions()}
 
 
@@ -75,7 +75,7 @@ def _check(url: str, revision: str | None) -> bool:
     """True when the schema is at head; raise if it is from a newer tunecache."""
     if revision == head_revision():
         return True
-    if revision is not None and revision not in _known_revisions():
+    if revision is not None and revision not in known_revisions():
         raise SchemaTooNewError(url, revision)
     return False
 

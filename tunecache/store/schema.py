@@ -45,6 +45,9 @@ entries = Table(
     Index("ix_tunecache_entries_state", "state"),
     Index("ix_tunecache_entries_last_used_at", "last_used_at"),
     Index("ix_tunecache_entries_env", "device", "torch_version", "triton_version"),
+    # Covers `tunecache stats` (migration 0002), so it never reads the wide rows.
+    Index("ix_tunecache_entries_stats", "state", "kind", "op", "device", "torch_version",
+          "triton_version", "hits", "tune_seconds"),
 )
 
 # Usage is counted in memory and written in one row per flush (per compile or job), so a

@@ -1,0 +1,117 @@
+"""tunecache doctor: each check's verdict and the exit code; the doctor never writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+
+from tunecache.store.migrate import head_revision
+
+from cli_helpers import gemm_key, populate, run
+from tunecache import doctor
+
+
+def _checks(*args):
+    result = run("doctor", *args, "--json")
+    data = json.loads(result.stdout)
+    return result.exit_code, {c["name"]: c for c in data["checks"]}, data
+
+
+def test_doctor_healthy(db_url):
+    populate(db_url, [gemm_key()])
+    code, checks, data = _checks("--db", db_url)
+    assert code == 0 and data["ok"] is True
+    assert checks["reachable"]["status"] == "ok"
+    assert checks["schema"]["status"] == "ok"
+    assert checks["schema"]["message"] == f"revision {head_revision()} (this tunecache's head)"
+    assert checks["clock"]["status"] == "ok"
+    if db_url.startswith("sqlite"):
+        assert checks["locks"]["status"] == "ok"
+        assert checks["journal"]["status"] == "ok"
+        assert checks["filesystem"]["status"] == "ok"
+
+
+def test_doctor_human_output_and_fix_lines(sqlite_url, tmp_path):
+    populate(sqlite_url, [gemm_key()])
+    os.chmod(tmp_path, 0o755)
+    result = run("doctor", "--db", sqlite_url)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("ok    settings     mode=readwrite")
+    assert any(line.startswith("warn  permissions  for a group-shared cache: directory "
+                               "drwxr-xr-x is not group-writable") for line in lines)
+    fix = lines[lines.index(next(l for l in lines if l.startswith("warn  permissions"))) + 1]
+    assert fix.startswith("                   fix: chmod g+w ")
+    os.chmod(tmp_path, 0o2775)
+    os.chmod(tmp_path / "tune.db", 0o664)
+    _, checks, _ = _checks("--db", sqlite_url)
+    assert checks["permissions"]["status"] == "ok"
+
+
+def test_doctor_unreachable_postgresql_fails():
+    code, checks, data = _checks("--db", "postgresql://127.0.0.1:1/x")
+    assert code == 1 and data["ok"] is False
+    assert checks["reachable"]["status"] == "fail"
+    assert "pg_hba.conf" in checks["reachable"]["fix"]
+
+
+def test_doctor_garbage_and_missing_files(tmp_path):
+    garbage = tmp_path / "g.db"
+    garbage.write_bytes(b"garbage" * 1000)
+    code, checks, _ = _checks("--db", str(garbage))
+    assert code == 1 and checks["reachable"]["message"] == f"{garbage}: file is not a database"
+    missing = tmp_path / "new.db"
+    code, checks, _ = _checks("--db", str(missing))
+    assert code == 0 and checks["reachable"]["status"] == "warn"
+    assert not missing.exists(), "the doctor must not create the database"
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tunecache-doctor")]
+
+
+def test_doctor_wal_on_network_filesystem_fails_and_is_not_changed(sqlite_url, tmp_path,
+                                                                   monkeypatch):
+    populate(sqlite_url, [gemm_key()])
+    path = str(tmp_path / "tune.db")
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+    monkeypatch.setattr(doctor, "filesystem_of", lambda p: ("/shared", "nfs4"))
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 1
+    assert checks["filesystem"]["status"] == "warn"
+    assert checks["filesystem"]["message"] == "nfs4 (network filesystem, mounted at /shared)"
+    assert checks["journal"]["status"] == "fail"
+    assert "journal_mode=DELETE" in checks["journal"]["fix"]
+    assert checks["clock"]["status"] == "ok"  # mtime of a real file vs our clock
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_doctor_broken_locks_fail(sqlite_url, monkeypatch):
+    populate(sqlite_url, [gemm_key()])
+    monkeypatch.setattr(doctor, "_lock_works",
+                        lambda p: (False, "a second process took a lock that another held"))
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 1 and checks["locks"]["status"] == "fail"
+    assert "nolock" in checks["locks"]["fix"]
+
+
+def test_filesystem_of_reads_mounts(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("rootfs / ext4 rw 0 0\n"
+                      "server:/export /shared nfs4 rw 0 0\n"
+                      "lustre@tcp:/fs /shared/lustre lustre rw 0 0\n"
+                      "sshfs#x /mnt/my\\040disk fuse.sshfs rw 0 0\n")
+    assert doctor.filesystem_of("/shared/a/b.db", str(mounts)) == ("/shared", "nfs4")
+    assert doctor.filesystem_of("/shared/lustre/x", str(mounts)) == ("/shared/lustre", "lustre")
+    assert doctor.filesystem_of("/sharedx/y", str(mounts)) == ("/", "ext4")
+    assert doctor.filesystem_of("/mnt/my disk/t.db", str(mounts)) == ("/mnt/my disk", "fuse.sshfs")
+    assert all(doctor.is_network_fs(t) for t in ("nfs", "lustre", "gpfs", "cifs", "beegfs",
+                                                 "fuse.sshfs"))
+    assert not doctor.is_network_fs("ext4") and not doctor.is_network_fs("xfs")
+
+
+def test_real_lock_probe(tmp_path):
+    works, message = doctor._lock_works(str(tmp_path / "probe"))
+    assert works is True, message

@@ -1,0 +1,125 @@
+"""tunecache prune: selections, dry runs, live claims, batches, VACUUM, bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from sqlalchemy import create_engine, update
+
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
+from tunecache.settings import resolve_db_url
+from tunecache.store.schema import entries
+
+
+def _states(url):
+    rows = run_json("ls", "--db", url, "--limit", "1000")
+    return sorted((r["op"], r["torch"], r["state"]) for r in rows)
+
+
+def _age(url, key_hashes, seconds):
+    """Pretend entries were last used ``seconds`` ago (time is the only thing we fake)."""
+    engine = create_engine(resolve_db_url(url))
+    with engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.key_hash.in_(key_hashes)).values(
+            last_used_at=time.time() - seconds, updated_at=time.time() - seconds))
+    engine.dispose()
+
+
+def test_prune_older_than_with_dry_run(db_url):
+    old = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    populate(db_url, [gemm_key("bmm", i) for i in range(2)])
+    _age(db_url, [r.key_hash for r in old], 40 * 86400)
+
+    dry = run_json("prune", "--db", db_url, "--older-than", "30d", "--dry-run")
+    assert dry["would_delete"] == 3
+    assert sorted(e["key_hash"] for e in dry["entries"]) == sorted(r.key_hash for r in old)
+    assert len(run_json("ls", "--db", db_url)) == 5  # nothing deleted
+
+    human = run("prune", "--db", db_url, "--older-than", "4w", "--dry-run")
+    assert human.stdout.splitlines()[0] == "would delete 3 entries (dry run)"
+
+    result = run("prune", "--db", db_url, "--older-than", "720h", "--no-vacuum")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].startswith("deleted 3 entries in 1 batches")
+    assert result.stdout.splitlines()[1] == "vacuum: skipped (not asked)"
+    assert _states(db_url) == [("bmm", "2.13.0", "done")] * 2
+
+
+def test_prune_by_environment(db_url):
+    populate(db_url, [gemm_key("mm", i, torch=t) for i in range(2)
+                      for t in ("2.11.0", "2.12.0", "2.13.0")])
+    out = run_json("prune", "--db", db_url, "--torch", "2.11.0")
+    assert out["deleted"] == 2
+    out = run_json("prune", "--db", db_url, "--keep-torch", "2.13.0")
+    assert out["deleted"] == 2
+    assert _states(db_url) == [("mm", "2.13.0", "done")] * 2
+    # keep-device with the only device present: nothing goes
+    assert run_json("prune", "--db", db_url, "--keep-device", "cpu-x")["deleted"] == 0
+
+
+def test_prune_failed_expired_and_never_live_claims(db_url):
+    populate(db_url, [gemm_key("mm", 0)])
+    fail_key(db_url, gemm_key("mm", 1))
+    claim_key(db_url, gemm_key("mm", 2), lease_seconds=600)
+    claim_key(db_url, gemm_key("mm", 3), lease_seconds=0.01)
+
+    assert run_json("prune", "--db", db_url, "--failed")["deleted"] == 1
+    assert run_json("prune", "--db", db_url, "--expired-claims")["deleted"] == 1
+    # Every selection at once, batch size 1: the live claim and nothing but it stays...
+    # except the done entry, which only an entry filter would select.
+    out = run_json("prune", "--db", db_url, "--failed", "--expired-claims", "--invalid",
+                   "--older-than", "0s", "--batch-size", "1")
+    assert out["deleted"] == 1  # the done entry (older than 0s)
+    assert _states(db_url) == [("mm", "2.13.0", "claimed")]
+
+
+def test_prune_invalid_entries(db_url):
+    good, bad = populate(db_url, [gemm_key("mm", 0), gemm_key("mm", 1)])
+    engine = create_engine(resolve_db_url(db_url))
+    with engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.key_hash == bad.key_hash)
+                     .values(timings_json='{"aten": -1}'))
+    engine.dispose()
+    dry = run_json("prune", "--db", db_url, "--invalid", "--dry-run")
+    assert [(e["key_hash"], e["invalid"]) for e in dry["entries"]] == [
+        (bad.key_hash, "timing of 'aten' is -1")]
+    assert run_json("prune", "--db", db_url, "--invalid")["deleted"] == 1
+    assert [r["key_hash"] for r in run_json("ls", "--db", db_url)] == [good.key_hash]
+
+
+def test_prune_many_batches_and_vacuum(sqlite_url):
+    populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(300)])
+    populate(sqlite_url, [gemm_key("mm", i) for i in range(10)])
+    out = run_json("prune", "--db", sqlite_url, "--torch", "2.12.0", "--batch-size", "64")
+    assert out["deleted"] == 300 and out["batches"] == 5
+    assert out["vacuum"]["ran"] is True and out["vacuum"]["why"].startswith("free pages were")
+    assert out["size_after"]["bytes"] < out["size_before"]["bytes"]
+    assert len(run_json("ls", "--db", sqlite_url)) == 10
+
+
+def test_prune_bad_arguments(db_url):
+    populate(db_url, [gemm_key("mm", 0)])
+    for value in ("30x", "-3d", "d", ""):
+        result = run("prune", "--db", db_url, "--older-than", value)
+        assert result.exit_code == 2, value
+        assert result.stderr.splitlines()[-1] == (
+            f"Error: Invalid value for '--older-than': {value!r} is not a duration "
+            "(use 3600s, 90m, 12h, 30d or 2w)")
+    nothing = run("prune", "--db", db_url)
+    assert nothing.exit_code == 2
+    assert nothing.stderr.startswith("Error: nothing selected: give --older-than")
+    assert len(run_json("ls", "--db", db_url)) == 1
+
+
+def test_auto_vacuum_skips_big_files(sqlite_url, monkeypatch):
+    from tunecache import maintenance
+
+    populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(200)])
+    monkeypatch.setattr(maintenance, "VACUUM_AUTO_MAX_BYTES", 1024)
+    out = run_json("prune", "--db", sqlite_url, "--torch", "2.12.0", "--no-pause")
+    assert out["deleted"] == 200 and out["vacuum"]["ran"] is False
+    assert "run `tunecache prune --vacuum ...` when no job runs" in out["vacuum"]["why"]
+    forced = run_json("prune", "--db", sqlite_url, "--failed", "--vacuum")
+    assert forced["vacuum"] == {"ran": True, "why": "asked", "seconds": forced["vacuum"]["seconds"]}

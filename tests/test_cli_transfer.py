@@ -1,0 +1,170 @@
+"""tunecache export / import / merge: format, validation, conflict policies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
+import tunecache
+
+
+def _export(url, *args):
+    result = run("export", "--db", url, *args)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    return json.loads(lines[0]), [json.loads(line) for line in lines[1:]], result
+
+
+def test_export_format_and_best_only(db_url, tmp_path):
+    results = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    fail_key(db_url, gemm_key("mm", 9))  # not done: never exported
+    header, lines, result = _export(db_url)
+    assert {k: header[k] for k in ("format", "version", "entries", "best_only")} == {
+        "format": "tunecache-export", "version": 1, "entries": 3, "best_only": False}
+    assert result.stderr == "exported 3 entries\n"
+    assert sorted(line["key_hash"] for line in lines) == sorted(r.key_hash for r in results)
+    first = next(line for line in lines if line["key"] == gemm_key("mm", 1))
+    assert first["timings"] == {"aten": 1.25, "triton": 2.0} and first["best"] == "aten"
+
+    _, best, _ = _export(db_url, "--best-only", "--op", "mm")
+    assert all(line["timings"]["triton"] is None for line in best)
+
+    out = tmp_path / "cache.jsonl"
+    summary = run("export", "--db", db_url, "-o", str(out), "--json")
+    assert json.loads(summary.stdout)["exported"] == 3
+    assert len(out.read_text().splitlines()) == 4
+
+
+def test_round_trip_into_an_empty_database(db_url, tmp_path):
+    populate(db_url, [gemm_key("bmm", i) for i in range(5)])
+    path = tmp_path / "x.jsonl"
+    run("export", "--db", db_url, "-o", str(path))
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    result = run("import", str(path), "--db", target)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (f"imported into {target}: 5 new, 0 replaced, 0 kept, 0 busy "
+                             "(being tuned), 0 invalid (on conflict: keep)\n")
+    with tunecache.open(target) as cache:
+        hit = cache.lookup(gemm_key("bmm", 2))
+    assert hit is not None and hit.timings == {"aten": 1.5, "triton": 2.0}
+
+
+def _entry(key, timings, **extra):
+    return json.dumps({"key": key, "timings": timings, "tune_seconds": 1.0, **extra})
+
+
+HEADER = json.dumps({"format": "tunecache-export", "version": 1})
+
+
+def test_import_reports_bad_lines_and_keeps_good_ones(db_url, tmp_path):
+    good = gemm_key("mm", 1)
+    lines = [
+        HEADER,
+        _entry(good, {"aten": 0.5, "triton": None}),
+        "{not json",
+        json.dumps(["a", "list"]),
+        _entry("not-an-object", {"aten": 1}),
+        _entry(gemm_key("mm", 2), {"aten": -1.0}),
+        _entry(gemm_key("mm", 3), {"aten": None}),  # valid: "nothing runs here" is a result
+        _entry(gemm_key("mm", 4), {"aten": 1.0}, key_hash="0" * 64),
+        _entry(gemm_key("mm", 5), {}),
+        json.dumps({"key": gemm_key("mm", 6), "timings": {"aten": 1}, "tune_seconds": "slow"}),
+        json.dumps({"key": {"big": "x" * 70000}, "timings": {"aten": 1}}),
+        "",
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1
+    assert "2 new, 0 replaced, 0 kept, 0 busy (being tuned), 8 invalid" in result.stdout
+    errors = result.stderr.splitlines()
+    assert errors[:8] == [
+        f"{path}: line 3: not JSON (Expecting property name enclosed in double quotes at column 2)",
+        f"{path}: line 4: not a JSON object",
+        f"{path}: line 5: \"key\" is missing or not a JSON object",
+        f"{path}: line 6: timing of 'aten' is -1.0",
+        f"{path}: line 8: \"key_hash\" does not match the key (the key hashes to "
+        f"{tunecache.keys.key_hash(gemm_key('mm', 4))[0][:16]})",
+        f"{path}: line 9: timings are empty",
+        f"{path}: line 10: \"tune_seconds\" is 'slow', not a non-negative number",
+        f"{path}: line 11: bad key: a tunecache key must be under 65536 bytes as JSON",
+    ]
+    assert errors[8].startswith("Error: 8 invalid entries skipped")
+    assert [r["key"] for r in [run_json("show", "--db", db_url,
+                                        tunecache.keys.key_hash(good)[0])]] == [good]
+    again = run("import", str(path), "--db", db_url, "--skip-invalid", "--json")
+    assert again.exit_code == 0
+    data = json.loads(again.stdout)
+    assert (data["unchanged"], data["invalid"]) == (2, 8)
+    assert data["bad"][0] == {"where": "line 3", "reason": "not JSON (Expecting property name "
+                              "enclosed in double quotes at column 2)"}
+
+
+def test_import_refuses_a_file_without_header(db_url, tmp_path):
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("hello\nworld\n")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {path}: line 1 is not a tunecache export header; expected "
+                             "a file written by `tunecache export` (first line {\"format\": "
+                             "\"tunecache-export\", \"version\": 1, ...})\n")
+    path.write_text(json.dumps({"format": "tunecache-export", "version": 99}) + "\n")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1 and "version 99 is not supported" in result.stderr
+
+
+def test_conflict_policies(db_url, tmp_path):
+    key = gemm_key("mm", 0)  # stored: aten 1.0, triton 2.0
+    populate(db_url, [key])
+    fail_key(db_url, gemm_key("mm", 1))
+    claim_key(db_url, gemm_key("mm", 2), lease_seconds=600)
+    claim_key(db_url, gemm_key("mm", 3), lease_seconds=0.01)
+
+    def write(timings):
+        path = tmp_path / f"in-{timings['aten']}.jsonl"
+        path.write_text("\n".join([HEADER, _entry(key, timings)] + [
+            _entry(gemm_key("mm", i), {"aten": 3.0}) for i in (1, 2, 3)]) + "\n")
+        return str(path)
+
+    def stored():
+        return {t["candidate"]: t["ms"] for t in run_json(
+            "show", "--db", db_url, tunecache.keys.key_hash(key)[0])["timings"]}
+
+    slower = write({"aten": 1.5, "triton": 0.0 + 1.8})
+    out = run_json("import", slower, "--db", db_url)  # keep (default)
+    # failed key and expired claim replaced; live claim left alone; done entry kept
+    assert (out["inserted"], out["replaced"], out["unchanged"], out["busy"]) == (0, 2, 1, 1)
+    assert stored() == {"aten": 1.0, "triton": 2.0}
+    assert run_json("import", slower, "--db", db_url, "--on-conflict", "faster")["unchanged"] == 3
+    assert stored() == {"aten": 1.0, "triton": 2.0}
+    faster = write({"aten": 0.5, "triton": 2.0})
+    dry = run_json("import", faster, "--db", db_url, "--on-conflict", "faster", "--dry-run")
+    assert dry["replaced"] == 1 and stored() == {"aten": 1.0, "triton": 2.0}
+    assert run_json("import", faster, "--db", db_url, "--on-conflict", "faster")["replaced"] == 1
+    assert stored() == {"aten": 0.5, "triton": 2.0}
+    assert run_json("import", slower, "--db", db_url, "--on-conflict", "replace")["replaced"] == 1
+    assert stored() == {"aten": 1.5, "triton": 1.8}
+    # the live claim survived every policy
+    states = {r["key_hash"]: r["state"] for r in run_json("ls", "--db", db_url)}
+    assert states[tunecache.keys.key_hash(gemm_key("mm", 2))[0]] == "claimed"
+
+    bad = run("import", slower, "--db", db_url, "--on-conflict", "newest")
+    assert bad.exit_code == 2
+    assert "Invalid value for '--on-conflict': 'newest' is not one of 'keep', 'replace', " \
+           "'faster'." in bad.stderr
+
+
+def test_merge(db_url, tmp_path):
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    populate(src, [gemm_key("mm", i) for i in range(4)])
+    populate(db_url, [gemm_key("mm", 0), gemm_key("bmm", 0)])
+    out = run_json("merge", src, "--into", db_url)
+    assert (out["inserted"], out["unchanged"], out["invalid"]) == (3, 1, 0)
+    assert out["source"] == src
+    assert len(run_json("ls", "--db", db_url)) == 5
+    same = run("merge", src, "--db", src)
+    assert same.exit_code == 2 and "a database other than the target" in same.stderr
+    missing = run("merge", str(tmp_path / "nope.db"), "--into", db_url)
+    assert missing.exit_code == 2 and "no such database file" in missing.stderr

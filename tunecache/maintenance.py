@@ -1,0 +1,900 @@
+"""What the operators of a shared cache run: stats, prune, export/import/merge, ls, show.
+
+Library functions behind ``tunecache`` subcommands (:mod:`tunecache.cli` only formats).
+They are safe while jobs run:
+
+- every transaction is short: a page of a listing, a batch of a prune or an import;
+  nothing holds the SQLite write lock for longer than one batch (a fraction of a second),
+  and a prune pauses between batches so that waiting lookups and claims get in;
+- a claim whose lease has not passed is never deleted or overwritten;
+- a deleted ``done`` entry is simply tuned again by the next job that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import socket
+import time
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
+
+from sqlalchemy import Connection, bindparam, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from . import __version__
+from .errors import ConfigError, InvalidEntryError, StoreUnavailableError, TuneCacheError
+from .keys import (
+    MAX_KEY_BYTES,
+    best_candidate,
+    key_hash,
+    key_labels,
+    timings_to_json,
+    validate_timings,
+)
+from .settings import Settings
+from .store import Database, ensure_schema
+from .store import admin
+from .store.migrate import current_revision
+from .store.schema import entries
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "CONFLICT_POLICIES",
+    "ExportFormatError",
+    "EntryNotFoundError",
+    "open_database",
+    "parse_duration",
+    "stats",
+    "PruneSpec",
+    "prune",
+    "export",
+    "parse_export",
+    "import_records",
+    "merge",
+    "ls",
+    "show",
+    "upgrade",
+]
+
+logger = logging.getLogger("tunecache")
+
+EXPORT_FORMAT = "tunecache-export"
+EXPORT_VERSION = 1
+CONFLICT_POLICIES = ("keep", "replace", "faster")
+ConflictPolicy = Literal["keep", "replace", "faster"]
+Progress = Callable[[int], None]
+
+# Rows per delete transaction. SQLite's cost per row falls with the batch (measured on
+# 200k entries of 3.5 KB: 170 us/row at 500, 80 at 2000, 52 at 8000: index pages and
+# fsyncs are shared), while a batch holds the write lock (jobs' claims and lookups wait
+# for it): 5000 rows is a quarter to a second of lock on a local disk. PostgreSQL blocks
+# nobody with a delete, and its cost per row does not fall with the batch (1M entries,
+# half pruned: 29-33 s at 2000, 39 s at 5000), so smaller transactions there.
+PRUNE_BATCH = {"sqlite": 5000, "postgresql": 2000}
+IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
+PAGE = 1000
+# VACUUM (SQLite) after a prune once free pages are this share of the file; see prune().
+VACUUM_FREE_SHARE = 0.25
+# ... and only on files up to this size: VACUUM copies the surviving entries at about
+# 100 MB/s (measured: 1.75 GB kept of 3.5 GB in 33 s) while holding the write lock, so
+# past this a running job's claim would wait longer than its lock timeout (30 s default)
+# and fall back to tuning locally.
+VACUUM_AUTO_MAX_BYTES = 256 * 2**20
+
+
+def _noop(_n: int) -> None:
+    pass
+
+
+class ExportFormatError(TuneCacheError):
+    """An import file is not a tunecache export this tunecache can read."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(source, reason)
+        self.source = source
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (
+            f"{self.source}: {self.reason}; expected a file written by `tunecache export` "
+            f"(first line {{\"format\": \"{EXPORT_FORMAT}\", \"version\": {EXPORT_VERSION}, ...}})"
+        )
+
+
+class EntryNotFoundError(TuneCacheError):
+    """No entry, or more than one, matches a key hash prefix."""
+
+    def __init__(self, prefix: str, reason: str) -> None:
+        super().__init__(prefix, reason)
+        self.prefix = prefix
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.prefix}: {self.reason}"
+
+
+# -- opening -----------------------------------------------------------------------------
+
+
+def open_database(settings: Settings, *, create: bool = False) -> Database:
+    """A :class:`Database` at the head schema (migrating when the mode allows it).
+
+    ``create=False`` refuses a SQLite path that does not exist, instead of creating an
+    empty database there, because a typo in --db would otherwise report an empty cache.
+    """
+    db = Database(settings.db_url, settings.lock_timeout)
+    path = db.sqlite_path
+    if path and not create and not os.path.exists(path):
+        raise StoreUnavailableError(
+            db.display_url,
+            "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
+        )
+    ensure_schema(db, may_migrate=settings.mode == "readwrite")
+    return db
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, name: str = "--older-than") -> float:
+    """'90', '90s', '15m', '12h', '30d', '2w' -> seconds."""
+    match = _DURATION.match(text or "")
+    if not match:
+        raise ConfigError(name, text, "a duration such as 3600s, 90m, 12h, 30d or 2w")
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+# -- stats -------------------------------------------------------------------------------
+
+
+def _size(db: Database) -> dict[str, Any]:
+    if db.is_sqlite:
+        path = db.sqlite_path or ""
+        pages = db.run(lambda c: c.execute(admin.SQLITE_PAGE_COUNT).scalar_one())
+        free = db.run(lambda c: c.execute(admin.SQLITE_FREELIST_COUNT).scalar_one())
+        page_size = db.run(lambda c: c.execute(admin.SQLITE_PAGE_SIZE).scalar_one())
+        return {
+            "bytes": os.path.getsize(path) if os.path.exists(path) else pages * page_size,
+            "free_bytes": int(free) * int(page_size),
+        }
+    return {"bytes": int(db.run(lambda c: c.execute(admin.PG_DATABASE_SIZE).scalar_one())),
+            "free_bytes": None}
+
+
+def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
+    """Everything `tunecache stats` reports, as one JSON-able dict."""
+    groups = db.run(lambda c: c.execute(admin.STATS_GROUPS).all())
+    by_state: dict[str, int] = {}
+    by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
+    by_op: dict[tuple[Any, ...], dict[str, Any]] = {}
+    hits = 0
+    tune_seconds = 0.0
+    saved = 0.0
+    for g in groups:
+        by_state[g.state] = by_state.get(g.state, 0) + g.entries
+        hits += int(g.hits)
+        saved += float(g.saved_seconds)
+        if g.state == "done":
+            tune_seconds += float(g.tune_seconds)
+        for table, key, fields in (
+            (by_env, (g.device, g.torch_version, g.triton_version),
+             {"device": g.device, "torch": g.torch_version, "triton": g.triton_version}),
+            (by_op, (g.kind, g.op), {"kind": g.kind, "op": g.op}),
+        ):
+            row = table.setdefault(key, {**fields, "entries": 0, "done": 0, "hits": 0,
+                                         "tune_seconds": 0.0, "seconds_saved": 0.0})
+            row["entries"] += g.entries
+            row["hits"] += int(g.hits)
+            row["seconds_saved"] += float(g.saved_seconds)
+            if g.state == "done":
+                row["done"] += g.entries
+                row["tune_seconds"] += float(g.tune_seconds)
+    usage = db.run(lambda c: c.execute(admin.USAGE_TOTALS).one())
+    live = db.run(lambda c: c.execute(admin.CLAIMS_LIVE, {"p_limit": listed}).all())
+    expired = int(db.run(lambda c: c.execute(admin.CLAIMS_EXPIRED_COUNT).scalar_one()))
+    failed = db.run(lambda c: c.execute(admin.FAILED_KEYS, {"p_limit": listed}).all())
+    revision = db.run(current_revision)
+
+    def sort_key(row: dict[str, Any]) -> tuple[int, str]:
+        return (-row["entries"], json.dumps([v for k, v in row.items() if isinstance(v, str)]))
+
+    claimed = by_state.get("claimed", 0)
+    return {
+        "database": db.display_url,
+        "backend": db.dialect,
+        "schema": revision,
+        "size": _size(db),
+        "entries": {"total": sum(by_state.values()),
+                    "by_state": {s: by_state.get(s, 0) for s in ("done", "claimed", "failed")}},
+        "by_environment": sorted(by_env.values(), key=sort_key),
+        "by_op": sorted(by_op.values(), key=sort_key),
+        "hits": hits,
+        "tune_seconds": tune_seconds,
+        "seconds_saved": saved,
+        "usage": {
+            "flushes": int(usage.flushes),
+            "hits": int(usage.hits),
+            "tuned": int(usage.tuned),
+            "peer": int(usage.peer),
+            "local": int(usage.local),
+            "seconds_saved": float(usage.seconds_saved),
+            "seconds_tuning": float(usage.seconds_tuning),
+            "first_at": usage.first,
+            "last_at": usage.last,
+        },
+        "claims": {
+            "in_flight": claimed - expired,
+            "expired": expired,
+            "live": [
+                {"key_hash": r.key_hash, "op": r.op, "owner": r.owner, "token": r.token,
+                 "attempts": r.attempts, "age_seconds": max(0.0, r.now - r.updated_at),
+                 "expires_in_seconds": (r.lease_expires_at or r.now) - r.now}
+                for r in live
+            ],
+        },
+        "failed": {
+            "count": by_state.get("failed", 0),
+            "keys": [{"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
+                      "error": r.error} for r in failed],
+        },
+    }
+
+
+# -- prune -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PruneSpec:
+    """What to prune; the classes are OR-ed, the entry filters within a class AND-ed."""
+
+    older_than: float | None = None
+    keep: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    only: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    ops: list[str] = dataclasses.field(default_factory=list)
+    failed: bool = False
+    expired_claims: bool = False
+    invalid: bool = False
+
+    @property
+    def env(self) -> admin.EntryFilter:
+        return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops)
+
+    def is_empty(self) -> bool:
+        return not (self.older_than is not None or self.env or self.failed
+                    or self.expired_claims or self.invalid)
+
+
+def _listing(row: Any) -> dict[str, Any]:
+    return {
+        "key_hash": row.key_hash, "state": row.state, "kind": row.kind, "op": row.op,
+        "device": row.device, "torch": row.torch_version, "triton": row.triton_version,
+        "hits": row.hits, "best": row.best, "tune_seconds": row.tune_seconds,
+        "owner": row.owner, "created_at": row.created_at, "updated_at": row.updated_at,
+        "last_used_at": row.last_used_at,
+    }
+
+
+_LISTING_KEYS = ("key_hash", "state", "kind", "op", "device", "torch", "triton", "hits", "best",
+                 "tune_seconds", "owner", "created_at", "updated_at", "last_used_at")
+
+
+def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
+    """(key_hash, reason) of done entries whose timings fail validation, page by page."""
+    after = ""
+    while True:
+        page = db.run(lambda c: c.execute(admin.select_done_timings_page(after, PAGE)).all())
+        if not page:
+            return
+        for row in page:
+            try:
+                validate_timings(row.timings_json, row.key_hash)
+            except InvalidEntryError as e:
+                yield row.key_hash, e.reason
+        after = page[-1].key_hash
+
+
+def prune(
+    db: Database,
+    spec: PruneSpec,
+    *,
+    dry_run: bool = False,
+    vacuum: Literal["auto", "always", "never"] = "auto",
+    batch: int | None = None,
+    pause: bool = True,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
+
+    ``pause=False`` deletes batch after batch with no pause (SQLite): about twice as
+    fast, for a maintenance window; running jobs would wait for the whole prune.
+
+    SQLite does not give deleted pages back to the filesystem; it reuses them for new
+    entries. ``vacuum="auto"`` runs VACUUM only when the free pages reach a quarter of the
+    file (below that the next jobs reuse the space anyway) and the file is at most 256
+    MiB: VACUUM rewrites the whole file while holding the write lock (claims wait for it,
+    lookups too during its final copy), a few seconds at that size, minutes for a
+    multi-GB cache, which is then left to ``vacuum="always"`` in a quiet hour. On PostgreSQL it
+    runs a plain VACUUM of the table (no exclusive lock; space is reused, files do not
+    shrink; VACUUM FULL would lock every reader out).
+    """
+    progress = progress or _noop
+    if spec.is_empty():
+        raise ConfigError(
+            "prune", "(no selection)",
+            "at least one of --older-than, --keep-*/--torch/--triton/--device/--op, "
+            "--failed, --expired-claims, --invalid",
+        )
+    started = time.perf_counter()
+    condition = admin.prune_condition(
+        older_than=spec.older_than, env=spec.env if spec.env else None,
+        failed=spec.failed, expired_claims=spec.expired_claims,
+    )
+    size_before = _size(db)
+    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run}
+    invalid = list(_invalid_hashes(db)) if spec.invalid else []
+    if dry_run:
+        return _prune_listing(db, condition, invalid, report, started, progress, on_total)
+
+    # No count first: on SQLite that is a scan of the whole file (6 s for a million
+    # entries), so the progress bar follows the walk's position instead (per mille).
+    if on_total:
+        on_total(1000)
+    deleted = 0
+    batches = 0
+    walk = admin.prune_walk_column(db.dialect)
+    select_batch = admin.select_prune_batch(condition, batch or PRUNE_BATCH[db.dialect], walk)
+    delete_range = admin.delete_pruned_range(condition, walk)
+    selects_rows = spec.older_than is not None or bool(spec.env) or spec.failed \
+        or spec.expired_claims
+    top = db.run(lambda c: c.execute(admin.select_walk_end(walk)).scalar()) \
+        if selects_rows else None
+    after: Any = 0 if db.is_sqlite else ""
+    shown = 0
+    while top is not None:
+        def one_batch(conn: Connection) -> tuple[Any, int]:
+            if db.is_sqlite:
+                for pragma in admin.SQLITE_PRUNE_PRAGMAS:
+                    conn.execute(pragma)
+            ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
+            if not ends:
+                return None, 0
+            result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
+            return ends[-1], result.rowcount
+
+        t0 = time.perf_counter()
+        last, n = db.run(one_batch, write=True)
+        if last is None:
+            break
+        after = last
+        deleted += n
+        batches += 1
+        where = _walk_permille(after, top)
+        progress(where - shown)
+        shown = where
+        if pause:
+            _yield_lock(db, time.perf_counter() - t0)
+    progress(1000 - shown)
+    # Invalid entries (done ones only; the condition pass may have taken some already).
+    for i in range(0, len(invalid), IMPORT_BATCH):
+        chunk = [h for h, _ in invalid[i:i + IMPORT_BATCH]]
+        n = db.run(lambda c: c.execute(admin.delete_invalid, {"p_hashes": chunk}).rowcount,
+                   write=True)
+        deleted += n
+        batches += 1
+    report.update(deleted=deleted, batches=batches, invalid=len(invalid))
+    report["vacuum"] = _vacuum(db, vacuum, deleted)
+    report["size_before"] = size_before
+    report["size_after"] = _size(db)
+    report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def _yield_lock(db: Database, batch_seconds: float) -> None:
+    """Between two delete batches on SQLite, leave the lock free long enough for waiters.
+
+    A rollback-journal writer blocks every reader while it commits, and SQLite's busy
+    handler retries on a backoff that settles at one try every 100 ms: back-to-back
+    batches starve the lookups and claims of running jobs for the whole prune (measured:
+    5 lookups got through a 1 s prune). A pause over 100 ms lets every waiter's next try
+    land in it; a quarter of the batch's time on top keeps the prune's share of the lock
+    at most 80% when batches are long. PostgreSQL readers never wait for a delete (MVCC)
+    and writers only for the rows deleted: no pause there.
+    """
+    if db.is_sqlite:
+        time.sleep(min(0.12 + batch_seconds / 4, 0.5))
+
+
+def _walk_permille(position: Any, top: Any) -> int:
+    """How far (0-1000) a walk at ``position`` is through an order that ends at ``top``."""
+    if isinstance(position, int):
+        return min(1000, position * 1000 // max(int(top), 1))
+    # Key hashes are uniform hex: their first 8 digits say how far through we are.
+    return min(1000, int(str(position)[:8].ljust(8, "0"), 16) * 1000 // 0xFFFFFFFF)
+
+
+def _prune_listing(
+    db: Database,
+    condition: Any,
+    invalid: list[tuple[str, str]],
+    report: dict[str, Any],
+    started: float,
+    progress: Callable[[int], None],
+    on_total: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    """--dry-run: every entry a prune would delete, in key order."""
+    matched = int(db.run(lambda c: c.execute(admin.count_pruned(condition)).scalar_one()))
+    if on_total:
+        on_total(matched + len(invalid))
+    rows: list[dict[str, Any]] = []
+    after = ""
+    while matched:
+        page = db.run(lambda c: c.execute(admin.select_pruned(condition, after, PAGE)).all())
+        if not page:
+            break
+        rows.extend(_listing(r) for r in page)
+        after = page[-1].key_hash
+        progress(len(page))
+    reasons = dict(invalid)
+    listed = set()
+    for row in rows:
+        listed.add(row["key_hash"])
+        if row["key_hash"] in reasons:
+            row["invalid"] = reasons[row["key_hash"]]
+    for h, reason in invalid:
+        if h in listed:
+            continue
+        got = show(db, h)
+        rows.append({**{k: got[k] for k in _LISTING_KEYS}, "invalid": reason})
+        progress(1)
+    report.update(would_delete=len(rows), entries=rows, seconds=time.perf_counter() - started)
+    return report
+
+
+def _vacuum(db: Database, mode: str, deleted: int) -> dict[str, Any]:
+    if mode == "never" or (mode == "auto" and not deleted):
+        return {"ran": False, "why": "not asked" if mode == "never" else "nothing deleted"}
+    if db.is_sqlite:
+        size = _size(db)
+        share = size["free_bytes"] / size["bytes"] if size["bytes"] else 0.0
+        if mode == "auto" and share < VACUUM_FREE_SHARE:
+            return {"ran": False, "why": f"free pages are {share:.0%} of the file "
+                    f"(under {VACUUM_FREE_SHARE:.0%}); SQLite reuses them for new entries"}
+        if mode == "auto" and size["bytes"] > VACUUM_AUTO_MAX_BYTES:
+            return {"ran": False, "why": f"free pages are {share:.0%} of the file, but "
+                    f"VACUUM of {size['bytes'] / 2**20:.0f} MiB would hold the lock for "
+                    "tens of seconds; run `tunecache prune --vacuum ...` when no job runs"}
+        why = "asked" if mode == "always" else f"free pages were {share:.0%} of the file"
+        statement = admin.SQLITE_VACUUM
+    else:
+        why = "asked" if mode == "always" else "rows deleted; plain VACUUM makes space reusable"
+        statement = admin.PG_VACUUM_ENTRIES
+    started = time.perf_counter()
+    # VACUUM cannot run inside a transaction: a "read" run is autocommit on both engines.
+    db.run(lambda c: c.execute(statement))
+    return {"ran": True, "why": why, "seconds": time.perf_counter() - started}
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+def _json_safe_timings(timings: Mapping[str, float]) -> dict[str, float | None]:
+    return {k: (None if v == math.inf else v) for k, v in sorted(timings.items())}
+
+
+def export(
+    db: Database,
+    out: TextIO,
+    *,
+    best_only: bool = False,
+    env: admin.EntryFilter | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write done entries as JSON lines: a header, then one entry per line.
+
+    ``best_only`` keeps the winning candidate's timing and writes every other candidate
+    as null ("not measured"): the file is smaller, a consumer still picks the same winner,
+    and Inductor, which needs a timing for every choice, gets a full hit (unmeasured
+    candidates count as infinitely slow) instead of benchmarking the missing ones.
+    """
+    progress = progress or _noop
+    total = int(db.run(lambda c: c.execute(admin.count_done(env)).scalar_one()))
+    if on_total:
+        on_total(total)
+    header = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "tunecache": __version__,
+        "exported_at": time.time(),
+        "source": db.display_url,
+        "best_only": best_only,
+        "entries": total,
+    }
+    out.write(json.dumps(header, sort_keys=True) + "\n")
+    written = 0
+    skipped: list[dict[str, str]] = []
+    after = ""
+    while True:
+        page = db.run(lambda c: c.execute(admin.select_done_page(env, after, PAGE)).all())
+        if not page:
+            break
+        for row in page:
+            try:
+                timings = validate_timings(row.timings_json, row.key_hash)
+                key = json.loads(row.key_json)
+            except (InvalidEntryError, ValueError) as e:
+                # A bad row is left behind (and reported), never shipped to other clusters.
+                skipped.append({"key_hash": row.key_hash,
+                                "reason": getattr(e, "reason", None) or str(e)})
+                continue
+            best = best_candidate(timings)
+            if best_only:
+                timings = {name: (ms if name == best else math.inf)
+                           for name, ms in timings.items()}
+            line = {
+                "key": key,
+                "key_hash": row.key_hash,
+                "timings": _json_safe_timings(timings),
+                "best": best,
+                "tune_seconds": row.tune_seconds,
+                "created_at": row.created_at,
+                "updated_at": row.updated_at,
+            }
+            out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
+                                 allow_nan=False) + "\n")
+            written += 1
+        after = page[-1].key_hash
+        progress(len(page))
+    return {"database": db.display_url, "exported": written, "skipped_invalid": skipped,
+            "best_only": best_only}
+
+
+# -- import / merge ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Incoming:
+    where: str
+    key_hash: str
+    key_json: str
+    labels: dict[str, str | None]
+    timings: dict[str, float]
+    timings_json: str
+    best: str
+    tune_seconds: float | None
+
+
+def _validated(where: str, record: Any) -> _Incoming:
+    """Check one imported entry; raise ValueError(reason). Nothing supplied is trusted:
+    the hash is recomputed from the key, the winner from the timings."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    key = record.get("key")
+    if not isinstance(key, dict):
+        raise ValueError('"key" is missing or not a JSON object')
+    try:
+        h, key_json = key_hash(key)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad key: {e}") from None
+    supplied = record.get("key_hash")
+    if supplied is not None and supplied != h:
+        raise ValueError(f'"key_hash" does not match the key (the key hashes to {h[:16]})')
+    if "timings" not in record:
+        raise ValueError('"timings" is missing')
+    try:
+        timings = validate_timings(record["timings"], h)
+    except InvalidEntryError as e:
+        raise ValueError(e.reason) from None
+    tune_seconds = record.get("tune_seconds")
+    if tune_seconds is not None and (
+        isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
+        or not math.isfinite(tune_seconds) or tune_seconds < 0
+    ):
+        raise ValueError(f'"tune_seconds" is {tune_seconds!r}, not a non-negative number')
+    # All-null timings are a result too ("no candidate runs here"); stored with an empty
+    # winner, as the coordinator publishes them.
+    best = best_candidate(timings) or ""
+    return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
+                     best, None if tune_seconds is None else float(tune_seconds))
+
+
+def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[str, Any]]:
+    """(where, record or ValueError) for each entry line of an export file.
+
+    The header must come first; a file that does not start with one is refused whole
+    (:class:`ExportFormatError`), a bad entry line only costs that line.
+    """
+    it = iter(lines)
+    number = 0
+    header: Any = None
+    for raw in it:
+        number += 1
+        if raw.strip():
+            try:
+                header = json.loads(raw)
+            except ValueError:
+                header = None
+            break
+    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+        raise ExportFormatError(source, f"line {number} is not a tunecache export header")
+    if header.get("version") != EXPORT_VERSION:
+        raise ExportFormatError(
+            source, f"export format version {header.get('version')!r} is not supported "
+            f"(this tunecache reads version {EXPORT_VERSION}; upgrade tunecache)")
+    for raw in it:
+        number += 1
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_KEY_BYTES + 2 * 1024 * 1024:
+            yield f"line {number}", ValueError("line too long")
+            continue
+        try:
+            yield f"line {number}", json.loads(raw)
+        except ValueError as e:
+            yield f"line {number}", ValueError(f"not JSON ({e.msg} at column {e.colno})")
+
+
+def _fastest(timings: Mapping[str, float]) -> float:
+    return min((ms for ms in timings.values() if math.isfinite(ms)), default=math.inf)
+
+
+def _insert_done_statement(dialect: str, owner: str) -> Any:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(entries)
+        .values(
+            key_hash=bindparam("p_key_hash"),
+            key_json=bindparam("p_key_json"),
+            kind=bindparam("p_kind"),
+            op=bindparam("p_op"),
+            device=bindparam("p_device"),
+            torch_version=bindparam("p_torch_version"),
+            triton_version=bindparam("p_triton_version"),
+            state="done",
+            owner=owner,
+            token=1,
+            lease_expires_at=None,
+            attempts=0,
+            timings_json=bindparam("p_timings_json"),
+            best=bindparam("p_best"),
+            tune_seconds=bindparam("p_tune_seconds"),
+            created_at=admin.NOW,
+            updated_at=admin.NOW,
+            hits=0,
+        )
+        .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(entries.c.key_hash)
+    )
+
+
+# Overwrite a row under its token: a claim taken or a result published meanwhile bumps or
+# changes it, and the update then matches nothing (reported as busy), like a stale publish.
+_OVERWRITE = (
+    update(entries)
+    .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.token == bindparam("p_token"),
+           entries.c.state == bindparam("p_state"))
+    .values(
+        state="done",
+        owner=bindparam("p_owner"),
+        token=entries.c.token + 1,
+        lease_expires_at=None,
+        error=None,
+        timings_json=bindparam("p_timings_json"),
+        best=bindparam("p_best"),
+        tune_seconds=bindparam("p_tune_seconds"),
+        updated_at=admin.NOW,
+    )
+)
+
+
+def import_records(
+    db: Database,
+    records: Iterable[tuple[str, Any]],
+    *,
+    on_conflict: ConflictPolicy = "keep",
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Validate and write entries; see :data:`CONFLICT_POLICIES` and the CLI's help.
+
+    For a key already in the target:
+
+    - done: ``keep`` leaves it as it is (a done entry is immutable); ``replace`` overwrites
+      it; ``faster`` overwrites it only if the incoming fastest timing is lower;
+    - claimed and its lease running: left alone under every policy (someone is tuning it;
+      reported as busy);
+    - failed, or a claim whose lease has passed: replaced by the done entry under every
+      policy (a result beats no result; the old owner's late publish is fenced out).
+    """
+    if on_conflict not in CONFLICT_POLICIES:
+        raise ConfigError("--on-conflict", on_conflict, " or ".join(CONFLICT_POLICIES))
+    progress = progress or _noop
+    owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
+    insert_done = _insert_done_statement(db.dialect, owner)
+    counts = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
+    bad: list[dict[str, str]] = []
+    seen: set[str] = set()
+
+    def flush(batch: list[_Incoming]) -> None:
+        def work(conn: Connection) -> dict[str, int]:
+            got = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
+            existing = {r.key_hash: r for r in conn.execute(
+                admin.read_for_import, {"p_hashes": [i.key_hash for i in batch]})}
+            inserts: list[dict[str, Any]] = []
+            overwrites: list[dict[str, Any]] = []
+            for inc in batch:
+                params = {"p_key_hash": inc.key_hash, "p_timings_json": inc.timings_json,
+                          "p_best": inc.best, "p_tune_seconds": inc.tune_seconds}
+                row = existing.get(inc.key_hash)
+                if row is None:
+                    inserts.append({**params, "p_key_json": inc.key_json,
+                                    **{f"p_{k}": v for k, v in inc.labels.items()}})
+                    continue
+                if row.state == "claimed" and (row.lease_expires_at or 0.0) > row.now:
+                    got["busy"] += 1
+                    continue
+                if row.state == "done":
+                    if on_conflict == "keep" or row.timings_json == inc.timings_json:
+                        got["unchanged"] += 1
+                        continue
+                    if on_conflict == "faster":
+                        try:
+                            old = _fastest(validate_timings(row.timings_json, row.key_hash))
+                        except InvalidEntryError:
+                            old = math.inf  # an invalid stored entry loses to any result
+                        if not _fastest(inc.timings) < old:
+                            got["unchanged"] += 1
+                            continue
+                overwrites.append({**params, "p_token": row.token, "p_state": row.state,
+                                   "p_owner": owner})
+            if dry_run:
+                got["inserted"] += len(inserts)
+                got["replaced"] += len(overwrites)
+                return got
+            if inserts:
+                done = conn.execute(insert_done, inserts).all()
+                got["inserted"] += len(done)
+                got["busy"] += len(inserts) - len(done)  # claimed by a job meanwhile (PG)
+            for params in overwrites:
+                if conn.execute(_OVERWRITE, params).rowcount == 1:
+                    got["replaced"] += 1
+                else:
+                    got["busy"] += 1
+            return got
+
+        for name, n in db.run(work, write=True).items():
+            counts[name] += n
+        progress(len(batch))
+
+    batch: list[_Incoming] = []
+    for where, record in records:
+        if isinstance(record, ValueError):
+            bad.append({"where": where, "reason": str(record)})
+            progress(1)
+            continue
+        try:
+            inc = _validated(where, record)
+        except ValueError as e:
+            bad.append({"where": where, "reason": str(e)})
+            progress(1)
+            continue
+        if inc.key_hash in seen:
+            # Two entries of one key in one file: the first wins, like `keep` would.
+            counts["unchanged"] += 1
+            progress(1)
+            continue
+        seen.add(inc.key_hash)
+        batch.append(inc)
+        if len(batch) >= IMPORT_BATCH:
+            flush(batch)
+            batch = []
+    if batch:
+        flush(batch)
+    return {"database": db.display_url, "on_conflict": on_conflict, "dry_run": dry_run,
+            **counts, "invalid": len(bad), "bad": bad}
+
+
+def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
+    after = ""
+    while True:
+        page = src.run(lambda c: c.execute(admin.select_done_page(None, after, PAGE)).all())
+        if not page:
+            return
+        for row in page:
+            where = f"entry {row.key_hash[:16]}"
+            try:
+                record = {"key": json.loads(row.key_json), "key_hash": row.key_hash,
+                          "timings": json.loads(row.timings_json or "null"),
+                          "tune_seconds": row.tune_seconds}
+            except ValueError as e:
+                yield where, ValueError(f"not JSON ({e})")
+                continue
+            yield where, record
+        after = page[-1].key_hash
+
+
+def merge(
+    src: Database,
+    into: Database,
+    *,
+    on_conflict: ConflictPolicy = "keep",
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Import every done entry of ``src`` into ``into`` (validated like an import file)."""
+    if src.url == into.url:
+        raise ConfigError("SRC_DB", src.display_url, "a database other than the target")
+    if on_total:
+        on_total(int(src.run(lambda c: c.execute(admin.count_done(None)).scalar_one())))
+    report = import_records(into, _source_records(src), on_conflict=on_conflict,
+                            dry_run=dry_run, progress=progress)
+    report["source"] = src.display_url
+    return report
+
+
+# -- ls / show / upgrade ---------------------------------------------------------------
+
+
+def ls(db: Database, env: admin.EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Entries, most recently updated first."""
+    rows = db.run(lambda c: c.execute(admin.select_listing(env, limit)).all())
+    return [_listing(r) for r in rows]
+
+
+_HEX = re.compile(r"^[0-9a-f]{4,64}$")
+
+
+def show(db: Database, prefix: str) -> dict[str, Any]:
+    """One entry, by a unique prefix (at least 4 hex digits) of its key hash."""
+    prefix = prefix.strip().lower()
+    if not _HEX.match(prefix):
+        raise ConfigError("KEY_HASH_PREFIX", prefix, "4 to 64 hex digits of a key hash")
+    rows = db.run(lambda c: c.execute(admin.select_by_prefix(prefix, 2)).all())
+    if not rows:
+        raise EntryNotFoundError(prefix, "no entry's key hash starts with it; "
+                                 "`tunecache ls` lists entries")
+    if len(rows) > 1:
+        raise EntryNotFoundError(prefix, "more than one entry's key hash starts with it; "
+                                 "give more digits")
+    r = rows[0]
+    try:
+        key: Any = json.loads(r.key_json)
+    except ValueError:
+        key = r.key_json
+    timings: list[dict[str, Any]] = []
+    timings_error = None
+    if r.timings_json is not None:
+        try:
+            parsed = validate_timings(r.timings_json, r.key_hash)
+            timings = [{"candidate": k, "ms": None if v == math.inf else v}
+                       for k, v in sorted(parsed.items(), key=lambda kv: (kv[1], kv[0]))]
+        except InvalidEntryError as e:
+            timings_error = e.reason
+    return {
+        "key_hash": r.key_hash, "key": key, "state": r.state, "kind": r.kind, "op": r.op,
+        "device": r.device, "torch": r.torch_version, "triton": r.triton_version,
+        "timings": timings, "timings_error": timings_error, "best": r.best,
+        "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
+        "attempts": r.attempts, "lease_expires_at": r.lease_expires_at, "error": r.error,
+        "hits": r.hits, "created_at": r.created_at, "updated_at": r.updated_at,
+        "last_used_at": r.last_used_at, "now": r.now,
+    }
+
+
+def upgrade(settings: Settings) -> dict[str, Any]:
+    """Run the migrations now (`tunecache upgrade`)."""
+    db = Database(settings.db_url, settings.lock_timeout)
+    try:
+        before = db.run(current_revision)
+        ensure_schema(db, may_migrate=True)
+        return {"database": db.display_url, "from": before, "to": db.run(current_revision)}
+    finally:
+        db.dispose()
