@@ -22,8 +22,7 @@ import socket
 import time
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
 
-from sqlalchemy import Connection, bindparam, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection
 
 from . import __version__
 from .errors import ConfigError, InvalidEntryError, StoreUnavailableError, TuneCacheError
@@ -645,55 +644,6 @@ def _fastest(timings: Mapping[str, float]) -> float:
     return min((ms for ms in timings.values() if math.isfinite(ms)), default=math.inf)
 
 
-def _insert_done_statement(dialect: str, owner: str) -> Any:
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (
-        insert(entries)
-        .values(
-            key_hash=bindparam("p_key_hash"),
-            key_json=bindparam("p_key_json"),
-            kind=bindparam("p_kind"),
-            op=bindparam("p_op"),
-            device=bindparam("p_device"),
-            torch_version=bindparam("p_torch_version"),
-            triton_version=bindparam("p_triton_version"),
-            state="done",
-            owner=owner,
-            token=1,
-            lease_expires_at=None,
-            attempts=0,
-            timings_json=bindparam("p_timings_json"),
-            best=bindparam("p_best"),
-            tune_seconds=bindparam("p_tune_seconds"),
-            created_at=admin.NOW,
-            updated_at=admin.NOW,
-            hits=0,
-        )
-        .on_conflict_do_nothing(index_elements=["key_hash"])
-        .returning(entries.c.key_hash)
-    )
-
-
-# Overwrite a row under its token: a claim taken or a result published meanwhile bumps or
-# changes it, and the update then matches nothing (reported as busy), like a stale publish.
-_OVERWRITE = (
-    update(entries)
-    .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.token == bindparam("p_token"),
-           entries.c.state == bindparam("p_state"))
-    .values(
-        state="done",
-        owner=bindparam("p_owner"),
-        token=entries.c.token + 1,
-        lease_expires_at=None,
-        error=None,
-        timings_json=bindparam("p_timings_json"),
-        best=bindparam("p_best"),
-        tune_seconds=bindparam("p_tune_seconds"),
-        updated_at=admin.NOW,
-    )
-)
-
-
 def import_records(
     db: Database,
     records: Iterable[tuple[str, Any]],
@@ -717,7 +667,7 @@ def import_records(
         raise ConfigError("--on-conflict", on_conflict, " or ".join(CONFLICT_POLICIES))
     progress = progress or _noop
     owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
-    insert_done = _insert_done_statement(db.dialect, owner)
+    insert_done = admin.insert_done(db.dialect, owner)
     counts = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
     bad: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -763,7 +713,7 @@ def import_records(
                 got["inserted"] += len(done)
                 got["busy"] += len(inserts) - len(done)  # claimed by a job meanwhile (PG)
             for params in overwrites:
-                if conn.execute(_OVERWRITE, params).rowcount == 1:
+                if conn.execute(admin.OVERWRITE_DONE, params).rowcount == 1:
                     got["replaced"] += 1
                 else:
                     got["busy"] += 1

@@ -30,7 +30,9 @@ from sqlalchemy import (
     select,
     text,
     true,
+    update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import entries, usage
 from .store import db_now
@@ -401,3 +403,56 @@ def select_by_prefix(prefix: str, limit: int = 2) -> Select[Any]:
         .order_by(entries.c.key_hash)
         .limit(limit)
     )
+
+
+# -- import and merge ----------------------------------------------------------------
+
+
+def insert_done(dialect: str, owner: str) -> Any:
+    """Import: a done entry, unless the key exists (then the conflict policy decides)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(entries)
+        .values(
+            key_hash=bindparam("p_key_hash"),
+            key_json=bindparam("p_key_json"),
+            kind=bindparam("p_kind"),
+            op=bindparam("p_op"),
+            device=bindparam("p_device"),
+            torch_version=bindparam("p_torch_version"),
+            triton_version=bindparam("p_triton_version"),
+            state="done",
+            owner=owner,
+            token=1,
+            lease_expires_at=None,
+            attempts=0,
+            timings_json=bindparam("p_timings_json"),
+            best=bindparam("p_best"),
+            tune_seconds=bindparam("p_tune_seconds"),
+            created_at=NOW,
+            updated_at=NOW,
+            hits=0,
+        )
+        .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(entries.c.key_hash)
+    )
+
+
+# Overwrite a row under its token: a claim taken or a result published meanwhile bumps or
+# changes it, and the update then matches nothing (reported as busy), like a stale publish.
+OVERWRITE_DONE = (
+    update(entries)
+    .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.token == bindparam("p_token"),
+           entries.c.state == bindparam("p_state"))
+    .values(
+        state="done",
+        owner=bindparam("p_owner"),
+        token=entries.c.token + 1,
+        lease_expires_at=None,
+        error=None,
+        timings_json=bindparam("p_timings_json"),
+        best=bindparam("p_best"),
+        tune_seconds=bindparam("p_tune_seconds"),
+        updated_at=NOW,
+    )
+)
