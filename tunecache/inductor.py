@@ -114,6 +114,8 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from . import keys as tc_keys
+
 if TYPE_CHECKING:  # pragma: no cover - typing only; importing the core stays lazy
     from . import TuneCache
 
@@ -475,8 +477,6 @@ class _Hooks:
     ) -> None:
         """Count-only mode: note which key Inductor looked up (for distinct-key counts)."""
         try:
-            from . import keys as tc_keys
-
             key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
             stats._record("counted", {"op": op, "key_hash": tc_keys.key_hash(key)[0], "best": None})
         except Exception as e:  # noqa: BLE001 - counting must never break a compile
@@ -543,8 +543,6 @@ class _Hooks:
         hint_override: int | None,
         taken: dict[Any, float],
     ) -> dict[Any, float]:
-        from . import keys as tc_keys
-
         ids = candidate_ids(choices)
         key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
         key_hash, _ = tc_keys.key_hash(key)
@@ -594,7 +592,7 @@ class _Hooks:
             extra, _ = self._get_or_tune(extra_key, extra_hash, lambda: bench(missing))
             timings = {**timings, **{i: extra[i] for i in missing_ids if i in extra}}
         answer = {i: timings.get(i, math.inf) for i in ids}
-        best = _best(answer)
+        best = tc_keys.best_candidate(answer)
         if best is None:
             # Nothing in this compile has a finite stored timing: never trust that.
             raise ValueError(f"no candidate of this {op} compile has a finite stored timing")
@@ -614,7 +612,9 @@ class _Hooks:
             timings = dict(result.timings)
             with self._lock:
                 self._memo[key_hash] = timings
-        if not all(i in timings for i in ids) or _best({i: timings[i] for i in ids}) is None:
+        if not all(i in timings for i in ids) or (
+            tc_keys.best_candidate({i: timings[i] for i in ids}) is None
+        ):
             return None
         return timings
 
@@ -648,8 +648,6 @@ class _Hooks:
             return
         from torch._inductor import ir
         from torch._inductor.scheduler import SchedulerNode
-
-        from . import keys as tc_keys
 
         self.check_distributed_flag()
         keys: list[dict[str, Any]] = []
@@ -725,11 +723,6 @@ def _ms(value: Any) -> float:
     except (TypeError, ValueError):
         return math.inf
     return ms if math.isfinite(ms) and ms >= 0 else math.inf
-
-
-def _best(timings: Mapping[str, float]) -> str | None:
-    finite = [(ms, name) for name, ms in timings.items() if math.isfinite(ms)]
-    return min(finite)[1] if finite else None
 
 
 def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
@@ -1051,7 +1044,6 @@ class _TritonCache:
     # -- the protocol
 
     def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        from . import keys as tc_keys
         from .coordinator import Result
 
         info = self._info(key_text)
@@ -1091,8 +1083,6 @@ class _TritonCache:
         return best
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
-        from . import keys as tc_keys
-
         if not isinstance(value, dict):
             return
         info = self._info(key_text)
@@ -1117,7 +1107,6 @@ class _TritonCache:
         self._publish(key, value)
 
     def _publish(self, key: dict[str, Any], value: Mapping[str, Any]) -> None:
-        from . import keys as tc_keys
         from .coordinator import Result
 
         key_hash, _ = tc_keys.key_hash(key)
