@@ -112,3 +112,12 @@ def test_warm_splits_work_across_ranks(pg_url, tmp_path):
     assert all(r["hit"] + r["peer"] == 1 for r in reports)
     tuned = [t["key_hashes"] for r in reports for t in r["tasks"] if t["outcome"] == "tuned"]
     assert len({h for hs in tuned for h in hs}) == 2  # each key tuned once, by one rank
+
+
+@pytest.mark.parametrize("hostile", ["(" * 1500 + ")" * 1500, "__import__('os').system('true')",
+                                     "[('cuda', 'torch.float32', 8, 8, 8, 1)] " * 200])
+def test_hostile_inputs_key_is_refused_with_a_value_error(hostile):
+    from tunecache.warm import parse_inputs
+
+    with pytest.raises(ValueError):
+        parse_inputs(hostile)

@@ -75,9 +75,13 @@ class WarmTask:
 def parse_inputs(inputs: str) -> list[Input]:
     """Inductor's inputs_key: repr of (device type, dtype, *sizes, *strides, offset) per
     input (AlgorithmSelectorCache.key_of, torch 2.11-2.14)."""
+    # The key comes from shared storage: literal_eval runs no code, but deep nesting can
+    # exhaust the parser's stack, so bound the text and catch those errors too.
+    if len(inputs) > 4096:
+        raise ValueError("inputs key is longer than any GEMM's (4096 characters)")
     try:
         raw = ast.literal_eval(inputs)
-    except (ValueError, SyntaxError) as e:
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
         raise ValueError(f"inputs key is not a Python literal: {e}") from None
     if not isinstance(raw, (list, tuple)):
         raise ValueError("inputs key is not a list")
