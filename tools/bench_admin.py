@@ -33,7 +33,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,9 @@ import tunecache  # noqa: E402
 from tunecache import maintenance  # noqa: E402
 from tunecache.keys import canonical_json, key_labels, timings_to_json  # noqa: E402
 from tunecache.settings import Settings  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_store import FreshDatabase  # noqa: E402  (the sibling tool)
 from tunecache.store import Database, ensure_schema  # noqa: E402
 from tunecache.store.schema import entries  # noqa: E402
 
@@ -184,32 +186,10 @@ def _pct(times: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))] * 1e3 if s else float("nan")
 
 
-class _Fresh:
-    def __init__(self, backend: str, pg_admin: str, workdir: str) -> None:
-        self.backend, self.pg_admin, self.workdir, self.name = backend, pg_admin, workdir, ""
-
-    def __enter__(self) -> str:
-        if self.backend == "sqlite":
-            return f"sqlite:///{self.workdir}/bench-admin-{uuid.uuid4().hex[:8]}.db"
-        import psycopg
-
-        self.name = f"tunecache_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(self.pg_admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-        return f"{self.pg_admin.rsplit('/', 1)[0]}/{self.name}"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.name:
-            import psycopg
-
-            with psycopg.connect(self.pg_admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-
-
 def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
             sqlite_base: str | None = None, batch: int | None = None,
             pause: bool = True) -> dict[str, Any]:
-    with _Fresh(backend, pg_admin, workdir) as url:
+    with FreshDatabase(backend, pg_admin, workdir) as url:
         path = url[len("sqlite:///"):] if backend == "sqlite" else ""
         if sqlite_base and backend == "sqlite" and os.path.exists(sqlite_base):
             print(f"{backend}: copying {sqlite_base}", file=sys.stderr)

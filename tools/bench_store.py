@@ -80,8 +80,9 @@ def _run(target: Any, procs: int, args: tuple[Any, ...]) -> list[dict[str, Any]]
     return out
 
 
-class _Database:
-    """A fresh database per measurement."""
+class FreshDatabase:
+    """A fresh database per measurement: a new SQLite file, or a new PostgreSQL database
+    (created through ``pg_admin``, dropped on exit). Yields its URL."""
 
     def __init__(self, backend: str, pg_admin: str, workdir: str) -> None:
         self.backend, self.pg_admin, self.workdir = backend, pg_admin, workdir
@@ -107,7 +108,7 @@ class _Database:
 
 def measure(backend: str, procs: int, keys: int, lookups: int, pg_admin: str,
             workdir: str) -> dict[str, Any]:
-    with _Database(backend, pg_admin, workdir) as url:
+    with FreshDatabase(backend, pg_admin, workdir) as url:
         tunecache.open(url).close()  # migrate once, outside the timing
         runs = _run(_throughput_worker, procs, (url, keys))
         wall = max(r["seconds"] for r in runs)
