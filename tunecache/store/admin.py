@@ -32,10 +32,9 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import entries, usage
-from .store import db_now
+from .store import db_now, insert_if_absent
 
 __all__ = [
     "STATS_GROUPS",
@@ -75,18 +74,7 @@ NOW = db_now()
 # One scan of the table for everything stats reports per group; the groups are few (states
 # x ops x environments), so Python sums them up. Several GROUP BYs would scan it several
 # times, which on a million entries is the difference between under and over two seconds.
-STATS_GROUPS = select(
-    entries.c.state,
-    entries.c.kind,
-    entries.c.op,
-    entries.c.device,
-    entries.c.torch_version,
-    entries.c.triton_version,
-    func.count().label("entries"),
-    func.coalesce(func.sum(entries.c.hits), 0).label("hits"),
-    func.coalesce(func.sum(entries.c.tune_seconds), 0.0).label("tune_seconds"),
-    func.coalesce(func.sum(entries.c.hits * entries.c.tune_seconds), 0.0).label("saved_seconds"),
-).group_by(
+_STATS_GROUP = (
     entries.c.state,
     entries.c.kind,
     entries.c.op,
@@ -94,6 +82,13 @@ STATS_GROUPS = select(
     entries.c.torch_version,
     entries.c.triton_version,
 )
+STATS_GROUPS = select(
+    *_STATS_GROUP,
+    func.count().label("entries"),
+    func.coalesce(func.sum(entries.c.hits), 0).label("hits"),
+    func.coalesce(func.sum(entries.c.tune_seconds), 0.0).label("tune_seconds"),
+    func.coalesce(func.sum(entries.c.hits * entries.c.tune_seconds), 0.0).label("saved_seconds"),
+).group_by(*_STATS_GROUP)
 
 USAGE_TOTALS = select(
     func.count().label("flushes"),
@@ -410,31 +405,15 @@ def select_by_prefix(prefix: str, limit: int = 2) -> Select[Any]:
 
 def insert_done(dialect: str, owner: str) -> Any:
     """Import: a done entry, unless the key exists (then the conflict policy decides)."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (
-        insert(entries)
-        .values(
-            key_hash=bindparam("p_key_hash"),
-            key_json=bindparam("p_key_json"),
-            kind=bindparam("p_kind"),
-            op=bindparam("p_op"),
-            device=bindparam("p_device"),
-            torch_version=bindparam("p_torch_version"),
-            triton_version=bindparam("p_triton_version"),
-            state="done",
-            owner=owner,
-            token=1,
-            lease_expires_at=None,
-            attempts=0,
-            timings_json=bindparam("p_timings_json"),
-            best=bindparam("p_best"),
-            tune_seconds=bindparam("p_tune_seconds"),
-            created_at=NOW,
-            updated_at=NOW,
-            hits=0,
-        )
-        .on_conflict_do_nothing(index_elements=["key_hash"])
-        .returning(entries.c.key_hash)
+    return insert_if_absent(
+        dialect,
+        state="done",
+        owner=owner,
+        lease_expires_at=None,
+        attempts=0,
+        timings_json=bindparam("p_timings_json"),
+        best=bindparam("p_best"),
+        tune_seconds=bindparam("p_tune_seconds"),
     )
 
 

@@ -187,29 +187,27 @@ _RECORD_HITS = (
 )
 
 
-def _insert_claim_statement(dialect: str) -> Any:
+def insert_if_absent(dialect: str, **values: Any) -> Any:
+    """INSERT of a new row for a key (its hash, JSON and labels bound as p_*), doing nothing
+    if the key exists; RETURNING the token, so no row back means someone was first."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    identity = {name: bindparam(f"p_{name}") for name in (
+        "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version")}
     return (
         insert(entries)
-        .values(
-            key_hash=bindparam("p_key_hash"),
-            key_json=bindparam("p_key_json"),
-            kind=bindparam("p_kind"),
-            op=bindparam("p_op"),
-            device=bindparam("p_device"),
-            torch_version=bindparam("p_torch_version"),
-            triton_version=bindparam("p_triton_version"),
-            state="claimed",
-            owner=bindparam("p_owner"),
-            token=1,
-            lease_expires_at=_NOW + bindparam("p_lease_seconds"),
-            attempts=1,
-            created_at=_NOW,
-            updated_at=_NOW,
-            hits=0,
-        )
+        .values(**identity, token=1, created_at=_NOW, updated_at=_NOW, hits=0, **values)
         .on_conflict_do_nothing(index_elements=["key_hash"])
         .returning(entries.c.token)
+    )
+
+
+def _insert_claim_statement(dialect: str) -> Any:
+    return insert_if_absent(
+        dialect,
+        state="claimed",
+        owner=bindparam("p_owner"),
+        lease_expires_at=_NOW + bindparam("p_lease_seconds"),
+        attempts=1,
     )
 
 
