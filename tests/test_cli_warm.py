@@ -121,3 +121,278 @@ def test_hostile_inputs_key_is_refused_with_a_value_error(hostile):
 
     with pytest.raises(ValueError):
         parse_inputs(hostile)
+
+
+# -- ops beyond mm/addmm/bmm/baddbmm ---------------------------------------------------------
+
+# Inductor's inputs key of mm_plus_mm (a, b, c, d) for mm(a, b) + mm(c, d), as a job's
+# backward records it: a, c (64, 48); b, d (48, 32), b column-major (a transposed weight).
+MPM = ("[('cpu', 'torch.float32', 64, 48, 48, 1, 0), ('cpu', 'torch.float32', 48, 32, 1, 48, 0), "
+       "('cpu', 'torch.float32', 64, 48, 48, 1, 0), ('cpu', 'torch.float32', 48, 32, 32, 1, 0)]")
+# bf16, and b and c slices of bigger buffers (storage offsets), as in a fused projection.
+MPM_VIEWS = ("[('cpu', 'torch.bfloat16', 40, 24, 1, 40, 0), "
+             "('cpu', 'torch.bfloat16', 24, 16, 16, 1, 7), "
+             "('cpu', 'torch.bfloat16', 40, 24, 24, 1, 3), "
+             "('cpu', 'torch.bfloat16', 24, 16, 1, 24, 0)]")
+INT_MM = "[('cpu', 'torch.int8', 32, 64, 64, 1, 0), ('cpu', 'torch.int8', 64, 16, 16, 1, 0)]"
+
+
+def test_warm_cli_op_choices_are_the_ops_warm_can_rebuild():
+    from tunecache.cli import warm as warm_cmd
+    from tunecache.warm import WARM_OPS
+
+    (op_option,) = [p for p in warm_cmd.params if p.name == "op"]
+    assert list(op_option.type.choices) == list(WARM_OPS)
+    assert {"mm_plus_mm", "int_mm"} <= set(WARM_OPS)
+
+
+def test_mm_plus_mm_call_built_from_a_recorded_key_has_its_layouts_and_computes_the_sum():
+    import torch
+
+    from tunecache.warm import build_call, parse_inputs
+
+    for inputs in (MPM, MPM_VIEWS):
+        specs = parse_inputs(inputs)
+        fn, args = build_call("mm_plus_mm", specs, torch.device("cpu"))
+        seen: list = []
+        real_mm = torch.mm
+
+        def spy_mm(x, y):
+            seen.append(((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype),
+                         (tuple(y.shape), y.stride(), y.storage_offset(), y.dtype)))
+            return real_mm(x, y)
+
+        torch.mm = spy_mm
+        try:
+            out = fn(*args)
+        finally:
+            torch.mm = real_mm
+        # The two products the function computes take exactly the recorded tensors.
+        want = [(s.size, s.stride, s.offset, getattr(torch, s.dtype.split(".")[1]))
+                for s in specs]
+        assert seen == [(want[0], want[1]), (want[2], want[3])]
+        views = [a if s.offset == 0 else a.as_strided(s.size, s.stride, s.offset)
+                 for a, s in zip(args, specs)]
+        ref = views[0].double() @ views[1].double() + views[2].double() @ views[3].double()
+        assert out.shape == (specs[0].size[0], specs[1].size[1]) and out.dtype == want[0][3]
+        tol = 1e-4 if want[0][3] == torch.float32 else 0.1
+        assert torch.allclose(out.double(), ref, atol=tol, rtol=tol)
+
+
+def _selector_calls(monkeypatch, tmp_path, op: str, inputs: str) -> list:
+    """(name, inputs key) of every call of Inductor's algorithm selector while compiling
+    the call warm builds for ``op`` from ``inputs``; single-candidate calls included."""
+    import torch
+    import torch._dynamo
+    from torch._inductor import config
+    from torch._inductor import select_algorithm as sa
+
+    from tunecache.warm import build_call, parse_inputs
+
+    calls: list = []
+    real = sa.AlgorithmSelectorCache.__call__
+
+    def spy(self, name, choices, input_nodes, *args, **kwargs):
+        calls.append((name, sa.create_inputs_key(input_nodes)))
+        return real(self, name, choices, input_nodes, *args, **kwargs)
+
+    monkeypatch.setattr(sa.AlgorithmSelectorCache, "__call__", spy)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    fn, args = build_call(op, parse_inputs(inputs), torch.device("cpu"))
+    torch._dynamo.reset()
+    try:
+        with config.patch({"fx_graph_cache": False, "autotune_local_cache": False}), \
+                torch.no_grad():
+            torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)(*args)
+    finally:
+        torch._dynamo.reset()
+    return calls
+
+
+@pytest.mark.parametrize("op,inputs", [("mm_plus_mm", MPM), ("mm_plus_mm", MPM_VIEWS),
+                                       ("int_mm", INT_MM)],
+                         ids=["mm_plus_mm", "mm_plus_mm-bf16-offsets", "int_mm"])
+def test_warm_compile_makes_inductor_select_exactly_the_recorded_op_and_inputs_key(
+        monkeypatch, tmp_path, op, inputs):
+    # Real Inductor lowering on CPU (for mm_plus_mm: the post-grad pattern rewriting
+    # mm + mm into tuned_mm_plus_mm): the selector sees the recorded op name and inputs
+    # key, which is what it would look up in the cache wherever it has candidates to tune.
+    assert _selector_calls(monkeypatch, tmp_path, op, inputs) == [(op, inputs)]
+
+
+def test_warm_recompiles_recorded_mm_plus_mm_and_int_mm_cpu_keys_and_reports_them_not_autotuned(
+        sqlite_url, tmp_path):
+    # On CPU Inductor has one candidate for both (ATen; mm_plus_mm's Triton template needs
+    # a GPU), so it benchmarks and looks up nothing: warm must say so, per key, with the
+    # reason, and never count them as warmed, while the bmm key in the same run is tuned.
+    populate(sqlite_url, [old_key(MPM, op="mm_plus_mm"), old_key(INT_MM, op="int_mm"),
+                          old_key(SMALL_BMM)])
+    report = _finish(_warm(tmp_path, sqlite_url))
+    assert (report["keys"], report["tuned"], report["not_autotuned"], report["error"],
+            report["hit"], report["local"]) == (3, 1, 2, 0, 0, 0), report
+    by_op = {t["op"]: t for t in report["tasks"]}
+    assert by_op["bmm"]["outcome"] == "tuned" and by_op["bmm"]["key_hashes"]
+    for op in ("mm_plus_mm", "int_mm"):
+        task = by_op[op]
+        assert task["outcome"] == "not_autotuned", task
+        assert "single candidate" in task["reason"], task
+        assert (task["benchmarks"], task["key_hashes"]) == (0, []), task
+    # Nothing was stored for this machine: the only mm_plus_mm/int_mm entries are the
+    # recorded ones.
+    for op in ("mm_plus_mm", "int_mm"):
+        rows = run_json("ls", "--db", sqlite_url, "--op", op)
+        assert [r["torch"] for r in rows] == ["2.12.0+cpu"], rows
+
+
+def test_warm_lists_recorded_keys_it_cannot_rebuild_as_skipped_with_the_reason(sqlite_url):
+    bad_mpm = MPM.replace("64, 48, 48, 1, 0), ('cpu', 'torch.float32', 48, 32, 32",
+                          "64, 40, 40, 1, 0), ('cpu', 'torch.float32', 40, 32, 32")
+    fp_int_mm = INT_MM.replace("int8", "float32")
+    keys = {"scaled_mm": old_key(MPM, op="scaled_mm"),
+            "packed_linear": old_key(WORKER_BMM, op="packed_linear"),
+            "convolution": old_key(WORKER_BMM, op="convolution"),
+            "bad_mpm": old_key(bad_mpm, op="mm_plus_mm"),
+            "three_input_mpm": old_key(INT_MM[:-1] + ", ('cpu', 'torch.int8', 1, 1, 0)]",
+                                       op="mm_plus_mm"),
+            "fp_int_mm": old_key(fp_int_mm, op="int_mm"),
+            "mm_plus_mm": old_key(MPM, op="mm_plus_mm"),
+            "int_mm": old_key(INT_MM, op="int_mm"),
+            "bmm": old_key(SMALL_BMM)}
+    populate(sqlite_url, keys.values())
+    from tunecache.keys import key_hash
+
+    name_of = {key_hash(k)[0]: name for name, k in keys.items()}
+
+    data = run_json("warm", "--db", sqlite_url, "--dry-run")
+    assert sorted(t["op"] for t in data["tasks"]) == ["bmm", "int_mm", "mm_plus_mm"]
+    reasons = {name_of[s["key_hash"]]: (s["op"], s["reason"]) for s in data["skipped"]}
+    assert set(reasons) == {"scaled_mm", "packed_linear", "convolution", "bad_mpm",
+                            "three_input_mpm", "fp_int_mm"}
+    assert reasons["scaled_mm"][0] == "scaled_mm"
+    assert "out_dtype" in reasons["scaled_mm"][1]
+    assert "frozen nn.Linear" in reasons["packed_linear"][1]
+    assert "cannot rebuild a 'convolution' call" in reasons["convolution"][1]
+    assert "not two products of equal sizes" in reasons["bad_mpm"][1]
+    assert "takes 4 inputs, the inputs key has 3" in reasons["three_input_mpm"][1]
+    assert "int8" in reasons["fp_int_mm"][1]
+
+    # --op narrows both lists to that op.
+    only = run_json("warm", "--db", sqlite_url, "--dry-run", "--op", "mm_plus_mm")
+    assert [t["inputs"] for t in only["tasks"]] == [MPM]
+    assert sorted(name_of[s["key_hash"]] for s in only["skipped"]) == ["bad_mpm",
+                                                                       "three_input_mpm"]
+    # People see every skipped key and its reason too.
+    human = run("warm", "--db", sqlite_url, "--dry-run")
+    assert human.exit_code == 0
+    for h in name_of:
+        if name_of[h] in reasons:
+            assert f"skipped {h[:16]}: " in human.stderr
+    assert run("warm", "--db", sqlite_url, "--op", "scaled_mm").exit_code == 2
+
+
+def test_warm_human_report_prints_each_unwarmed_key_with_its_reason(sqlite_url, monkeypatch):
+    import tunecache.warm as warm_mod
+
+    populate(sqlite_url, [old_key(MPM, op="mm_plus_mm"), old_key(MPM, op="scaled_mm")])
+
+    def fake_warm(settings, db, tasks, progress=None):  # the compile is tested above
+        (task,) = tasks
+        return {"database": "x", "rank": 0, "world_size": 1, "keys": 1, "tuned": 0,
+                "hit": 0, "peer": 0, "local": 0, "not_autotuned": 1, "error": 0,
+                "seconds": 1.0,
+                "tasks": [{**task.as_dict(), "outcome": "not_autotuned",
+                           "reason": "Inductor autotuned nothing: single candidate"}]}
+
+    monkeypatch.setattr(warm_mod, "warm", fake_warm)
+    result = run("warm", "--db", sqlite_url)
+    assert result.exit_code == 0, result.output
+    assert "1 not autotuned" in result.stdout and "1 recorded keys skipped" in result.stdout
+    assert f"not_autotuned: mm_plus_mm {MPM}: Inductor autotuned nothing" in result.stderr
+    assert "skipped " in result.stderr and "op 'scaled_mm' is not warmed" in result.stderr
+
+
+@pytest.mark.parametrize("events,fallbacks,want", [
+    ([{"source": "tuned", "op": "mm_plus_mm", "key_hash": "aa" * 32}], 0, ("tuned", False)),
+    ([{"source": "memo", "op": "mm_plus_mm", "key_hash": "aa" * 32}], 0, ("hit", False)),
+    ([{"source": "hit", "op": "mm", "key_hash": "bb" * 32},
+      {"source": "peer", "op": "mm_plus_mm", "key_hash": "aa" * 32}], 0, ("peer", False)),
+    # Tuned, but not the recorded key (say mm + mm lowered to two mm): not warmed.
+    ([{"source": "tuned", "op": "mm", "key_hash": "bb" * 32},
+      {"source": "tuned", "op": "mm", "key_hash": "cc" * 32}], 0, ("not_autotuned", True)),
+    ([], 0, ("not_autotuned", True)),
+    ([{"source": "fallback", "op": "mm_plus_mm", "key_hash": None}], 1, ("local", True)),
+], ids=["tuned", "memo", "peer-among-others", "other-keys", "nothing", "fallback"])
+def test_warm_counts_a_compile_as_warmed_only_if_it_looked_up_this_machines_key(
+        events, fallbacks, want):
+    from tunecache.warm import classify
+
+    outcome, reason = classify(events, fallbacks, "aa" * 32)
+    assert (outcome, reason is not None) == want
+    if want[0] == "not_autotuned" and events:
+        assert "mm bbbbbbbbbbbb" in reason and "mm cccccccccccc" in reason
+
+
+# A training step whose backward has the mm(a, b) + mm(c, d) Inductor rewrites to
+# mm_plus_mm: x feeds two linears, so grad_x = g1 @ w1 + g2 @ w2 (a gated MLP's input).
+GPU_JOB = r"""
+import json, sys
+import torch
+import tunecache
+from tunecache import inductor as tc_inductor
+assert tc_inductor.enable()
+torch.manual_seed(0)
+x = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w1 = torch.randn(384, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w2 = torch.randn(384, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+def step(x, w1, w2):
+    return (torch.nn.functional.linear(x, w1) * torch.nn.functional.linear(x, w2)).float().sum()
+torch.compile(step, mode="max-autotune-no-cudagraphs", dynamic=False)(x, w1, w2).backward()
+json.dump(tc_inductor.stats.as_dict(), open(sys.argv[1], "w"))
+"""
+
+
+def _gpu_job(tmp: Path, db: str, name: str) -> dict:
+    out = tmp / f"{name}.json"
+    job = subprocess.run([sys.executable, "-c", GPU_JOB, str(out)],
+                         env=_env(tmp, db, PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_warm_recompiles_recorded_cuda_mm_plus_mm_key_so_a_later_job_benchmarks_nothing(
+        tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("mm_plus_mm is autotuned only on a GPU (CPU: tested above)")
+    # A job records its keys, as a job under an older torch would have.
+    job_db = f"sqlite:///{tmp_path / 'job.db'}"
+    first = _gpu_job(tmp_path, job_db, "first")
+    mpm = [e for e in first["events"] if e["op"] == "mm_plus_mm"]
+    assert mpm and first["benchmarks"] > 0, first
+    export = tmp_path / "job.jsonl"
+    assert run("export", "--db", job_db, "-o", str(export)).exit_code == 0
+    lines = [json.loads(line) for line in export.read_text().splitlines()[1:]]
+    keys = [{**e["key"], "env": {**e["key"]["env"], "torch": "2.10.0+old"}} for e in lines]
+    assert "mm_plus_mm" in {k["op"] for k in keys}
+    db = f"sqlite:///{tmp_path / 'old.db'}"
+    populate(db, keys)
+
+    report = _finish(_warm(tmp_path, db))
+    by_op = {t["op"]: t for t in report["tasks"]}
+    assert report["error"] == 0 and report["tuned"] == report["keys"], report
+    assert by_op["mm_plus_mm"]["outcome"] == "tuned", report
+
+    later = _gpu_job(tmp_path, db, "later")  # fresh Inductor cache, warmed database
+    if os.environ.get("TUNECACHE_TEST_DUMP"):
+        for name, data in (("first", first), ("report", report), ("later", later)):
+            (Path(os.environ["TUNECACHE_TEST_DUMP"]) / f"{name}.json").write_text(
+                json.dumps(data, indent=1, default=str))
+        for name, url in (("job", job_db), ("old", db)):
+            run("export", "--db", url, "-o",
+                str(Path(os.environ["TUNECACHE_TEST_DUMP"]) / f"{name}.jsonl"))
+    assert later["benchmarks"] == 0, later
+    assert {e["key_hash"] for e in later["events"] if e["op"] == "mm_plus_mm"} == \
+        set(by_op["mm_plus_mm"]["key_hashes"])
+    assert all(e["source"] == "hit" for e in later["events"]), later

@@ -31,56 +31,9 @@ import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.coordinator import TuneCache  # noqa: E402
 
+from triton_fakes import FakeConfig, configs, kernel_file, meta  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
-
-BACKEND_HASH = "b" * 64
-
-
-class FakeConfig:
-    """What Inductor reads of a triton.Config (kwargs, num_warps, num_stages)."""
-
-    def __init__(self, num_warps: int, num_stages: int = 1, **kwargs: int) -> None:
-        self.kwargs = kwargs
-        self.num_warps = num_warps
-        self.num_stages = num_stages
-
-    def __repr__(self) -> str:
-        return f"FakeConfig({self.kwargs}, w={self.num_warps}, s={self.num_stages})"
-
-
-def configs() -> list[FakeConfig]:
-    return [FakeConfig(4, XBLOCK=128), FakeConfig(8, XBLOCK=512), FakeConfig(2, XBLOCK=64)]
-
-
-def meta(coordesc: bool = False, name: str = "triton_poi_fused_add_0") -> dict[str, Any]:
-    return {
-        "autotune_local_cache": False,  # the remote (shared) cache is what we test
-        "autotune_remote_cache": True,
-        "backend_hash": BACKEND_HASH,
-        "coordinate_descent_tuning": coordesc,
-        "kernel_name": name,
-    }
-
-
-def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
-                heuristic: str = "pointwise") -> str:
-    """A kernel module as Inductor writes it; the device index differs per rank."""
-    source = (
-        "import triton\n"
-        "from torch._inductor.runtime import triton_heuristics\n"
-        "from torch._inductor.runtime.hints import DeviceProperties\n"
-        f"@triton_heuristics.{heuristic}(size_hints={{'x': 1024}}, "
-        "triton_meta={'signature': {'in_ptr0': '*fp32'}, "
-        f"'device': DeviceProperties(type='cuda', index={index}, multi_processor_count=132, "
-        "cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, "
-        "max_threads_per_block=1024, warp_size=32)}, inductor_meta={})\n"
-        "@triton.jit\n"
-        f"def triton_poi_fused_add_0(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    {body}\n"
-    )
-    path = tmp / f"rank{index}-{abs(hash((body, heuristic))) % 10**8}" / "kernel.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    return str(path)
 
 
 @pytest.fixture
@@ -208,11 +161,11 @@ def test_key_ignores_the_device_index_only(enabled, tmp_path):
 # -------------------------------------------------------------------- get, claim, put
 
 
-def test_miss_claims_then_save_publishes_and_next_load_hits(enabled, tmp_path):
+def test_miss_is_tuned_here_and_its_save_publishes_for_the_next_load(enabled, tmp_path):
     filename = kernel_file(tmp_path, 0)
     cfgs, cache, info = load(filename, meta())
     assert info["autotune_cache_state"] == "miss" and len(cfgs) == 3
-    assert [r["state"] for r in stored(enabled)] == ["claimed"]
+    assert stored(enabled) == []  # a load only reads
     cache.save(cfgs[1], 7_000_000)  # what autotune_to_one_config does
     rows = stored(enabled)
     assert [(r["kind"], r["state"]) for r in rows] == [("triton_config", "done")]
@@ -221,7 +174,7 @@ def test_miss_claims_then_save_publishes_and_next_load_hits(enabled, tmp_path):
     assert info["autotune_cache_state"] == "hit"
     assert (cfgs[0].kwargs, cfgs[0].num_warps) == ({"XBLOCK": 512}, 8)
     s = tc_inductor.triton_stats.as_dict()
-    assert (s["lookups"], s["claimed"], s["hits"], s["puts"], s["published"]) == (2, 1, 1, 1, 1)
+    assert (s["lookups"], s["misses"], s["hits"], s["puts"], s["published"]) == (2, 1, 1, 1, 1)
 
 
 def test_coordinate_descent_result_replaces_the_first_save(enabled, tmp_path):
@@ -229,7 +182,7 @@ def test_coordinate_descent_result_replaces_the_first_save(enabled, tmp_path):
     cfgs, cache, _ = load(kernel_file(tmp_path, 0), m)
     # autotune_to_one_config saves its winner (with the launcher's cache hash) ...
     cache.save(cfgs[0], 3_000_000, found_by_coordesc=True, triton_cache_hash="abc")
-    assert [r["state"] for r in stored(enabled)] == ["claimed"]  # held back
+    assert stored(enabled) == []  # held back
     # ... then coordinate descent saves the final config (triton_heuristics, 2.11-2.14).
     cache.save(FakeConfig(16, num_stages=2, XBLOCK=1024), 9_000_000, found_by_coordesc=True)
     (row,) = stored(enabled)
@@ -245,18 +198,19 @@ def test_held_first_save_is_published_when_the_thread_moves_on(enabled, tmp_path
     m = meta(coordesc=True)
     cfgs, cache, _ = load(kernel_file(tmp_path, 0), m)
     cache.save(cfgs[2], 1_000_000, found_by_coordesc=True, triton_cache_hash="abc")
-    assert [r["state"] for r in stored(enabled)] == ["claimed"]
-    load(kernel_file(tmp_path, 0, body="other"), m)  # the next kernel
-    assert sorted(r["state"] for r in stored(enabled)) == ["claimed", "done"]
-
-
-def test_template_kernels_are_looked_up_but_never_claimed(enabled, tmp_path):
-    # One fixed config, no coordinate descent: Inductor never saves, so a claim would
-    # only make peers wait for a publish that never comes.
-    _, cache, info = load(kernel_file(tmp_path, 0, heuristic="template"), meta(True))
-    assert info["autotune_cache_state"] == "miss" and cache is not None
     assert stored(enabled) == []
-    assert tc_inductor.triton_stats.local == 1
+    load(kernel_file(tmp_path, 0, body="other"), m)  # the next kernel
+    assert [r["state"] for r in stored(enabled)] == ["done"]
+
+
+def test_template_kernel_save_is_published_without_waiting_for_coordinate_descent(
+    enabled, tmp_path
+):
+    # One fixed config and no coordinate descent: there is no second save to hold for.
+    cfgs, cache, info = load(kernel_file(tmp_path, 0, heuristic="template"), meta(True))
+    assert info["autotune_cache_state"] == "miss" and cache is not None
+    cache.save(cfgs[0], 1_000_000, found_by_coordesc=True, triton_cache_hash="abc")
+    assert [r["state"] for r in stored(enabled)] == ["done"]
 
 
 def test_hostile_entry_is_ignored(enabled, tmp_path):
@@ -287,26 +241,114 @@ def test_entry_validation(bad):
     assert tc_inductor.triton_config_from_entry(bad) is None
 
 
-def test_orphaned_claim_expires_and_the_waiter_tunes(enabled, tmp_path, monkeypatch):
-    monkeypatch.setattr(tc_inductor, "TRITON_LEASE_SECONDS", 1.0)
-    created = create(kernel_file(tmp_path, 0), meta(name="k_orphan"))
-    key_text, cache_id = created.remote_cache[1], created.remote_cache_full_key
-    # A peer claims the key and never publishes (its kernel never ran, or it died).
+def test_loads_never_wait_for_a_peers_claim_and_the_first_publish_wins(enabled, tmp_path):
+    created = create(kernel_file(tmp_path, 0), meta(name="k_peer"))
+    key = tc_inductor.triton_key(created.remote_cache_full_key,
+                                 json.loads(created.remote_cache[1]))
     peer = tunecache.open(enabled.settings.db_url)
     try:
-        key = tc_inductor.triton_key(cache_id, json.loads(key_text))
-        assert not isinstance(peer.claim(key, lease_seconds=1.0), tunecache.Result)
-        tc_inductor.triton_stats.reset()
+        # A peer is about to publish this kernel (claimed, lease far from over).
+        claim = peer.claim(key, lease_seconds=600)
+        assert not isinstance(claim, tunecache.Result)
         t0 = time.monotonic()
-        cfgs, cache, info = load(kernel_file(tmp_path, 1), meta(name="k_orphan"))
-        waited = time.monotonic() - t0
+        cfgs, cache, info = load(kernel_file(tmp_path, 1), meta(name="k_peer"))
+        assert time.monotonic() - t0 < 2.0  # no wait for the peer (the lease is 600 s)
         assert info["autotune_cache_state"] == "miss"
-        assert 0.5 < waited < 5, waited
-        assert tc_inductor.triton_stats.claimed == 1  # taken over
-        cache.save(cfgs[0], 1_000_000)
-        assert [r["state"] for r in stored(enabled)] == ["done"]
+        cache.save(cfgs[0], 1_000_000)  # our own tuning: not stored over the peer's claim
+        assert tc_inductor.triton_stats.unpublished == 1
+        assert [r["state"] for r in stored(enabled)] == ["claimed"]
+        peer_best = {"num_warps": 8, "num_stages": 1, "configs_hash": created.configs_hash,
+                     "XBLOCK": 512}
+        assert peer.publish(claim, {json.dumps(peer_best): 2.0}) is not None
+        cfgs, _, info = load(kernel_file(tmp_path, 2), meta(name="k_peer"))
+        assert info["autotune_cache_state"] == "hit"
+        assert (cfgs[0].kwargs, cfgs[0].num_warps) == ({"XBLOCK": 512}, 8)
     finally:
         peer.close()
+
+
+def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
+    tmp_path, monkeypatch
+):
+    """A real Inductor compile worker (SubprocPool) loads the kernel: with tunecache
+    activated from the environment, our entry point plugs the cache in there too, so
+    Inductor's parallel compile stays on."""
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
+
+    import triton_fakes
+
+    db = str(tmp_path / "tune.db")
+    with tunecache.open(db) as made:  # the compiling process's first GEMM lookup made it
+        assert made.lookup({"kind": "gemm", "op": "none"}) is None
+    monkeypatch.setenv("TUNECACHE_DB", db)
+    monkeypatch.setenv("TUNECACHE_TRITON_CONFIGS", "1")
+    monkeypatch.delenv("TUNECACHE_MODE", raising=False)
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    threads = inductor_config.compile_threads
+    assert threads > 1
+    assert tc_inductor.enable()  # from the environment, as the entry point does
+    tc_inductor.triton_stats.reset()
+    pool = SubprocPool(1)
+    try:
+        assert inductor_config.compile_threads == threads
+        first = pool.submit(triton_fakes.load_kernel, kernel_file(tmp_path, 0), meta())
+        first = first.result(timeout=120)
+        assert first["remote_class"] == "TuneCacheAutotuneCache"
+        assert first["state"] == "miss" and len(first["configs"]) == 3
+        # The AutotuneCache built in the worker came back pickled; the kernel's first
+        # run saves through it here, in the compiling process.
+        first["autotune_cache"].save(first["configs"][1], 7_000_000)
+        assert tc_inductor.triton_stats.published == 1
+        again = pool.submit(triton_fakes.load_kernel, kernel_file(tmp_path, 1), meta())
+        again = again.result(timeout=120)
+        assert again["state"] == "hit"
+        assert [(c.kwargs, c.num_warps) for c in again["configs"]] == [({"XBLOCK": 512}, 8)]
+    finally:
+        pool.shutdown()
+        tc_inductor.disable()
+    assert inductor_config.compile_threads == threads
+
+
+def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkeypatch):
+    db = tmp_path / "tune.db"
+    monkeypatch.setenv("TUNECACHE_DB", str(db))
+    monkeypatch.setattr(tc_inductor._EnvCache, "RETRY_SECONDS", 0.0)
+    env_cache = tc_inductor._EnvCache()
+    first = env_cache()
+    assert first.lookup({"kind": "gemm", "op": "x"}) is None
+    assert first.disabled_reason is not None and not db.exists()  # readonly: not created
+    with tunecache.open(str(db)) as writer:
+        assert writer.get_or_tune({"kind": "gemm", "op": "x"}, lambda: {"a": 1.0})
+    second = env_cache()
+    assert second is not first
+    assert second.lookup({"kind": "gemm", "op": "x"}).timings == {"a": 1.0}
+    assert env_cache() is second  # a working cache is kept
+    second.close()
+
+
+def test_compile_threads_drop_to_one_when_workers_cannot_read_the_cache(
+    tmp_path, monkeypatch
+):
+    # Explicitly enabled on a database the environment does not name: the workers'
+    # entry point would open another one (or none), so kernels load in this process.
+    monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "other.db"))
+    monkeypatch.setenv("TUNECACHE_TRITON_CONFIGS", "1")
+    threads = inductor_config.compile_threads
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    try:
+        assert inductor_config.compile_threads == 1
+    finally:
+        tc_inductor.disable()
+        cache.close()
+    assert inductor_config.compile_threads == threads
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "tune.db"))
+    assert tc_inductor.enable()
+    try:
+        assert inductor_config.compile_threads == 1
+    finally:
+        tc_inductor.disable()
 
 
 def test_store_failure_never_fails_the_kernel(tmp_path):
@@ -349,7 +391,7 @@ def test_two_processes_share_one_best_config(tmp_path):
     second = _run_rank(db, tmp_path, 1, "read")
     assert second["state"] == "hit"
     assert second["best"] == first["best"] == [{"XBLOCK": 512}, 8, 1]
-    assert second["stats"]["hits"] == 1 and second["stats"]["claimed"] == 0
+    assert second["stats"]["hits"] == 1 and second["stats"]["puts"] == 0
 
 
 def test_triton_sharing_is_off_unless_asked_for(tmp_path):

@@ -249,6 +249,14 @@ def main() -> int:
         "gemm_benchmark_seconds": round(stats["benchmark_seconds"], 3),
         "gemm_lookups_by_source": sources,
         "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
+        # Benchmark calls by the key they measured (a top-up of new candidates is a key
+        # of its own): how many distinct keys were measured, and was any measured twice?
+        "gemm_benchmarks_by_key": stats["benchmarks_by_key"],
+        "gemm_lookups": [
+            {k: e.get(k) for k in ("op", "source", "candidates", "missing", "missing_ids")}
+            | {"key": (e.get("key_hash") or "")[:12]}
+            for e in stats["events"] if e["source"] != "memo"
+        ],
         "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
         "compile_times": compile_time_breakdown(torch),
     }
@@ -268,6 +276,8 @@ def main() -> int:
                 "gemm_benchmarks": sum(r["gemm_benchmarks"] for r in everyone),
                 "gemm_benchmarks_by_rank": [r["gemm_benchmarks"] for r in everyone],
                 "distinct_gemm_keys": len({k for r in everyone for k in r["gemm_keys"]}),
+                **_keys_benchmarked(everyone),
+                "triton_saves": sum(r["triton_autotune"]["puts"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))
@@ -277,6 +287,17 @@ def main() -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _keys_benchmarked(everyone: list[dict[str, Any]]) -> dict[str, int]:
+    """Keys measured in the job (base keys and top-ups), and those measured more than once
+    (by two ranks, or twice in one): tunecache's promise is that this is zero."""
+    calls: dict[str, int] = {}
+    for r in everyone:
+        for key, n in r["gemm_benchmarks_by_key"].items():
+            calls[key] = calls.get(key, 0) + n
+    return {"gemm_keys_benchmarked": len(calls),
+            "gemm_keys_benchmarked_twice": sum(1 for n in calls.values() if n > 1)}
 
 
 if __name__ == "__main__":

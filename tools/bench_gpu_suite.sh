@@ -9,6 +9,8 @@
 #   default                torch.compile without max-autotune
 #   tunecache-cold         max-autotune + tunecache on an empty database ($DB)
 #   tunecache-warm         the same database, fresh Inductor caches: a new node, a later job
+#   age-db                 $DB becomes a copy of $AGE_FROM with its GEMM keys recorded
+#                          under $WARM_FROM_TORCH (tools/age_db.py)
 #   warm-command           `tunecache warm` re-tunes the keys in $DB recorded under
 #                          $WARM_FROM_TORCH (another torch), then a job on a fresh cache runs
 #
@@ -48,6 +50,11 @@ for step in "$@"; do
         plain|inductor-distributed|default) bench "$step" --mode "$step" ;;
         tunecache-cold) rm -f "$db"; TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
         tunecache-warm) TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+        age-db)
+            rm -f "$db"
+            python3 "$here/tools/age_db.py" "${AGE_FROM:?}" "$db" --torch "${WARM_FROM_TORCH:?}" \
+                >>"$out/$step.log" 2>&1
+            echo "== age-db rc=$?" ;;
         warm-command)
             timeout $(( deadline - $(date +%s) )) torchrun --standalone --nproc-per-node "$nproc" \
                 -m tunecache.cli warm --db "$db" --from-torch "${WARM_FROM_TORCH:?}" \

@@ -14,6 +14,10 @@ there makes ``import torch`` itself fail:
   if that module is already imported. We never import ``torch._inductor`` ourselves
   here: ``torch`` is only half initialised while entry points run, and a job that never
   compiles should not pay for Inductor.
+* with ``TUNECACHE_TRITON_CONFIGS=1``, the same hook also plugs the Triton autotune cache
+  in right after ``torch._inductor.runtime.autotune_cache`` is imported. Inductor's
+  compile workers import that module, never select_algorithm, when they load a kernel
+  (tunecache.inductor's Triton section).
 
 ``TUNECACHE_INDUCTOR_COUNT_ONLY=1`` installs only the benchmark counter instead (used by
 tools/bench_gpu.py to count plain max-autotune runs), even without ``TUNECACHE_DB``.
@@ -35,8 +39,9 @@ __all__ = ["torch_backend_entry", "install_import_hook"]
 log = logging.getLogger("tunecache")
 
 _TARGET = "torch._inductor.select_algorithm"
+_TRITON_TARGET = "torch._inductor.runtime.autotune_cache"
 _lock = threading.Lock()
-_done = False
+_done: set[str] = set()
 
 
 def _wanted() -> bool:
@@ -47,16 +52,18 @@ def _wanted() -> bool:
     return os.environ.get("TUNECACHE_MODE", "").strip().lower() != "off"
 
 
-def _enable() -> None:
-    global _done
+def _enable(target: str) -> None:
     with _lock:
-        if _done:
+        if target in _done:
             return
-        _done = True
+        _done.add(target)
     try:
         from . import inductor
 
-        inductor._enable_from_env()
+        if target == _TARGET:
+            inductor._enable_from_env()
+        else:
+            inductor._enable_triton_from_env()
     except Exception as e:  # noqa: BLE001 - activation must never break the user's job
         log.warning(
             "tunecache: could not enable the Inductor integration (%s: %s); Inductor "
@@ -66,22 +73,30 @@ def _enable() -> None:
         )
 
 
+def _targets() -> tuple[str, ...]:
+    if os.environ.get("TUNECACHE_TRITON_CONFIGS", "").strip().lower() in ("1", "true", "yes", "on") \
+            and os.environ.get("TUNECACHE_INDUCTOR_COUNT_ONLY") != "1":
+        return (_TARGET, _TRITON_TARGET)
+    return (_TARGET,)
+
+
 class _Loader(importlib.abc.Loader):
     """Runs the real loader, then enables tunecache on the fresh module."""
 
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+    def __init__(self, inner: importlib.abc.Loader, target: str) -> None:
         self._inner = inner
+        self._target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)  # type: ignore[attr-defined]
-        _enable()
+        _enable(self._target)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of ``torch._inductor.select_algorithm``; nothing else."""
+    """Wraps the loaders of the modules in :func:`_targets`; nothing else."""
 
     def find_spec(
         self,
@@ -89,7 +104,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TARGET:
+        if fullname not in _targets() or fullname in _done:
             return None
         # Ask the finders after us for the real spec, then wrap its loader.
         for finder in sys.meta_path:
@@ -101,17 +116,20 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, fullname)
                 return spec
         return None
 
 
 def install_import_hook() -> None:
-    """Enable tunecache once select_algorithm is imported (now, if it already is)."""
-    if _TARGET in sys.modules:
-        _enable()
-        return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    """Enable tunecache once its target modules are imported (now, for those that are)."""
+    pending = False
+    for target in _targets():
+        if target in sys.modules:
+            _enable(target)
+        else:
+            pending = True
+    if pending and not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
 
 

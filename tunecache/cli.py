@@ -647,8 +647,11 @@ def upgrade(out: Out) -> None:
 
 
 @cli.command()
-@click.option("--op", multiple=True, type=click.Choice(["mm", "addmm", "bmm", "baddbmm"]),
-              help="Ops to warm (repeatable; default: all four).")
+@click.option("--op", multiple=True,
+              # tunecache.warm.WARM_OPS (not imported here: the CLI starts without it)
+              type=click.Choice(["mm", "addmm", "bmm", "baddbmm", "int_mm", "mm_plus_mm"]),
+              help="Ops to warm (repeatable; default: every recorded GEMM key, and those "
+                   "of ops warm cannot rebuild are listed as skipped, with the reason).")
 @click.option("--from-torch", multiple=True, metavar="VERSION",
               help="Only keys recorded under these torch versions (repeatable).")
 @click.option("--from-device", multiple=True, metavar="NAME",
@@ -671,7 +674,7 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
 
     db = _open(out)
     try:
-        tasks, skipped = warm_mod.select_tasks(db, op or tuple(warm_mod.WARM_OPS),
+        tasks, skipped = warm_mod.select_tasks(db, op or None,
                                                from_torch=from_torch, from_device=from_device,
                                                limit=limit)
         if dry_run:
@@ -701,10 +704,16 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
                    f"{report['tuned']} tuned here, {report['hit']} already cached, "
                    f"{report['peer']} tuned by peers, {report['local']} local only, "
                    f"{report['not_autotuned']} not autotuned, {report['error']} failed "
-                   f"(rank {report['rank']} of {report['world_size']})")
+                   f"(rank {report['rank']} of {report['world_size']}); "
+                   f"{len(skipped)} recorded keys skipped")
         for t in report["tasks"]:
             if t["outcome"] == "error":
                 click.echo(f"failed: {t['op']} {t['inputs']}: {t['error']}", err=True)
+            elif t.get("reason"):
+                click.echo(f"{t['outcome']}: {t['op']} {t['inputs']}: {t['reason']}",
+                           err=True)
+        for s in skipped:
+            click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
 
     out.emit(report, human)
     if report["error"]:

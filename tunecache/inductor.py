@@ -174,10 +174,13 @@ class Stats:
     """What the hooks did in this process; read it after a compile.
 
     ``benchmarks`` is the number of calls of Inductor's benchmark callable that went
-    through the hook (one per key or candidate subset measured here), in every mode.
+    through the hook (one per key or candidate subset measured here), in every mode;
+    ``benchmarks_by_key`` counts them by the key they measured (a top-up of candidates
+    missing from a stored entry has a key of its own, see ``extra_candidates``).
     """
 
     benchmarks: int = 0
+    benchmarks_by_key: dict[str, int] = dataclasses.field(default_factory=dict)
     candidates_benchmarked: int = 0
     benchmark_seconds: float = 0.0
     # lookups that wanted timings (not precompile probes), by where the timings came from
@@ -208,11 +211,14 @@ class Stats:
                 if f.name != "_lock"
             }
             out["events"] = [dict(e) for e in self.events]
+            out["benchmarks_by_key"] = dict(self.benchmarks_by_key)
             return out
 
-    def _count_benchmark(self, n_choices: int, seconds: float) -> None:
+    def _count_benchmark(self, n_choices: int, seconds: float, key_hash: str | None) -> None:
         with self._lock:
             self.benchmarks += 1
+            if key_hash is not None:
+                self.benchmarks_by_key[key_hash] = self.benchmarks_by_key.get(key_hash, 0) + 1
             self.candidates_benchmarked += n_choices
             self.benchmark_seconds += seconds
 
@@ -462,25 +468,31 @@ class _Hooks:
                     raise
             return self._cache
 
-    def counted(self, benchmark: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def counted(
+        self, benchmark: Callable[[Any], Any], key_hash: str | None = None
+    ) -> Callable[[Any], Any]:
         def run(choices: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return benchmark(choices)
             finally:
-                stats._count_benchmark(len(choices), time.perf_counter() - t0)
+                stats._count_benchmark(len(choices), time.perf_counter() - t0, key_hash)
 
         return run
 
     def _record_counted(
         self, choices: list[Any], op: str, inputs: str, hint_override: int | None
-    ) -> None:
+    ) -> str | None:
         """Count-only mode: note which key Inductor looked up (for distinct-key counts)."""
         try:
             key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
-            stats._record("counted", {"op": op, "key_hash": tc_keys.key_hash(key)[0], "best": None})
+            key_hash = tc_keys.key_hash(key)[0]
+            stats._record("counted", {"op": op, "key_hash": key_hash, "best": None,
+                                      "candidates": len(choices)})
+            return key_hash
         except Exception as e:  # noqa: BLE001 - counting must never break a compile
             log.debug("tunecache: could not record a counted lookup: %r", e)
+            return None
 
     def close(self) -> None:
         if self._owns_cache and self._cache is not None:
@@ -516,9 +528,10 @@ class _Hooks:
         if self.count_only or self._broken:
             if benchmark is None:
                 return orig(choices, op, inputs, None, hint_override)
+            key_hash = None
             if self.count_only:
-                self._record_counted(choices, op, inputs, hint_override)
-            return orig(choices, op, inputs, self.counted(benchmark), hint_override)
+                key_hash = self._record_counted(choices, op, inputs, hint_override)
+            return orig(choices, op, inputs, self.counted(benchmark, key_hash), hint_override)
         # Timings a benchmark produced before tunecache failed: reused by the fallback.
         taken: dict[Any, float] = {}
         try:
@@ -547,7 +560,7 @@ class _Hooks:
         key = make_key(op, inputs, hint_override, _device_type(choices, inputs))
         key_hash, _ = tc_keys.key_hash(key)
 
-        def bench(subset: list[Any]) -> dict[str, float]:
+        def bench(subset: list[Any], measured_key: str) -> dict[str, float]:
             """Run Inductor's benchmark on some choices; timings by candidate id."""
             assert benchmark is not None
             t0 = time.perf_counter()
@@ -556,7 +569,7 @@ class _Hooks:
             except BaseException as e:
                 raise _BenchmarkFailed(e) from e
             finally:
-                stats._count_benchmark(len(subset), time.perf_counter() - t0)
+                stats._count_benchmark(len(subset), time.perf_counter() - t0, measured_key)
             taken.update(raw)
             by_choice = dict(zip(map(id, choices), ids))
             # inf for anything the benchmark did not return (Inductor asserts it returns
@@ -577,26 +590,30 @@ class _Hooks:
         if in_tune is not None:
             # We are inside our own get_or_tune_many tune(key) for this key (deferred
             # path): measure and hand the timings back to it, which publishes them.
-            measured = bench(choices)
+            measured = bench(choices, key_hash)
             with self._lock:
                 in_tune.update(measured)
             # counted by tune_deferred, which learns the result's source from the core
             return {c: measured[i] for c, i in zip(choices, ids)}
 
-        timings, source = self._get_or_tune(key, key_hash, lambda: bench(choices))
+        timings, source = self._get_or_tune(key, key_hash, lambda: bench(choices, key_hash))
         missing = [c for c, i in zip(choices, ids) if i not in timings]
+        missing_ids: list[str] = []
         if missing:
             missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
             extra_key = {**key, "extra_candidates": missing_ids}
             extra_hash, _ = tc_keys.key_hash(extra_key)
-            extra, _ = self._get_or_tune(extra_key, extra_hash, lambda: bench(missing))
+            extra, _ = self._get_or_tune(extra_key, extra_hash,
+                                         lambda: bench(missing, extra_hash))
             timings = {**timings, **{i: extra[i] for i in missing_ids if i in extra}}
         answer = {i: timings.get(i, math.inf) for i in ids}
         best = tc_keys.best_candidate(answer)
         if best is None:
             # Nothing in this compile has a finite stored timing: never trust that.
             raise ValueError(f"no candidate of this {op} compile has a finite stored timing")
-        event = {"op": op, "key_hash": key_hash, "best": best, "missing": len(missing)}
+        # Which candidates were new says why a key needed a top-up (tools/bench_gpu.py).
+        event = {"op": op, "key_hash": key_hash, "best": best, "candidates": len(ids),
+                 "missing": len(missing), "missing_ids": missing_ids[:8]}
         stats._record(source, event)
         return {c: answer[i] for c, i in zip(choices, ids)}
 
@@ -784,10 +801,22 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 #   name ``RemoteAutotuneCache`` (``create_cache`` looks it up by name), and it is used
 #   when the kernel's ``inductor_meta["autotune_remote_cache"]`` (from
 #   ``config.autotune_remote_cache`` at code generation) is true.
-# * With parallel compile, kernels load in compile-worker subprocesses, which run none of
-#   our code unless tunecache's ``torch.backends`` entry point is installed there. We set
-#   ``config.compile_threads = 1`` so that every kernel loads, and reads the cache, in
-#   the process that runs it.
+# * With parallel compile (the default), kernels load in compile-worker subprocesses;
+#   the AutotuneCache built there travels back to the compiling process inside the
+#   pickled kernel (CachingAutotuner.__getstate__ keeps save_cache_hook), and the save
+#   happens there, at the kernel's first run. Workers start with the parent's environment
+#   (SubprocPool, python_subprocess_env), so where tunecache was activated by
+#   TUNECACHE_DB and its ``torch.backends`` entry point is installed, the entry point
+#   runs in each worker too and :func:`_enable_triton_from_env` plugs the cache in when
+#   ``torch._inductor.runtime.autotune_cache`` is imported there (tunecache._autoload).
+#   Otherwise (explicit enable() with other settings, or autoload off) the workers could
+#   not read the cache and Inductor would try its own Redis class: we then set
+#   ``config.compile_threads = 1`` so that every kernel loads in this process.
+# * Loads never wait. Inductor autotunes a kernel at its first run, after the whole graph
+#   has compiled, so a load that waited for a peer's claim would stall this rank's compile
+#   until the peer ran its graph, and two ranks holding each other's claims would both
+#   stall for the whole lease. A miss is tuned here; the first publish of a key wins and
+#   later ones are dropped (entries are immutable), so every later job gets one config.
 # * Inductor's remote key hashes the kernel source, and the source embeds
 #   ``DeviceProperties(type='cuda', index=N, ...)``: rank N's key would differ from rank
 #   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
@@ -795,15 +824,13 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 #   per-graph number (triton_poi_fused_add_3), which shifts when fusion differs earlier
 #   in the graph (seen on 2xH200, torch 2.11: 8 of 13 warm misses before this).
 
-# How long a kernel's claim stands without a publish. Claims are taken when a kernel
-# loads and published at its first run, so nothing can renew them; a peer waits at most
-# this long for a claimed key (then takes it over and tunes itself), so it also bounds how
-# long tunecache may stall one kernel's compile.
+# The lease of the claim a save takes just before it publishes (the two are back to back;
+# only a process killed between them leaves the claim, which then expires).
 TRITON_LEASE_SECONDS = 60.0
 
 # Heuristics whose kernels have one fixed config and no coordinate descent
-# (triton_heuristics.template / fixed_config, 2.11-2.14): Inductor never saves a result for
-# them, so claiming their keys would only make peers wait for nothing.
+# (triton_heuristics.template / fixed_config, 2.11-2.14): a save of theirs, if any, is
+# the only one; there is no coordinate-descent save to hold it back for.
 _NO_SAVE_HEURISTICS = ("template", "fixed_config")
 _DECORATOR = re.compile(r"@triton_heuristics\.(\w+)\(")
 _KERNEL_DEF = re.compile(r"@triton\.jit\s*\ndef (\w+)\(")
@@ -817,21 +844,20 @@ class TritonStats:
     """What the Triton autotune cache did in this process (:data:`triton_stats`).
 
     ``lookups`` are Inductor's reads (one per loaded kernel that autotunes and missed its
-    local cache). A warm job has ``hits == lookups`` and no coordinate descent.
+    local cache); with parallel compile they happen in the compile workers and are not
+    counted here. ``puts`` are Inductor's saves, one or two per kernel tuned in this
+    process (always counted here): a warm job has none.
     """
 
     lookups: int = 0
-    hits: int = 0  # a stored best config was returned: this kernel is not tuned here
-    peer: int = 0  # returned after waiting for the peer that claimed it
-    claimed: int = 0  # a miss this process claimed: it tunes and publishes
-    local: int = 0  # a miss tuned here without publishing (store down, readonly, invalid
-    #                 or failed entry, a peer's claim that outlived the wait, own claim)
-    invalid: int = 0  # stored entries refused by validation (also counted in local)
+    hits: int = 0  # a stored, valid best config was returned: the kernel is not tuned
+    misses: int = 0  # nothing stored (or a failed key): Inductor tunes the kernel
+    invalid: int = 0  # stored entries refused by validation: Inductor tunes the kernel
     puts: int = 0  # results Inductor saved
     published: int = 0  # results stored in the shared cache
-    unpublished: int = 0  # not stored: the key was done already, or the claim was lost
+    unpublished: int = 0  # not stored: done already, a peer publishing it, store down
     errors: int = 0  # tunecache failed inside get/put; Inductor went on without it
-    wait_seconds: float = 0.0  # spent in lookups (reads, claims and waits for peers)
+    wait_seconds: float = 0.0  # spent in lookups
     _lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, repr=False, compare=False
     )
@@ -968,18 +994,24 @@ def triton_config_from_entry(timings: Mapping[str, float]) -> dict[str, Any] | N
 class _TritonCache:
     """get/put of Inductor's remote autotune cache, over the shared TuneCache.
 
-    get: a stored, valid best config -> it; else claim the key and return None (this
-    process tunes it); if a peer holds a live claim, wait up to the lease for its publish,
-    then take the key over. put: publish under our claim. With coordinate descent on,
-    Inductor saves twice per kernel (the autotune_to_one_config winner, then the
-    coordinate descent result); entries are immutable, so the first is held back until
-    the second replaces it, or until this thread moves on to another kernel.
+    get (at kernel load, in this process or a compile worker): a stored, valid best config
+    -> it; else None, and Inductor tunes the kernel at its first run. It never claims or
+    waits (see this section's notes). put (at the first run, always in the compiling
+    process): claim the key and publish at once, unless it is done already. With
+    coordinate descent on, Inductor saves twice per kernel (the autotune_to_one_config
+    winner, then the coordinate descent result); entries are immutable, so the first is
+    held back until the second replaces it, or until this thread moves on to another
+    kernel.
+
+    ``cache`` returns the TuneCache to use (opened lazily). ``worker``: this process is a
+    compile worker, which only reads; it drops its connection after each read, because
+    every rank has up to 32 workers and a PostgreSQL server has ~100 connections.
     """
 
-    def __init__(self, hooks: _Hooks) -> None:
-        self.hooks = hooks
+    def __init__(self, cache: Callable[[], TuneCache], *, worker: bool = False) -> None:
+        self.cache = cache
+        self.worker = worker
         self._lock = threading.Lock()
-        self._claims: dict[str, Any] = {}  # key hash -> Claim held by this process
         self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
         self._warned: set[str] = set()
 
@@ -1044,42 +1076,27 @@ class _TritonCache:
     # -- the protocol
 
     def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        from .coordinator import Result
-
         info = self._info(key_text)
         key = triton_key(inductor_key, info)
         key_hash, _ = tc_keys.key_hash(key)
-        with self._lock:
-            ours = key_hash in self._claims
-        if ours:
-            # The same kernel loaded again before its first run: still ours to tune.
-            triton_stats._add(local=1)
-            return None
-        cache = self.hooks.cache()
-        answer: Any = cache.lookup(key)
-        if answer is None and info.get("heuristic") not in _NO_SAVE_HEURISTICS:
-            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
-                                 wait=TRITON_LEASE_SECONDS)
-        if answer is None:
-            triton_stats._add(local=1)
-            return None
-        if not isinstance(answer, Result):
-            with self._lock:
-                self._claims[key_hash] = answer
-            triton_stats._add(claimed=1)
-            return None
-        if answer.source == "failed":
-            triton_stats._add(local=1)
+        cache = self.cache()
+        try:
+            answer = cache.lookup(key)
+        finally:
+            if self.worker:
+                cache.store.db.dispose()
+        if answer is None or answer.source == "failed":
+            triton_stats._add(misses=1)
             return None
         best = triton_config_from_entry(answer.timings)
         if best is None:
-            triton_stats._add(invalid=1, local=1)
+            triton_stats._add(invalid=1)
             if key_hash not in self._warned:
                 self._warned.add(key_hash)
                 log.warning("tunecache: the stored Triton config of %s (%s) is not valid; "
                             "Inductor tunes it here", info.get("name", "?"), key_hash[:16])
             return None
-        triton_stats._add(**{"peer" if answer.source == "peer" else "hits": 1})
+        triton_stats._add(hits=1)
         return best
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
@@ -1117,22 +1134,19 @@ class _TritonCache:
             log.debug("tunecache: not publishing an unexpected Triton config %r", entry)
             triton_stats._add(unpublished=1)
             return
-        with self._lock:
-            claim = self._claims.pop(key_hash, None)
-        cache = self.hooks.cache()
-        if claim is None:
-            # Not claimed at get() (tuned locally, or read from Inductor's local cache
-            # and saved again): store it if nobody has.
-            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
-            if answer is None or isinstance(answer, Result):
-                triton_stats._add(unpublished=1)
-                return
-            claim = answer
+        cache = self.cache()
+        claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+        if claim is None or isinstance(claim, Result):
+            # Done already (a peer published first, or this is a hit saved again), a
+            # peer is publishing it right now, or the store is unavailable or readonly.
+            triton_stats._add(unpublished=1)
+            return
         stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000)
         triton_stats._add(**{"published" if stored is not None else "unpublished": 1})
 
 
 _TRITON: _TritonCache | None = None
+_TRITON_PATCH: _TritonPatch | None = None  # set when the state came from the environment
 _triton_atexit = False
 
 
@@ -1162,8 +1176,18 @@ def _remote_cache_class() -> type:
 
         def __init__(self, cache_id: str) -> None:
             super().__init__(TuneCacheAutotuneBackend(cache_id), serde_cls())
+            self.cache_id = cache_id
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            # A kernel loaded in a compile worker is pickled back with its AutotuneCache
+            # (and so with this object): rebuild it by name, nothing else travels.
+            return (_remote_cache_from_pickle, (self.cache_id,))
 
     return TuneCacheAutotuneCache
+
+
+def _remote_cache_from_pickle(cache_id: str) -> Any:
+    return _remote_cache_class()(cache_id)
 
 
 def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
@@ -1199,9 +1223,20 @@ class _TritonPatch:
     ours: Any
 
 
-def _enable_triton(hooks: _Hooks) -> _TritonPatch | None:
-    """Plug tunecache in as Inductor's remote autotune cache (see this section's notes)."""
-    global _TRITON, _triton_atexit
+def _enable_triton(
+    cache: Callable[[], TuneCache], db_url: str, *, worker: bool = False
+) -> _TritonPatch | None:
+    """Plug tunecache in as Inductor's remote autotune cache (see this section's notes).
+
+    ``cache`` returns the TuneCache (opened lazily) of the database ``db_url``;
+    ``worker``: see :class:`_TritonCache`.
+    """
+    global _TRITON, _TRITON_PATCH, _triton_atexit
+    if _TRITON_PATCH is not None:
+        # Enabled from the environment when autotune_cache was imported, before the
+        # GEMM hooks: take it over, with the hooks' cache.
+        _disable_triton(_TRITON_PATCH)
+        _TRITON_PATCH = None
     try:
         from torch._inductor import config
         from torch._inductor import remote_cache as rc
@@ -1224,13 +1259,6 @@ def _enable_triton(hooks: _Hooks) -> _TritonPatch | None:
             "inductor_meta", "filename", "configs_hash"
         ):
             missing.append("AutotuneCache.create(inductor_meta, filename, configs_hash)")
-        cache = hooks._cache
-        if cache is None:
-            from .coordinator import TuneCache as cache_type
-        else:
-            cache_type = type(cache)
-        if not (hasattr(cache_type, "claim") and hasattr(cache_type, "publish")):
-            missing.append("TuneCache.claim/publish (docs/issue6-core-api.patch)")
         if missing:
             log.warning(
                 "tunecache: Triton kernel autotuning is not shared (missing: %s); GEMM "
@@ -1240,16 +1268,17 @@ def _enable_triton(hooks: _Hooks) -> _TritonPatch | None:
         ours = _remote_cache_class()
         patch = _TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
                              config.compile_threads, create, ours)
-        _TRITON = _TritonCache(hooks)
+        _TRITON = _TritonCache(cache, worker=worker)
         rc.RemoteAutotuneCache = ours
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
         config.autotune_remote_cache = True
-        if config.compile_threads != 1:
+        if not worker and config.compile_threads != 1 and not _workers_read_cache(db_url):
             config.compile_threads = 1
             log.info(
                 "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
-                "kernels load (and read the shared autotune cache) in this process, not "
-                "in compile workers that cannot reach it (docs/triton-autotune.md)"
+                "kernels load (and read the shared autotune cache) in this process: "
+                "compile workers only reach it when TUNECACHE_DB names this database and "
+                "tunecache's torch.backends entry point is installed (docs/triton-autotune.md)"
             )
         if not _triton_atexit:
             _triton_atexit = True
@@ -1286,6 +1315,81 @@ def _flush_triton() -> None:
             state.flush()
         except Exception:  # noqa: BLE001 - never fail interpreter shutdown
             pass
+
+
+def _workers_read_cache(db_url: str) -> bool:
+    """Whether Inductor's compile workers will plug in the cache of ``db_url`` themselves.
+
+    They inherit this process's environment and run ``import torch``, which runs the
+    ``torch.backends`` entry points unless TORCH_DEVICE_BACKEND_AUTOLOAD=0; ours then
+    enables Triton sharing from TUNECACHE_* (:func:`_enable_triton_from_env`).
+    """
+    from importlib import metadata
+
+    from .settings import Settings
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+        return False
+    try:
+        env = Settings.from_env()
+    except Exception:  # noqa: BLE001 - a bad environment: workers would not read it
+        return False
+    if env.mode == "off" or not env.triton_configs or env.db_url != db_url:
+        return False
+    try:
+        points = metadata.entry_points(group="torch.backends")
+    except Exception:  # noqa: BLE001 - broken metadata: assume not installed
+        return False
+    return any(p.value == "tunecache._autoload:torch_backend_entry" for p in points)
+
+
+class _EnvCache:
+    """The TuneCache of TUNECACHE_*, opened at the first use (readonly: it only reads).
+
+    A TuneCache that cannot reach its database stops trying for the rest of the process.
+    A compile worker lives as long as its job and may first look before the compiling
+    process has created the database, so it opens a fresh one, at most every
+    ``RETRY_SECONDS``.
+    """
+
+    RETRY_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: TuneCache | None = None
+        self._opened = 0.0
+
+    def __call__(self) -> TuneCache:
+        with self._lock:
+            stale = self._cache is not None and self._cache.disabled_reason is not None \
+                and time.monotonic() - self._opened > self.RETRY_SECONDS
+            if self._cache is None or stale:
+                import tunecache
+
+                if self._cache is not None:
+                    self._cache.close()
+                self._cache = tunecache.open(mode="readonly")
+                self._opened = time.monotonic()
+            return self._cache
+
+
+def _enable_triton_from_env() -> None:
+    """Called by the autoload hook when ``torch._inductor.runtime.autotune_cache`` is
+    imported: in Inductor's compile workers, the only way our code runs there (this
+    section's notes). In the compiling process the GEMM hooks take it over moments later
+    (:func:`enable`), when select_algorithm is imported."""
+    global _TRITON_PATCH
+    from .settings import Settings
+
+    settings = Settings.from_env()
+    if _TRITON is not None or settings.mode == "off" or not settings.triton_configs:
+        return
+    version = _torch_version()
+    low, high = SUPPORTED_TORCH
+    if version is None or not (low <= version <= high):
+        return  # enable() says why, once, in the compiling process
+    _TRITON_PATCH = _enable_triton(_EnvCache(), settings.db_url, worker=True)
+
 
 
 # ------------------------------------------------------------------------- enable/disable
@@ -1333,6 +1437,7 @@ def enable(
             f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
         )
     share_triton = False
+    chosen_url = ""
     if not count_only:
         from .settings import Settings
 
@@ -1341,6 +1446,7 @@ def enable(
             log.info("tunecache: TUNECACHE_MODE=off, Inductor autotunes as usual")
             return False
         share_triton = chosen.triton_configs
+        chosen_url = chosen.db_url
 
     from torch._inductor import config
     from torch._inductor import select_algorithm
@@ -1400,7 +1506,7 @@ def enable(
             hooks.our_pass = _make_pre_fusion_pass(hooks, hooks.prev_pass)
             config._pre_fusion_custom_pass = hooks.our_pass
             if share_triton:
-                hooks.triton_patch = _enable_triton(hooks)
+                hooks.triton_patch = _enable_triton(hooks.cache, chosen_url)
         _HOOKS = hooks
     log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
     return True

@@ -1,0 +1,75 @@
+"""Stand-ins for what a Triton kernel load hands Inductor's autotune-cache code.
+
+A module of its own (not test_triton_autotune.py) because Inductor's compile workers
+unpickle these by name: the worker test submits :func:`load_kernel` to a real
+SubprocPool, whose processes find this directory on the PYTHONPATH they inherit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BACKEND_HASH = "b" * 64
+
+
+class FakeConfig:
+    """What Inductor reads of a triton.Config (kwargs, num_warps, num_stages)."""
+
+    def __init__(self, num_warps: int, num_stages: int = 1, **kwargs: int) -> None:
+        self.kwargs = kwargs
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+
+    def __repr__(self) -> str:
+        return f"FakeConfig({self.kwargs}, w={self.num_warps}, s={self.num_stages})"
+
+
+def configs() -> list[FakeConfig]:
+    return [FakeConfig(4, XBLOCK=128), FakeConfig(8, XBLOCK=512), FakeConfig(2, XBLOCK=64)]
+
+
+def meta(coordesc: bool = False, name: str = "triton_poi_fused_add_0") -> dict[str, Any]:
+    return {
+        "autotune_local_cache": False,  # the remote (shared) cache is what we test
+        "autotune_remote_cache": True,
+        "backend_hash": BACKEND_HASH,
+        "coordinate_descent_tuning": coordesc,
+        "kernel_name": name,
+    }
+
+
+def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
+                heuristic: str = "pointwise") -> str:
+    """A kernel module as Inductor writes it; the device index differs per rank."""
+    source = (
+        "import triton\n"
+        "from torch._inductor.runtime import triton_heuristics\n"
+        "from torch._inductor.runtime.hints import DeviceProperties\n"
+        f"@triton_heuristics.{heuristic}(size_hints={{'x': 1024}}, "
+        "triton_meta={'signature': {'in_ptr0': '*fp32'}, "
+        f"'device': DeviceProperties(type='cuda', index={index}, multi_processor_count=132, "
+        "cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, "
+        "max_threads_per_block=1024, warp_size=32)}, inductor_meta={})\n"
+        "@triton.jit\n"
+        f"def triton_poi_fused_add_0(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    {body}\n"
+    )
+    path = tmp / f"rank{index}-{abs(hash((body, heuristic))) % 10**8}" / "kernel.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return str(path)
+
+
+def load_kernel(filename: str, kernel_meta: dict[str, Any]) -> dict[str, Any]:
+    """What a compile worker does for a kernel's cache (Inductor's check_autotune_cache),
+    returned to the parent the way the pickled kernel carries it."""
+    from torch._inductor import remote_cache as rc
+    from torch._inductor.runtime import triton_heuristics as th
+
+    cfgs, autotune_cache, info = th.check_autotune_cache(configs(), filename, kernel_meta)
+    return {
+        "configs": cfgs,
+        "autotune_cache": autotune_cache,
+        "state": info.get("autotune_cache_state"),
+        "remote_class": rc.RemoteAutotuneCache.__name__,
+    }
