@@ -155,6 +155,8 @@ def test_key_ignores_the_device_index_only(enabled, tmp_path):
     key = tc_inductor.triton_key("inductor-key", info)
     assert key["kind"] == "triton_config" and key["op"] == "triton_poi_fused_add"
     assert "torch" in key["env"] and "triton" in key["env"]
+    # The device as the source describes it: compile workers must not initialise CUDA.
+    assert key["env"]["device"] == "cuda cc=90 sms=132"
     assert "index" not in json.dumps(key)
 
 

@@ -891,7 +891,8 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
     ``kernel``: sha256 of the source with the device index and the kernel's name blanked
     (everything else in the source, including its inductor_meta and triton_meta, stays
     in); ``name``: the kernel's name (:func:`triton_key` keeps it without its counter);
-    ``device_type``; ``heuristic``: the ``triton_heuristics`` decorator; ``coordesc``:
+    ``device_type``; ``device``: the GPU's capability and SM count, from the source's
+    DeviceProperties; ``heuristic``: the ``triton_heuristics`` decorator; ``coordesc``:
     whether coordinate descent is on; ``tag``: ``torch.compiler.config.cache_key_tag``,
     which Inductor's own key has too.
     """
@@ -899,6 +900,8 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
 
     match = _DEVICE_INDEX.search(source)
     device_type = match.group(2) if match else "cuda"
+    props = {k: m.group(1) for k in ("cc", "multi_processor_count")
+             if (m := re.search(rf"DeviceProperties\([^)]*\b{k}=([^,)]+)", source))}
     normalized = _DEVICE_INDEX.sub(r"\1index=None", source)
     jit = _KERNEL_DEF.search(source)
     name = jit.group(1) if jit else str(inductor_meta.get("kernel_name") or "triton_kernel")
@@ -911,6 +914,7 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
         "kernel": hashlib.sha256(normalized.encode()).hexdigest(),
         "name": name,
         "device_type": "cuda" if device_type == "hip" else device_type,
+        "device": f"{device_type} cc={props.get('cc', '?')} sms={props.get('multi_processor_count', '?')}",
         "heuristic": heuristic.group(1) if heuristic else "unknown",
         "coordesc": bool(inductor_meta.get("coordinate_descent_tuning")),
         "tag": str(getattr(compiler_config, "cache_key_tag", "")),
@@ -923,15 +927,30 @@ def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
     ``inductor_key`` is Inductor's remote-cache id for the kernel's config list: a hash of
     torch's source (``torch_key``), Triton's version and backend (``backend_hash``: the
     compiler and the GPU target, no device index) and the candidate configs.
+
+    Compile workers compute this key too (the section's notes), so its environment is
+    only what they see exactly as the compiling process does, without touching the GPU:
+    versions, and the device as the kernel's source describes it. Inductor settings that
+    change a kernel's configs are in its source (inductor_meta) and its configs_hash; the
+    settings made in code in the compiling process never reach the workers.
     """
+    import torch
+
     info = dict(info)
     # The kernel's name without its per-graph counter: a label for `tunecache stats`,
     # and part of the hash like every key field, so it must not carry the counter.
     name = re.sub(r"_\d+$", "", str(info.pop("name", None) or "")) or "triton_kernel"
+    env = {
+        "device": str(info.pop("device", None) or info.get("device_type") or "cuda"),
+        "torch": str(torch.__version__),
+        "triton": _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm"),
+        "cuda": str(torch.version.cuda or "none"),
+        "hip": str(getattr(torch.version, "hip", None) or "none"),
+    }
     return {
         "kind": "triton_config",
         "op": name,
-        "env": environment(str(info.get("device_type") or "cuda")),
+        "env": env,
         "inductor_key": inductor_key,
         **info,
     }
