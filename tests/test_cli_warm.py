@@ -146,27 +146,26 @@ def test_warm_cli_op_choices_are_the_ops_warm_can_rebuild():
     assert {"mm_plus_mm", "int_mm"} <= set(WARM_OPS)
 
 
-def test_mm_plus_mm_call_built_from_a_recorded_key_has_its_layouts_and_computes_the_sum():
+def test_mm_plus_mm_call_built_from_a_recorded_key_has_its_layouts_and_computes_the_sum(
+        monkeypatch):
     import torch
 
     from tunecache.warm import build_call, parse_inputs
 
+    seen: list = []
+    real_mm = torch.mm
+
+    def spy_mm(x, y):
+        seen.append(((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype),
+                     (tuple(y.shape), y.stride(), y.storage_offset(), y.dtype)))
+        return real_mm(x, y)
+
+    monkeypatch.setattr(torch, "mm", spy_mm)
     for inputs in (MPM, MPM_VIEWS):
         specs = parse_inputs(inputs)
         fn, args = build_call("mm_plus_mm", specs, torch.device("cpu"))
-        seen: list = []
-        real_mm = torch.mm
-
-        def spy_mm(x, y):
-            seen.append(((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype),
-                         (tuple(y.shape), y.stride(), y.storage_offset(), y.dtype)))
-            return real_mm(x, y)
-
-        torch.mm = spy_mm
-        try:
-            out = fn(*args)
-        finally:
-            torch.mm = real_mm
+        seen.clear()
+        out = fn(*args)
         # The two products the function computes take exactly the recorded tensors.
         want = [(s.size, s.stride, s.offset, getattr(torch, s.dtype.split(".")[1]))
                 for s in specs]
@@ -347,6 +346,11 @@ w2 = torch.randn(384, 128, device="cuda", dtype=torch.bfloat16, requires_grad=Tr
 def step(x, w1, w2):
     return (torch.nn.functional.linear(x, w1) * torch.nn.functional.linear(x, w2)).float().sum()
 torch.compile(step, mode="max-autotune-no-cudagraphs", dynamic=False)(x, w1, w2).backward()
+with torch.no_grad():  # and an int8 GEMM (a quantized layer): aten._int_mm
+    q = torch.randint(-8, 8, (64, 128), device="cuda", dtype=torch.int8)
+    k = torch.randint(-8, 8, (128, 96), device="cuda", dtype=torch.int8)
+    torch.compile(lambda q, k: torch._int_mm(q * 2, k).relu(),
+                  mode="max-autotune-no-cudagraphs", dynamic=False)(q, k)
 json.dump(tc_inductor.stats.as_dict(), open(sys.argv[1], "w"))
 """
 
@@ -360,7 +364,7 @@ def _gpu_job(tmp: Path, db: str, name: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_warm_recompiles_recorded_cuda_mm_plus_mm_key_so_a_later_job_benchmarks_nothing(
+def test_warm_recompiles_recorded_cuda_mm_plus_mm_key_so_a_later_job_does_not_tune_it(
         tmp_path):
     import torch
 
@@ -369,30 +373,32 @@ def test_warm_recompiles_recorded_cuda_mm_plus_mm_key_so_a_later_job_benchmarks_
     # A job records its keys, as a job under an older torch would have.
     job_db = f"sqlite:///{tmp_path / 'job.db'}"
     first = _gpu_job(tmp_path, job_db, "first")
-    mpm = [e for e in first["events"] if e["op"] == "mm_plus_mm"]
-    assert mpm and first["benchmarks"] > 0, first
+    recorded = {op: {e["key_hash"] for e in first["events"]
+                     if e["op"] == op and e["source"] == "tuned"}
+                for op in ("mm_plus_mm", "int_mm")}
+    assert [len(recorded[op]) for op in recorded] == [1, 1], first["events"]
     export = tmp_path / "job.jsonl"
     assert run("export", "--db", job_db, "-o", str(export)).exit_code == 0
     lines = [json.loads(line) for line in export.read_text().splitlines()[1:]]
     keys = [{**e["key"], "env": {**e["key"]["env"], "torch": "2.10.0+old"}} for e in lines]
-    assert "mm_plus_mm" in {k["op"] for k in keys}
     db = f"sqlite:///{tmp_path / 'old.db'}"
     populate(db, keys)
 
     report = _finish(_warm(tmp_path, db))
-    by_op = {t["op"]: t for t in report["tasks"]}
     assert report["error"] == 0 and report["tuned"] == report["keys"], report
-    assert by_op["mm_plus_mm"]["outcome"] == "tuned", report
+    for op, hashes in recorded.items():
+        (task,) = [t for t in report["tasks"] if t["op"] == op]
+        # The one-op compile looked up exactly the key the job had (for mm_plus_mm: the
+        # backward's grad_x, from buffers of that graph).
+        assert task["outcome"] == "tuned" and set(task["key_hashes"]) == hashes, task
 
     later = _gpu_job(tmp_path, db, "later")  # fresh Inductor cache, warmed database
-    if os.environ.get("TUNECACHE_TEST_DUMP"):
-        for name, data in (("first", first), ("report", report), ("later", later)):
-            (Path(os.environ["TUNECACHE_TEST_DUMP"]) / f"{name}.json").write_text(
-                json.dumps(data, indent=1, default=str))
-        for name, url in (("job", job_db), ("old", db)):
-            run("export", "--db", url, "-o",
-                str(Path(os.environ["TUNECACHE_TEST_DUMP"]) / f"{name}.jsonl"))
-    assert later["benchmarks"] == 0, later
-    assert {e["key_hash"] for e in later["events"] if e["op"] == "mm_plus_mm"} == \
-        set(by_op["mm_plus_mm"]["key_hashes"])
-    assert all(e["source"] == "hit" for e in later["events"]), later
+    events = later["events"]
+    for op, hashes in recorded.items():
+        assert {e["key_hash"] for e in events if e["op"] == op} == hashes, events
+    assert all(e["source"] in ("hit", "memo") for e in events), events
+    assert later["tuned"] == 0 and later["local"] == 0, later
+    # What the later job still measures is only candidates a job's mm had beyond those of
+    # warm's one-op compile (topped up, not warmed); none for mm_plus_mm or int_mm.
+    assert all(e.get("missing", 0) == 0 for e in events if e["op"] in recorded), events
+    assert later["candidates_benchmarked"] == sum(e.get("missing", 0) for e in events), later

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -309,6 +310,50 @@ def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
         pool.shutdown()
         tc_inductor.disable()
     assert inductor_config.compile_threads == threads
+
+
+def test_worker_hit_skips_coordinate_descent_in_the_compiling_process(tmp_path, monkeypatch):
+    # A hit read in a compile worker comes back with a triton.Config whose
+    # found_by_coordesc mark was dropped by unpickling (triton.Config.__setstate__):
+    # Inductor would run coordinate descent again at the first run.
+    tuned: list[Any] = []
+
+    def inductors_own(self, launcher, *args, **kwargs):  # records, as coordesc would tune
+        tuned.append(launcher)
+        return launcher
+
+    class TritonConfig(FakeConfig):  # what Inductor rebuilds a stored coordesc config as
+        def __init__(self, kwargs: dict[str, int], num_warps: int, num_stages: int) -> None:
+            super().__init__(num_warps, num_stages, **kwargs)
+
+    monkeypatch.setattr(th.CachingAutotuner, "coordinate_descent_tuning", inductors_own)
+    monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    tc_inductor.triton_stats.reset()
+    try:
+        m = meta(coordesc=True)
+        cfgs, first, _ = load(kernel_file(tmp_path, 0), m)
+        first.save(FakeConfig(16, XBLOCK=1024), 9_000_000, found_by_coordesc=True)
+        cfgs, autotune_cache, info = load(kernel_file(tmp_path, 1), m)  # the worker's load
+        assert info["autotune_cache_state"] == "hit"
+        kernel = SimpleNamespace(autotune_cache_info=info,
+                                 save_cache_hook=autotune_cache.save)
+        unpickled = SimpleNamespace(config=FakeConfig(16, XBLOCK=1024))  # no mark
+        assert th.CachingAutotuner.coordinate_descent_tuning(kernel, unpickled) is unpickled
+        assert unpickled.config.found_by_coordesc is True and tuned == []
+        assert tc_inductor.triton_stats.coordesc_restored == 1
+
+        other = SimpleNamespace(config=FakeConfig(4, XBLOCK=128))  # not the stored one
+        th.CachingAutotuner.coordinate_descent_tuning(kernel, other)
+        missed = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "miss"},
+                                 save_cache_hook=autotune_cache.save)
+        th.CachingAutotuner.coordinate_descent_tuning(missed, unpickled)
+        assert tuned == [other, unpickled]  # Inductor's own coordinate descent ran
+    finally:
+        tc_inductor.disable()
+        cache.close()
+    assert th.CachingAutotuner.coordinate_descent_tuning is inductors_own
 
 
 def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkeypatch):

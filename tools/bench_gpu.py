@@ -255,7 +255,7 @@ def main() -> int:
         "gemm_lookups": [
             {k: e.get(k) for k in ("op", "source", "candidates", "missing", "missing_ids")}
             | {"key": (e.get("key_hash") or "")[:12]}
-            for e in stats["events"] if e["source"] != "memo"
+            for e in stats["events"] if e["source"] != "memo" or e.get("missing")
         ],
         "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
         "compile_times": compile_time_breakdown(torch),

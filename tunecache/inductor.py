@@ -724,7 +724,8 @@ class _Hooks:
                 if result.source != "failed" and result.timings:
                     self._memo[result.key_hash] = dict(result.timings)
         for key, result in zip(keys, results):
-            event = {"op": key["op"], "key_hash": result.key_hash, "best": result.best}
+            event = {"op": key["op"], "key_hash": result.key_hash, "best": result.best,
+                     "candidates": len(owners[result.key_hash].choices)}
             stats._record(result.source, event)
         log.info(
             "tunecache: %d deferred GEMM key(s) of this graph ready in %.1fs (%s)",
@@ -856,6 +857,7 @@ class TritonStats:
     puts: int = 0  # results Inductor saved
     published: int = 0  # results stored in the shared cache
     unpublished: int = 0  # not stored: done already, a peer publishing it, store down
+    coordesc_restored: int = 0  # worker hits whose coordinate descent was skipped here
     errors: int = 0  # tunecache failed inside get/put; Inductor went on without it
     wait_seconds: float = 0.0  # spent in lookups
     _lock: threading.Lock = dataclasses.field(
@@ -1118,6 +1120,14 @@ class _TritonCache:
         triton_stats._add(hits=1)
         return best
 
+    def stored_coordesc_config(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        """The stored best config of a kernel if coordinate descent found it, else None."""
+        result = self.cache().lookup(triton_key(inductor_key, self._info(key_text)))
+        if result is None or result.source == "failed":
+            return None
+        best = triton_config_from_entry(result.timings)
+        return best if best is not None and best.get("found_by_coordesc") else None
+
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
             return
@@ -1195,18 +1205,48 @@ def _remote_cache_class() -> type:
 
         def __init__(self, cache_id: str) -> None:
             super().__init__(TuneCacheAutotuneBackend(cache_id), serde_cls())
-            self.cache_id = cache_id
-
-        def __reduce__(self) -> tuple[Any, ...]:
-            # A kernel loaded in a compile worker is pickled back with its AutotuneCache
-            # (and so with this object): rebuild it by name, nothing else travels.
-            return (_remote_cache_from_pickle, (self.cache_id,))
 
     return TuneCacheAutotuneCache
 
 
-def _remote_cache_from_pickle(cache_id: str) -> Any:
-    return _remote_cache_class()(cache_id)
+def _restoring_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``CachingAutotuner.coordinate_descent_tuning``, skipped for a shared-cache hit that
+    coordinate descent found.
+
+    A hit read in a compile worker marks its config ``found_by_coordesc`` so that the
+    first run skips coordinate descent, but the mark does not survive the trip back:
+    triton.Config.__setstate__ restores only its own fields (triton 3.x), and Inductor
+    re-checks its cache only for statically launched kernels loaded from the FX cache
+    (``recheck_autotune_cache``). So the compiling process asks the store once more for a
+    kernel whose load was a hit, and keeps the launcher's config if it is the stored one.
+    """
+
+    def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _TRITON
+        if state is not None and getattr(self, "autotune_cache_info", {}).get(
+            "autotune_cache_state"
+        ) == "hit":
+            try:
+                autotune_cache = getattr(self.save_cache_hook, "__self__", None)
+                remote = getattr(autotune_cache, "remote_cache", None)
+                if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+                    best = state.stored_coordesc_config(
+                        autotune_cache.remote_cache_full_key, remote[1]
+                    )
+                    config = launcher.config
+                    if best is not None and (
+                        best["num_warps"], best["num_stages"]
+                    ) == (config.num_warps, config.num_stages) and all(
+                        best.get(k) == v for k, v in config.kwargs.items()
+                    ):
+                        config.found_by_coordesc = True
+                        triton_stats._add(coordesc_restored=1)
+                        return launcher
+            except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+                state._warn_once("checking a Triton kernel's stored coordinate descent", e)
+        return orig(self, launcher, *args, **kwargs)
+
+    return coordinate_descent_tuning
 
 
 def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
@@ -1239,6 +1279,7 @@ class _TritonPatch:
     autotune_remote_cache: Any
     compile_threads: Any
     create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
+    coordesc: Any  # CachingAutotuner.coordinate_descent_tuning
     ours: Any
 
 
@@ -1260,7 +1301,9 @@ def _enable_triton(
         from torch._inductor import config
         from torch._inductor import remote_cache as rc
         from torch._inductor.runtime import autotune_cache as ac
+        from torch._inductor.runtime import triton_heuristics as th
 
+        coordesc = getattr(th.CachingAutotuner, "coordinate_descent_tuning", None)
         missing = [
             what for what, ok in (
                 ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
@@ -1271,6 +1314,8 @@ def _enable_triton(
                                                     staticmethod)),
                 ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
                 ("config.compile_threads", hasattr(config, "compile_threads")),
+                ("CachingAutotuner.coordinate_descent_tuning(launcher, ...)",
+                 callable(coordesc) and _param_names(coordesc)[:1] == ("launcher",)),
             ) if not ok
         ]
         create = ac.AutotuneCache.__dict__.get("create")
@@ -1286,10 +1331,12 @@ def _enable_triton(
             return None
         ours = _remote_cache_class()
         patch = _TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
-                             config.compile_threads, create, ours)
+                             config.compile_threads, create, coordesc, ours)
         _TRITON = _TritonCache(cache, worker=worker)
         rc.RemoteAutotuneCache = ours
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
+        if not worker:  # first runs happen in the compiling process only
+            th.CachingAutotuner.coordinate_descent_tuning = _restoring_coordesc(coordesc, ours)
         config.autotune_remote_cache = True
         if not worker and config.compile_threads != 1 and not _workers_read_cache(db_url):
             config.compile_threads = 1
@@ -1319,10 +1366,12 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     from torch._inductor import config
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
+    from torch._inductor.runtime import triton_heuristics as th
 
     if rc.RemoteAutotuneCache is patch.ours:
         rc.RemoteAutotuneCache = patch.remote_cls
     ac.AutotuneCache.create = patch.create
+    th.CachingAutotuner.coordinate_descent_tuning = patch.coordesc
     config.autotune_remote_cache = patch.autotune_remote_cache
     config.compile_threads = patch.compile_threads
 
