@@ -265,6 +265,39 @@ def test_new_candidate_that_failed_to_compile_is_stored_as_not_runnable_without_
     assert len(calls) == 1
 
 
+def test_candidates_pruned_for_failing_to_compile_are_stored_so_every_path_hits(hooked):
+    from torch._inductor.select_algorithm import get_algorithm_selector_cache
+
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"aten": 2.0, "tmpl": 1.0, "big": 0.1})
+    full = [fakes.FakeChoice(n) for n in ("aten", "tmpl", "big")]
+    # An immediate lookup: make_precompile_fn saw all three, "big" failed to compile and
+    # Inductor pruned it before asking for timings.
+    get_algorithm_selector_cache().make_precompile_fn(full, "mm", "k")
+    full[2].failed = True
+    pruned = fakes.lookup(full[:2], "mm", "k", bench)
+    assert calls == [["aten", "tmpl"]]
+    assert {c.name: t for c, t in pruned.items()} == {"aten": 2.0, "tmpl": 1.0}
+    _rehook(hooked)
+    # A later process whose list still has "big" (its precompile was skipped): all known.
+    again = fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl", "big")], "mm", "k", bench)
+    assert len(calls) == 1
+    assert {c.name: t for c, t in again.items()} == {"aten": 2.0, "tmpl": 1.0, "big": math.inf}
+
+
+def test_candidates_filtered_for_another_reason_are_not_stored_as_failed(hooked):
+    from torch._inductor.select_algorithm import get_algorithm_selector_cache
+
+    calls: list[list[str]] = []
+    bench = fakes.fake_benchmark(calls, {"aten": 2.0, "tmpl": 1.0, "hinted": 0.1})
+    full = [fakes.FakeChoice(n) for n in ("aten", "tmpl", "hinted")]
+    get_algorithm_selector_cache().make_precompile_fn(full, "mm", "k")
+    fakes.lookup(full[:2], "mm", "k", bench)  # "hinted" left out, but it did not fail
+    _rehook(hooked)
+    fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl", "hinted")], "mm", "k", bench)
+    assert calls == [["aten", "tmpl"], ["hinted"]]  # a real new candidate: measured
+
+
 def test_stored_candidates_missing_from_this_compile_are_ignored(hooked):
     calls: list[list[str]] = []
     bench = fakes.fake_benchmark(calls, {"aten": 2.0, "gone": 0.1, "tmpl": 1.0})

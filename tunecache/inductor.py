@@ -112,7 +112,7 @@ import threading
 import time
 import types
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 from . import keys as tc_keys
 
@@ -405,6 +405,15 @@ class _BenchmarkFailed(Exception):
         self.error = error
 
 
+class _Lowered(NamedTuple):
+    """A candidate list as make_precompile_fn saw it, before Inductor pruned it."""
+
+    list_id: int  # id() of the list (MultiTemplateBuffer keeps the same list)
+    op: str
+    inputs_key: str
+    refs: tuple[weakref.ref[Any], ...]
+
+
 class _Hooks:
     """State of the installed hooks (one per process, see :func:`enable`)."""
 
@@ -428,10 +437,8 @@ class _Hooks:
         # key hashes this process is tuning inside get_or_tune_many right now -> timings
         # collected by lookup; shared by all threads (Inductor may benchmark in a pool).
         self._tuning: dict[str, dict[str, float]] = {}
-        # choices list (by its first choice, weakly) -> (id(list), op, inputs_key)
-        self._pending: weakref.WeakKeyDictionary[Any, tuple[int, str, str]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
+        self._pending: weakref.WeakKeyDictionary[Any, _Lowered] = weakref.WeakKeyDictionary()
         self.prev_pass: Any = None
         self.our_pass: Any = None
         self.triton_patch: Any = None  # what _enable_triton changed (Triton section)
@@ -585,6 +592,7 @@ class _Hooks:
                 return {c: known[i] for c, i in zip(choices, ids)}
             return {}
 
+        failed_ids = self.not_compiled(choices, op, inputs)
         with self._lock:
             in_tune = self._tuning.get(key_hash)
         if in_tune is not None:
@@ -593,10 +601,14 @@ class _Hooks:
             measured = bench(choices, key_hash)
             with self._lock:
                 in_tune.update(measured)
+                in_tune.update({i: math.inf for i in failed_ids})
             # counted by tune_deferred, which learns the result's source from the core
             return {c: measured[i] for c, i in zip(choices, ids)}
 
-        timings, source = self._get_or_tune(key, key_hash, lambda: bench(choices, key_hash))
+        timings, source = self._get_or_tune(
+            key, key_hash,
+            lambda: {**bench(choices, key_hash), **{i: math.inf for i in failed_ids}},
+        )
         missing = [c for c, i in zip(choices, ids) if i not in timings]
         missing_ids: list[str] = []
         if missing:
@@ -668,9 +680,36 @@ class _Hooks:
     def note_choices(self, choices: list[Any], name: str, inputs_key: str) -> None:
         if choices:
             try:
-                self._pending[choices[0]] = (id(choices), name, inputs_key)
+                refs = tuple(weakref.ref(c) for c in choices)
+                self._pending[choices[0]] = _Lowered(id(choices), name, inputs_key, refs)
             except TypeError:  # not weak-referenceable: the deferred pass skips it
                 pass
+
+    def not_compiled(self, choices: list[Any], op: str, inputs: str) -> list[str]:
+        """Ids of candidates of this lowering that failed to compile, which Inductor
+        removed from ``choices`` before asking for timings.
+
+        Which candidates reach a lookup depends on the path: an immediate lookup (and
+        `tunecache warm`) gets the list without them, a lookup whose precompile was
+        skipped (every candidate already known) gets them all. Stored as not runnable
+        (``inf``), they make both lists full hits of one entry; unstored, every job would
+        benchmark them again as new candidates (seen on H200 on every mm key: a Triton
+        config that needs more shared memory than the card has).
+        """
+        try:
+            lowered = self._pending.get(choices[0]) if choices else None
+        except TypeError:
+            return []
+        if lowered is None or (lowered.op, lowered.inputs_key) != (op, inputs):
+            return []
+        full = [ref() for ref in lowered.refs]
+        present = {id(c) for c in choices}
+        if any(c is None for c in full) or not any(
+            id(c) not in present and getattr(c, "failed", False) is True for c in full
+        ):
+            return []
+        return [i for c, i in zip(full, candidate_ids(full))
+                if id(c) not in present and getattr(c, "failed", False) is True]
 
     # -- deferred path
 
@@ -693,10 +732,10 @@ class _Hooks:
             if not choices or None in getattr(buf, "_choice_timings", {}):
                 continue  # a placeholder (distributed autotune) or already timed
             info = self._pending.get(choices[0])
-            if info is None or info[0] != id(choices):
+            if info is None or info.list_id != id(choices):
                 unknown += 1  # not lowered through our hook; lookup handles it lazily
                 continue
-            _, op, inputs_key = info
+            op, inputs_key = info.op, info.inputs_key
             key = make_key(op, inputs_key, None, _device_type(choices, inputs_key))
             key_hash, _ = tc_keys.key_hash(key)
             with self._lock:
