@@ -115,8 +115,8 @@ class Settings:
     # the key is marked failed and waiters get that answer.
     max_attempts: int = 3
     # Share Triton kernel configs (coordinate descent included) too, not only GEMM
-    # timings. Off by default: it needs config.compile_threads=1 (docs/triton-autotune.md),
-    # whose cost on a cold compile of a large model has not been measured yet.
+    # timings. Off by default until it has more GPU hours than docs/benchmarks.md's runs
+    # (docs/triton-autotune.md).
     triton_configs: bool = False
 
     _ENV = {
