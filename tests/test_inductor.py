@@ -245,26 +245,6 @@ def test_changed_candidate_list_benchmarks_only_the_new_candidates(hooked):
     assert {c.name: t for c, t in again.items()} == {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5}
 
 
-def test_new_candidate_that_failed_to_compile_is_stored_as_not_runnable_without_a_benchmark(
-    hooked,
-):
-    calls: list[list[str]] = []
-    bench = fakes.fake_benchmark(calls, {"aten": 2.0, "tmpl": 1.0, "big": 0.1})
-    # An immediate lookup: Inductor pruned "big", whose precompile failed, beforehand.
-    fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl")], "mm", "k", bench)
-    _rehook(hooked)
-    # A deferred lookup of the same key keeps the failed choice in the list.
-    choices = [fakes.FakeChoice(n) for n in ("aten", "tmpl", "big")]
-    choices[2].failed = True
-    answer = fakes.lookup(choices, "mm", "k", bench)
-    assert calls == [["aten", "tmpl"]]  # nothing benchmarked for the failed candidate
-    assert {c.name: t for c, t in answer.items()} == {"aten": 2.0, "tmpl": 1.0, "big": math.inf}
-    assert tc_inductor.stats.benchmarks == 1
-    _rehook(hooked)  # stored: the next process finds every candidate known
-    fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl", "big")], "mm", "k", bench)
-    assert len(calls) == 1
-
-
 def test_candidates_pruned_for_failing_to_compile_are_stored_so_every_path_hits(hooked):
     from torch._inductor.select_algorithm import get_algorithm_selector_cache
 

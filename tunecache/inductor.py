@@ -615,23 +615,8 @@ class _Hooks:
             missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
             extra_key = {**key, "extra_candidates": missing_ids}
             extra_hash, _ = tc_keys.key_hash(extra_key)
-
-            def tune_missing() -> dict[str, float]:
-                # Inductor drops candidates that failed to compile before an immediate
-                # lookup but not before a deferred one, so a key first stored by one path
-                # comes back from the other with them "missing" (seen on H200: a Triton
-                # config needing more shared memory than the card has, on every mm key
-                # `tunecache warm` had stored). Their precompile already failed here: they
-                # do not run, which needs no benchmark.
-                failed = {id(c) for c in missing if getattr(c, "failed", False) is True}
-                runnable = [c for c in missing if id(c) not in failed]
-                measured = bench(runnable, extra_hash) if runnable else {}
-                for c, i in zip(choices, ids):
-                    if id(c) in failed:
-                        measured[i] = math.inf
-                return measured
-
-            extra, _ = self._get_or_tune(extra_key, extra_hash, tune_missing)
+            extra, _ = self._get_or_tune(extra_key, extra_hash,
+                                         lambda: bench(missing, extra_hash))
             timings = {**timings, **{i: extra[i] for i in missing_ids if i in extra}}
         answer = {i: timings.get(i, math.inf) for i in ids}
         best = tc_keys.best_candidate(answer)
@@ -689,12 +674,11 @@ class _Hooks:
         """Ids of candidates of this lowering that failed to compile, which Inductor
         removed from ``choices`` before asking for timings.
 
-        Which candidates reach a lookup depends on the path: an immediate lookup (and
-        `tunecache warm`) gets the list without them, a lookup whose precompile was
-        skipped (every candidate already known) gets them all. Stored as not runnable
-        (``inf``), they make both lists full hits of one entry; unstored, every job would
-        benchmark them again as new candidates (seen on H200 on every mm key: a Triton
-        config that needs more shared memory than the card has).
+        Which candidates reach a lookup depends on the path: `tunecache warm`'s compile
+        got the list without them, the job after it got them all (2xH200, torch 2.11: a
+        Triton mm config that needs more shared memory than the card has, on every mm
+        key), so the job benchmarked them as new candidates. Stored as not runnable
+        (``inf``), they make both lists full hits of one entry.
         """
         try:
             lowered = self._pending.get(choices[0]) if choices else None
