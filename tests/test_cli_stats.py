@@ -130,3 +130,35 @@ def test_stats_as_a_subprocess(db_url):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["entries"]["by_state"]["done"] == 4 and data["hits"] == 4
+
+
+def _triton_key(name: str, i: int) -> dict:
+    return {"kind": "triton_config", "op": name,
+            "env": {"device": "cuda cc=90 sms=132", "torch": "2.13.0", "triton": "3.6.0"},
+            "kernel": f"k{i}"}
+
+
+def test_stats_by_kind_and_a_bounded_by_op_table(db_url):
+    populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    populate(db_url, [_triton_key(f"triton_poi_fused_{i}", i) for i in range(25)])
+    data = run_json("stats", "--db", db_url)
+    kinds = {r["kind"]: (r["entries"], r["done"]) for r in data["by_kind"]}
+    assert kinds == {"triton_config": (25, 25), "gemm": (3, 3)}
+    assert len(data["by_op"]) == 26  # --json lists every op
+
+    human = run("stats", "--db", db_url).stdout.splitlines()
+    by_kind = human.index("by kind:")
+    assert human[by_kind + 2].split()[:3] == ["triton_config", "25", "25"]
+    assert human[by_kind + 3].split()[:3] == ["gemm", "3", "3"]
+    assert human[-1] == "  ... and 6 more ops (--json lists all)"
+
+
+def test_ls_and_prune_select_by_kind(db_url):
+    populate(db_url, [gemm_key("mm", i) for i in range(2)])
+    populate(db_url, [_triton_key("triton_poi_fused_add", i) for i in range(3)])
+    listed = run_json("ls", "--db", db_url, "--kind", "triton_config")
+    assert sorted(r["kind"] for r in listed) == ["triton_config"] * 3
+    dry = run_json("prune", "--db", db_url, "--kind", "triton_config", "--dry-run")
+    assert dry["would_delete"] == 3
+    assert run_json("prune", "--db", db_url, "--kind", "triton_config")["deleted"] == 3
+    assert sorted(r["kind"] for r in run_json("ls", "--db", db_url)) == ["gemm", "gemm"]

@@ -33,6 +33,9 @@ __all__ = ["main", "cli"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Rows of `stats`' "by op" table in human output (--json has them all).
+BY_OP_SHOWN = 20
+
 
 # -- errors, in one place ---------------------------------------------------------------
 
@@ -245,16 +248,26 @@ def stats(out: Out) -> None:
         claims = data["claims"]
         click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
         click.echo(f"failed    {data['failed']['count']} keys")
+        if data["by_kind"]:
+            click.echo("by kind:")
+            _table(("kind", "entries", "done", "hits", "tuning", "saved"),
+                   [(r["kind"], r["entries"], r["done"], r["hits"], _dur(r["tune_seconds"]),
+                     _dur(r["seconds_saved"])) for r in data["by_kind"]])
         if data["by_environment"]:
             click.echo("by environment:")
             _table(("device", "torch", "triton", "entries", "done", "hits", "saved"),
                    [(r["device"], r["torch"], r["triton"], r["entries"], r["done"], r["hits"],
                      _dur(r["seconds_saved"])) for r in data["by_environment"]])
         if data["by_op"]:
+            # One op per Triton kernel name: a large cache has thousands.
+            shown = data["by_op"][:BY_OP_SHOWN]
             click.echo("by op:")
             _table(("kind", "op", "entries", "done", "hits", "tuning", "saved"),
                    [(r["kind"], r["op"], r["entries"], r["done"], r["hits"],
-                     _dur(r["tune_seconds"]), _dur(r["seconds_saved"])) for r in data["by_op"]])
+                     _dur(r["tune_seconds"]), _dur(r["seconds_saved"])) for r in shown])
+            if len(data["by_op"]) > len(shown):
+                click.echo(f"  ... and {len(data['by_op']) - len(shown)} more ops "
+                           "(--json lists all)")
         if claims["live"]:
             click.echo("claims in flight:")
             _table(("key", "op", "owner", "age", "lease left"),
@@ -289,6 +302,8 @@ def stats(out: Out) -> None:
 @click.option("--device", multiple=True, metavar="NAME",
               help="Drop entries of these devices (repeatable).")
 @click.option("--op", multiple=True, help="Only entries of these ops (with the filters above).")
+@click.option("--kind", multiple=True, metavar="KIND",
+              help="Only entries of these kinds: gemm, triton_config (with the filters above).")
 @click.option("--failed", is_flag=True, help="Drop keys marked failed (they are retried).")
 @click.option("--expired-claims", is_flag=True,
               help="Drop claims whose lease has passed (their owner is gone).")
@@ -309,14 +324,15 @@ def stats(out: Out) -> None:
 @_common
 def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
-          triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...], failed: bool,
+          triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
+          kind: tuple[str, ...], failed: bool,
           expired_claims: bool, invalid: bool, dry_run: bool, vacuum: bool | None,
           batch_size: int | None, no_pause: bool) -> None:
     """Delete entries, in small batches, safely while jobs run.
 
     Selections are OR-ed: --failed, --expired-claims, --invalid, and the done or failed
     entries that match every filter given among --older-than, --keep-*, --torch,
-    --triton, --device and --op. A claim whose lease runs is never deleted. A deleted done
+    --triton, --device, --op and --kind. A claim whose lease runs is never deleted. A deleted done
     entry is tuned again by the next job that needs it.
     """
     from . import maintenance
@@ -325,11 +341,12 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         older_than=older_than,
         keep={"torch": list(keep_torch), "triton": list(keep_triton), "device": list(keep_device)},
         only={"torch": list(torch_), "triton": list(triton), "device": list(device)},
-        ops=list(op), failed=failed, expired_claims=expired_claims, invalid=invalid,
+        ops=list(op), kinds=list(kind), failed=failed, expired_claims=expired_claims,
+        invalid=invalid,
     )
     if spec.is_empty():
         raise _BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
-                           "--keep-device, --torch/--triton/--device/--op, --failed, "
+                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                            "--expired-claims or --invalid")
     db = _open(out)
     try:
@@ -367,11 +384,11 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
 
 
 def _env_filter(op: Sequence[str], device: Sequence[str], torch_: Sequence[str],
-                state: Sequence[str] = ()) -> Any:
+                state: Sequence[str] = (), kind: Sequence[str] = ()) -> Any:
     from .store.admin import EntryFilter
 
     return EntryFilter(only={"device": list(device), "torch": list(torch_)}, ops=list(op),
-                       states=list(state))
+                       kinds=list(kind), states=list(state))
 
 
 @cli.command()
@@ -381,11 +398,12 @@ def _env_filter(op: Sequence[str], device: Sequence[str], torch_: Sequence[str],
               help="Keep only the winner's timing (others written as null): a small cache "
                    "to ship with a model; consumers pick the same winner without tuning.")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
+@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")
 @click.option("--torch", "torch_", multiple=True, help="Only these torch versions (repeatable).")
 @_common
-def export(out: Out, output: str, best_only: bool, op: tuple[str, ...], device: tuple[str, ...],
-           torch_: tuple[str, ...]) -> None:
+def export(out: Out, output: str, best_only: bool, op: tuple[str, ...], kind: tuple[str, ...],
+           device: tuple[str, ...], torch_: tuple[str, ...]) -> None:
     """Write done entries as versioned JSON lines.
 
     Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
@@ -402,7 +420,7 @@ def export(out: Out, output: str, best_only: bool, op: tuple[str, ...], device: 
                          stack.enter_context(open(output, "w", encoding="utf-8")))
             with _progress("exporting", output != "-" and not out.as_json) as (total, step):
                 report = maintenance.export(db, f, best_only=best_only,
-                                            env=_env_filter(op, device, torch_),
+                                            env=_env_filter(op, device, torch_, kind=kind),
                                             progress=step, on_total=total)
     finally:
         db.dispose()
@@ -554,20 +572,21 @@ def doctor(ctx: click.Context, out: Out) -> None:
 
 @cli.command("ls")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
+@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config (repeatable).")
 @click.option("--state", multiple=True, type=click.Choice(["done", "claimed", "failed"]),
               help="Only these states (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")
 @click.option("--torch", "torch_", multiple=True, help="Only these torch versions (repeatable).")
 @click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
 @_common
-def ls_(out: Out, op: tuple[str, ...], state: tuple[str, ...], device: tuple[str, ...],
-        torch_: tuple[str, ...], limit: int) -> None:
+def ls_(out: Out, op: tuple[str, ...], kind: tuple[str, ...], state: tuple[str, ...],
+        device: tuple[str, ...], torch_: tuple[str, ...], limit: int) -> None:
     """List entries, most recently updated first."""
     from . import maintenance
 
     db = _open(out)
     try:
-        rows = maintenance.ls(db, _env_filter(op, device, torch_, state), limit)
+        rows = maintenance.ls(db, _env_filter(op, device, torch_, state, kind), limit)
     finally:
         db.dispose()
 

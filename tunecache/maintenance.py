@@ -172,6 +172,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
     by_op: dict[tuple[Any, ...], dict[str, Any]] = {}
+    by_kind: dict[tuple[Any, ...], dict[str, Any]] = {}
     hits = 0
     tune_seconds = 0.0
     saved = 0.0
@@ -185,6 +186,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
             (by_env, (g.device, g.torch_version, g.triton_version),
              {"device": g.device, "torch": g.torch_version, "triton": g.triton_version}),
             (by_op, (g.kind, g.op), {"kind": g.kind, "op": g.op}),
+            (by_kind, (g.kind,), {"kind": g.kind}),
         ):
             row = table.setdefault(key, {**fields, "entries": 0, "done": 0, "hits": 0,
                                          "tune_seconds": 0.0, "seconds_saved": 0.0})
@@ -211,6 +213,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
         "size": _size(db),
         "entries": {"total": sum(by_state.values()),
                     "by_state": {s: by_state.get(s, 0) for s in ("done", "claimed", "failed")}},
+        "by_kind": sorted(by_kind.values(), key=sort_key),
         "by_environment": sorted(by_env.values(), key=sort_key),
         "by_op": sorted(by_op.values(), key=sort_key),
         "hits": hits,
@@ -256,13 +259,14 @@ class PruneSpec:
     keep: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     only: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     ops: list[str] = dataclasses.field(default_factory=list)
+    kinds: list[str] = dataclasses.field(default_factory=list)
     failed: bool = False
     expired_claims: bool = False
     invalid: bool = False
 
     @property
     def env(self) -> admin.EntryFilter:
-        return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops)
+        return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops, kinds=self.kinds)
 
     def is_empty(self) -> bool:
         return not (self.older_than is not None or self.env or self.failed
