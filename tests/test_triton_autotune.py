@@ -373,6 +373,28 @@ def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkey
     second.close()
 
 
+def test_worker_reads_hold_no_postgresql_connection(pg_url, monkeypatch):
+    # Every rank has up to 32 compile workers; a server has ~100 connections.
+    import psycopg
+
+    monkeypatch.setenv("TUNECACHE_DB", pg_url)
+    with tunecache.open(pg_url) as made:
+        assert made.lookup({"kind": "gemm", "op": "none"}) is None  # schema in place
+    env_cache = tc_inductor._EnvCache()
+    worker = tc_inductor._TritonCache(env_cache, worker=True)
+    info = json.dumps({"kernel": "k", "name": "triton_poi_fused_add_0", "device": "cuda"})
+    for _ in range(3):
+        assert worker.get("inductor-key", info) is None  # a miss, read through the store
+    database = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, application_name="tunecache-test") as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+            "AND application_name = 'tunecache'", (database,)).fetchone()
+    assert count == 0
+    assert tc_inductor.triton_stats.errors == 0
+    env_cache().close()
+
+
 def test_compile_threads_drop_to_one_when_workers_cannot_read_the_cache(
     tmp_path, monkeypatch
 ):
