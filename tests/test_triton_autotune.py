@@ -356,6 +356,24 @@ def test_worker_hit_skips_coordinate_descent_in_the_compiling_process(tmp_path, 
     assert th.CachingAutotuner.coordinate_descent_tuning is inductors_own
 
 
+def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_path):
+    # A compile worker: the first import is triton_heuristics, which imports
+    # autotune_cache (the module our autoload hook watches) before CachingAutotuner exists.
+    env = {**os.environ, "TUNECACHE_DB": str(tmp_path / "tune.db"),
+           "TUNECACHE_TRITON_CONFIGS": "1"}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    probe = ("import torch\n"
+             "from torch._inductor.runtime import triton_heuristics\n"
+             "from torch._inductor import remote_cache\n"
+             "import tunecache.inductor as t\n"
+             "print(remote_cache.RemoteAutotuneCache.__name__, t._TRITON.worker)\n")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "not shared" not in out.stderr
+    assert out.stdout.split() == ["TuneCacheAutotuneCache", "True"]
+
+
 def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkeypatch):
     db = tmp_path / "tune.db"
     monkeypatch.setenv("TUNECACHE_DB", str(db))

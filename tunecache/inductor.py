@@ -1287,10 +1287,46 @@ def _restoring_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., A
     return coordinate_descent_tuning
 
 
+# (CachingAutotuner, its own coordinate_descent_tuning) while _restoring_coordesc is on it.
+_COORDESC: tuple[type, Callable[..., Any]] | None = None
+
+
+def _install_coordesc_restore(ours: type) -> None:
+    """Put :func:`_restoring_coordesc` on CachingAutotuner, at the first kernel load.
+
+    Not when Triton sharing is enabled: that can happen inside the import of
+    triton_heuristics itself (it imports autotune_cache, whose import the autoload hook
+    watches), before CachingAutotuner exists. A kernel load runs triton_heuristics code,
+    so by then the module is complete. Compile workers never need it (no first runs).
+    """
+    global _COORDESC
+    from torch._inductor.runtime import triton_heuristics as th
+
+    orig = th.CachingAutotuner.__dict__.get("coordinate_descent_tuning")
+    if not callable(orig) or _param_names(orig)[:1] != ("launcher",):
+        raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
+    th.CachingAutotuner.coordinate_descent_tuning = _restoring_coordesc(orig, ours)
+    _COORDESC = (th.CachingAutotuner, orig)
+
+
+def _remove_coordesc_restore() -> None:
+    global _COORDESC
+    if _COORDESC is not None:
+        cls, orig = _COORDESC
+        cls.coordinate_descent_tuning = orig
+        _COORDESC = None
+
+
 def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     """``AutotuneCache.create``, re-keying our remote cache without the device index."""
 
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
+        state = _TRITON
+        if state is not None and not state.worker and _COORDESC is None:
+            try:
+                _install_coordesc_restore(ours)
+            except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+                state._warn_once("skipping coordinate descent of worker hits", e)
         cache = orig(inductor_meta, filename, configs_hash)
         remote = getattr(cache, "remote_cache", None)
         if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
@@ -1317,7 +1353,6 @@ class _TritonPatch:
     autotune_remote_cache: Any
     compile_threads: Any
     create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
-    coordesc: Any  # CachingAutotuner.coordinate_descent_tuning
     ours: Any
 
 
@@ -1339,9 +1374,7 @@ def _enable_triton(
         from torch._inductor import config
         from torch._inductor import remote_cache as rc
         from torch._inductor.runtime import autotune_cache as ac
-        from torch._inductor.runtime import triton_heuristics as th
 
-        coordesc = getattr(th.CachingAutotuner, "coordinate_descent_tuning", None)
         missing = [
             what for what, ok in (
                 ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
@@ -1352,8 +1385,6 @@ def _enable_triton(
                                                     staticmethod)),
                 ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
                 ("config.compile_threads", hasattr(config, "compile_threads")),
-                ("CachingAutotuner.coordinate_descent_tuning(launcher, ...)",
-                 callable(coordesc) and _param_names(coordesc)[:1] == ("launcher",)),
             ) if not ok
         ]
         create = ac.AutotuneCache.__dict__.get("create")
@@ -1369,12 +1400,10 @@ def _enable_triton(
             return None
         ours = _remote_cache_class()
         patch = _TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
-                             config.compile_threads, create, coordesc, ours)
+                             config.compile_threads, create, ours)
         _TRITON = _TritonCache(cache, worker=worker)
         rc.RemoteAutotuneCache = ours
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
-        if not worker:  # first runs happen in the compiling process only
-            th.CachingAutotuner.coordinate_descent_tuning = _restoring_coordesc(coordesc, ours)
         config.autotune_remote_cache = True
         if not worker and config.compile_threads != 1 and not _workers_read_cache(db_url):
             config.compile_threads = 1
@@ -1404,12 +1433,11 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     from torch._inductor import config
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
-    from torch._inductor.runtime import triton_heuristics as th
 
+    _remove_coordesc_restore()
     if rc.RemoteAutotuneCache is patch.ours:
         rc.RemoteAutotuneCache = patch.remote_cls
     ac.AutotuneCache.create = patch.create
-    th.CachingAutotuner.coordinate_descent_tuning = patch.coordesc
     config.autotune_remote_cache = patch.autotune_remote_cache
     config.compile_threads = patch.compile_threads
 
