@@ -410,7 +410,7 @@ def test_worker_reads_hold_no_postgresql_connection(pg_url, monkeypatch):
             "AND application_name = 'tunecache'", (database,)).fetchone()
     assert count == 0
     assert tc_inductor.triton_stats.errors == 0
-    env_cache().close()
+    env_cache.close()
 
 
 def test_compile_threads_drop_to_one_when_workers_cannot_read_the_cache(

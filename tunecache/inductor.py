@@ -1428,6 +1428,8 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     state, _TRITON = _TRITON, None
     if state is not None:
         state.flush()
+        if isinstance(state.cache, _EnvCache):
+            state.cache.close()  # the hooks' cache is closed with the hooks
     if patch is None:
         return
     from torch._inductor import config
@@ -1505,6 +1507,12 @@ class _EnvCache:
                 self._cache = tunecache.open(mode="readonly")
                 self._opened = time.monotonic()
             return self._cache
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cache is not None:
+                self._cache.close()
+                self._cache = None
 
 
 def _enable_triton_from_env() -> None:
