@@ -74,7 +74,9 @@ def _enable(target: str) -> None:
 
 
 def _targets() -> tuple[str, ...]:
-    if os.environ.get("TUNECACHE_TRITON_CONFIGS", "").strip().lower() in ("1", "true", "yes", "on") \
+    from .settings import TRUE_VALUES
+
+    if os.environ.get("TUNECACHE_TRITON_CONFIGS", "").strip().lower() in TRUE_VALUES \
             and os.environ.get("TUNECACHE_INDUCTOR_COUNT_ONLY") != "1":
         return (_TARGET, _TRITON_TARGET)
     return (_TARGET,)
@@ -96,7 +98,10 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the loaders of the modules in :func:`_targets`; nothing else."""
+    """Wraps the loaders of ``targets`` (module names); nothing else."""
+
+    def __init__(self, targets: tuple[str, ...]) -> None:
+        self._targets = targets  # read once: find_spec runs for every import
 
     def find_spec(
         self,
@@ -104,7 +109,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _targets() or fullname in _done:
+        if fullname not in self._targets or fullname in _done:
             return None
         # Ask the finders after us for the real spec, then wrap its loader.
         for finder in sys.meta_path:
@@ -123,14 +128,15 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install_import_hook() -> None:
     """Enable tunecache once its target modules are imported (now, for those that are)."""
+    targets = _targets()
     pending = False
-    for target in _targets():
+    for target in targets:
         if target in sys.modules:
             _enable(target)
         else:
             pending = True
     if pending and not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+        sys.meta_path.insert(0, _Finder(targets))
 
 
 def torch_backend_entry() -> None:

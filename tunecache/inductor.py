@@ -592,23 +592,24 @@ class _Hooks:
                 return {c: known[i] for c, i in zip(choices, ids)}
             return {}
 
-        failed_ids = self.not_compiled(choices, op, inputs)
+        def tune() -> dict[str, float]:
+            """Timings of this lookup's candidates, and ``inf`` for those of its lowering
+            that failed to compile (see :meth:`not_compiled`)."""
+            failed = self.not_compiled(choices, op, inputs)
+            return {**bench(choices, key_hash), **{i: math.inf for i in failed}}
+
         with self._lock:
             in_tune = self._tuning.get(key_hash)
         if in_tune is not None:
             # We are inside our own get_or_tune_many tune(key) for this key (deferred
             # path): measure and hand the timings back to it, which publishes them.
-            measured = bench(choices, key_hash)
+            measured = tune()
             with self._lock:
                 in_tune.update(measured)
-                in_tune.update({i: math.inf for i in failed_ids})
             # counted by tune_deferred, which learns the result's source from the core
             return {c: measured[i] for c, i in zip(choices, ids)}
 
-        timings, source = self._get_or_tune(
-            key, key_hash,
-            lambda: {**bench(choices, key_hash), **{i: math.inf for i in failed_ids}},
-        )
+        timings, source = self._get_or_tune(key, key_hash, tune)
         missing = [c for c, i in zip(choices, ids) if i not in timings]
         missing_ids: list[str] = []
         if missing:
@@ -1086,6 +1087,24 @@ class _TritonCache:
             info = {"kernel": key_text}
         return info
 
+    def _key(self, inductor_key: str, key_text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """(info, key, key hash) of the kernel Inductor names by these two strings."""
+        info = self._info(key_text)
+        key = triton_key(inductor_key, info)
+        return info, key, tc_keys.key_hash(key)[0]
+
+    def _stored_best(self, key: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """(found, best config): whether a done entry is stored, and its config if valid."""
+        cache = self.cache()
+        try:
+            answer = cache.lookup(key)
+        finally:
+            if self.worker:
+                cache.store.db.dispose()
+        if answer is None or answer.source == "failed":
+            return False, None
+        return True, triton_config_from_entry(answer.timings)
+
     def _warn_once(self, what: str, error: BaseException) -> None:
         triton_stats._add(errors=1)
         with self._lock:
@@ -1135,19 +1154,11 @@ class _TritonCache:
     # -- the protocol
 
     def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        info = self._info(key_text)
-        key = triton_key(inductor_key, info)
-        key_hash, _ = tc_keys.key_hash(key)
-        cache = self.cache()
-        try:
-            answer = cache.lookup(key)
-        finally:
-            if self.worker:
-                cache.store.db.dispose()
-        if answer is None or answer.source == "failed":
+        info, key, key_hash = self._key(inductor_key, key_text)
+        found, best = self._stored_best(key)
+        if not found:
             triton_stats._add(misses=1)
             return None
-        best = triton_config_from_entry(answer.timings)
         if best is None:
             triton_stats._add(invalid=1)
             if key_hash not in self._warned:
@@ -1160,18 +1171,13 @@ class _TritonCache:
 
     def stored_coordesc_config(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
         """The stored best config of a kernel if coordinate descent found it, else None."""
-        result = self.cache().lookup(triton_key(inductor_key, self._info(key_text)))
-        if result is None or result.source == "failed":
-            return None
-        best = triton_config_from_entry(result.timings)
+        _, best = self._stored_best(self._key(inductor_key, key_text)[1])
         return best if best is not None and best.get("found_by_coordesc") else None
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
             return
-        info = self._info(key_text)
-        key = triton_key(inductor_key, info)
-        key_hash, _ = tc_keys.key_hash(key)
+        info, key, key_hash = self._key(inductor_key, key_text)
         thread = threading.get_ident()
         # With coordinate descent on, autotune_to_one_config saves first (it passes the
         # winner's triton_cache_hash), then coordinate descent saves the final config
@@ -1287,8 +1293,11 @@ def _restoring_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., A
     return coordinate_descent_tuning
 
 
-# (CachingAutotuner, its own coordinate_descent_tuning) while _restoring_coordesc is on it.
+# (CachingAutotuner, its own coordinate_descent_tuning) while _restoring_coordesc is on it;
+# _coordesc_tried: whether this enable has tried to put it there (once: see create()).
 _COORDESC: tuple[type, Callable[..., Any]] | None = None
+_coordesc_tried = False
+_coordesc_lock = threading.Lock()  # kernels may load on several threads at once
 
 
 def _install_coordesc_restore(ours: type) -> None:
@@ -1310,7 +1319,8 @@ def _install_coordesc_restore(ours: type) -> None:
 
 
 def _remove_coordesc_restore() -> None:
-    global _COORDESC
+    global _COORDESC, _coordesc_tried
+    _coordesc_tried = False
     if _COORDESC is not None:
         cls, orig = _COORDESC
         cls.coordinate_descent_tuning = orig
@@ -1321,12 +1331,16 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     """``AutotuneCache.create``, re-keying our remote cache without the device index."""
 
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
+        global _coordesc_tried
         state = _TRITON
-        if state is not None and not state.worker and _COORDESC is None:
-            try:
-                _install_coordesc_restore(ours)
-            except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
-                state._warn_once("skipping coordinate descent of worker hits", e)
+        if state is not None and not state.worker and not _coordesc_tried:
+            with _coordesc_lock:
+                if not _coordesc_tried:
+                    _coordesc_tried = True
+                    try:
+                        _install_coordesc_restore(ours)
+                    except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+                        state._warn_once("skipping coordinate descent of worker hits", e)
         cache = orig(inductor_meta, filename, configs_hash)
         remote = getattr(cache, "remote_cache", None)
         if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):

@@ -86,11 +86,15 @@ def _positive_int(name: str, raw: str | int) -> int:
     return value
 
 
+# Spellings of a true TUNECACHE_* flag (tunecache._autoload reads one before any Settings).
+TRUE_VALUES = ("1", "true", "yes", "on")
+
+
 def _flag(name: str, raw: str | bool) -> bool:
     if isinstance(raw, bool):
         return raw
     value = str(raw).strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in TRUE_VALUES:
         return True
     if value in ("", "0", "false", "no", "off"):
         return False
