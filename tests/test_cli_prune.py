@@ -99,6 +99,32 @@ def test_prune_many_batches_and_vacuum(sqlite_url):
     assert len(run_json("ls", "--db", sqlite_url)) == 10
 
 
+def test_sqlite_batches_are_sized_by_time(sqlite_url, monkeypatch):
+    """Without --batch-size, each SQLite batch may take as many rows as the last one's pace
+    fits in PRUNE_BATCH_SECONDS, at most twice the last; --batch-size fixes the size."""
+    from tunecache import maintenance
+
+    populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(300)])
+    populate(sqlite_url, [gemm_key("mm", i) for i in range(10)])
+    monkeypatch.setitem(maintenance.PRUNE_BATCH, "sqlite", 2)
+    monkeypatch.setattr(maintenance, "PRUNE_BATCH_MIN", 1)
+    monkeypatch.setattr(maintenance, "PRUNE_BATCH_SECONDS", 3600.0)  # every batch "fast"
+    out = run_json("prune", "--db", sqlite_url, "--torch", "2.12.0", "--no-pause")
+    # 2 + 4 + ... + 128 = 254 rows, then the last 46 in a batch of up to 256
+    assert (out["deleted"], out["batches"], out["largest_batch"]) == (300, 8, 128)
+    assert len(run_json("ls", "--db", sqlite_url)) == 10
+
+
+def test_next_batch_size_follows_the_pace():
+    from tunecache import maintenance as m
+
+    assert m._next_batch_size(5000, 0.25) == 10000  # fast: at most doubles
+    assert m._next_batch_size(20000, 2.0) == 10000  # slow (a network filesystem): shrinks
+    assert m._next_batch_size(20000, 1.0) == 20000
+    assert m._next_batch_size(1000, 60.0) == m.PRUNE_BATCH_MIN
+    assert m._next_batch_size(40000, 0.5) == m.PRUNE_BATCH_MAX
+
+
 def test_prune_bad_arguments(db_url):
     populate(db_url, [gemm_key("mm", 0)])
     for value in ("30x", "-3d", "d", ""):

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 import pytest
+from sqlalchemy import inspect
 from alembic.runtime.migration import MigrationContext
 
 import tunecache
@@ -17,6 +19,7 @@ import tunecache
 from tunecache.store import Database, ensure_schema
 from tunecache.store.migrate import (
     VERSION_TABLE,
+    _config,
     known_revisions,
     current_revision,
     head_revision,
@@ -82,4 +85,35 @@ def test_installed_wheel_migrates_without_the_source_tree(tmp_path):
     ).stdout.split()
     assert out[0] == "tuned"
     assert out[1].startswith(str(site))
-    assert head_revision() == "0002"
+    assert head_revision() == "0003"
+
+
+def _indexes(db):
+    return {ix["name"] for ix in db.run(lambda c: inspect(c).get_indexes("tunecache_entries"))}
+
+
+def _migrate(db, to, step):
+    def work(conn):
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        step(cfg, to)
+
+    db.run(work, write=True)
+
+
+def test_0003_drops_the_last_used_index_and_downgrade_restores_it(db_url):
+    """Migration 0003: no query used ix_tunecache_entries_last_used_at (prune filters on
+    coalesce(last_used_at, updated_at)), and every prune batch rewrote its pages."""
+    db = Database(db_url)
+    ensure_schema(db)
+    assert "ix_tunecache_entries_last_used_at" not in _indexes(db)
+    assert "ix_tunecache_entries_stats" in _indexes(db)
+
+    _migrate(db, "0002", command.downgrade)
+    assert db.run(current_revision) == "0002"
+    assert "ix_tunecache_entries_last_used_at" in _indexes(db)
+
+    _migrate(db, "head", command.upgrade)
+    assert db.run(current_revision) == "0003"
+    assert "ix_tunecache_entries_last_used_at" not in _indexes(db)
+    db.dispose()

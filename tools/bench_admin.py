@@ -248,7 +248,8 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
     lookups, writes = during("lookup"), during("writer")
     return {
         "backend": backend, "entries": count,
-        "batch": batch or maintenance.PRUNE_BATCH[backend], "pause": pause,
+        # Rows per batch: the size asked for, else the largest of the sizes prune chose.
+        "batch": batch or report["largest_batch"], "pause": pause,
         "build_s": build_s, "size_mb": size / 2**20,
         "stats_s": min(stats_times), "deleted": report["deleted"], "batches": report["batches"],
         "prune_s": prune_s, "vacuum_s": vacuum_s, "size_after_mb": size_after / 2**20,
@@ -285,7 +286,7 @@ def main() -> None:
         return
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, tunecache {tunecache.__version__}")
-    print("| backend | batch, pause | entries | size MB | build s | stats s "
+    print("| backend | batch (largest), pause | entries | size MB | build s | stats s "
           "| prune: deleted / batches / s "
           "| VACUUM s (size after MB) | lookups during prune: n / p50 / p99 / max ms "
           "| claim+publish during prune: n / p50 / p99 / max ms | errors |")

@@ -315,12 +315,12 @@ def stats(out: Out) -> None:
                    "file is free and it is at most 256 MiB, since VACUUM holds the write "
                    "lock while it copies). PostgreSQL: plain VACUUM of the table.")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=None,
-              help="Rows per delete transaction (default: 5000 on SQLite, where each "
-                   "holds the write lock for a quarter to a whole second and jobs wait "
-                   "that long; 2000 on PostgreSQL).")
+              help="Rows per delete transaction (default: on SQLite, as many as hold "
+                   "the write lock about a second, since jobs' claims wait that long; "
+                   "2000 on PostgreSQL).")
 @click.option("--no-pause", is_flag=True,
-              help="SQLite: no pause between batches (about twice as fast; for a "
-                   "maintenance window: running jobs would wait for the whole prune).")
+              help="SQLite: no 0.1 s pause between batches (for a maintenance window: "
+                   "running jobs would wait for the whole prune).")
 @_common
 def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],

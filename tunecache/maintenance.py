@@ -68,13 +68,22 @@ CONFLICT_POLICIES = ("keep", "replace", "faster")
 ConflictPolicy = Literal["keep", "replace", "faster"]
 Progress = Callable[[int], None]
 
-# Rows per delete transaction. SQLite's cost per row falls with the batch (measured on
-# 200k entries of 3.5 KB: 170 us/row at 500, 80 at 2000, 52 at 8000: index pages and
-# fsyncs are shared), while a batch holds the write lock (jobs' claims and lookups wait
-# for it): 5000 rows is a quarter to a second of lock on a local disk. PostgreSQL blocks
-# nobody with a delete, and its cost per row does not fall with the batch (1M entries,
-# half pruned: 29-33 s at 2000, 39 s at 5000), so smaller transactions there.
+# Rows per delete transaction. PostgreSQL blocks nobody with a delete, and its cost per
+# row does not fall with the batch (1M entries, half pruned: 29-33 s at 2000, 39 s at
+# 5000), so small fixed transactions there. On SQLite a batch holds the write lock (jobs'
+# claims wait for it, and lookups during its commit), while the cost per row falls with
+# the batch: the key-hash and stats indexes are random with respect to the rowid walk,
+# so a batch dirties (journals, writes, fsyncs) a share of all their pages whatever its
+# size. Measured on 1M entries of 3.5 KB, half pruned, no traffic: 40 s at 5000 rows
+# (390 ms each), 32 s at 10000, 25 s at 20000 (1 s each); 40000 is no cheaper per row.
+# So SQLite's batches are sized by time: the first has PRUNE_BATCH rows, each next one
+# as many as the last one's pace says fit in PRUNE_BATCH_SECONDS of lock (at most twice
+# the last). That is ~20000 rows on a local disk, and fewer where fsync is slow (network
+# filesystems), so a waiting claim never waits much longer than that, whatever the disk.
 PRUNE_BATCH = {"sqlite": 5000, "postgresql": 2000}
+PRUNE_BATCH_SECONDS = 1.0
+PRUNE_BATCH_MIN, PRUNE_BATCH_MAX = 500, 50_000
+PRUNE_PAUSE = 0.1  # seconds between two SQLite batches; see _yield_lock
 IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
 PAGE = 1000
 # VACUUM (SQLite) after a prune once free pages are this share of the file; see prune().
@@ -315,8 +324,10 @@ def prune(
 ) -> dict[str, Any]:
     """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
 
-    ``pause=False`` deletes batch after batch with no pause (SQLite): about twice as
-    fast, for a maintenance window; running jobs would wait for the whole prune.
+    ``batch`` fixes the rows per transaction; by default SQLite's batches are sized to
+    hold the write lock about PRUNE_BATCH_SECONDS each. ``pause=False`` deletes batch
+    after batch with no pause (SQLite): 0.1 s a batch faster, for a maintenance window;
+    running jobs would wait for the whole prune.
 
     SQLite does not give deleted pages back to the filesystem; it reuses them for new
     entries. ``vacuum="auto"`` runs VACUUM only when the free pages reach a quarter of the
@@ -352,8 +363,10 @@ def prune(
     deleted = 0
     batches = 0
     walk = admin.prune_walk_column(db.dialect)
-    select_batch = admin.select_prune_batch(condition, batch or PRUNE_BATCH[db.dialect], walk)
     delete_range = admin.delete_pruned_range(condition, walk)
+    size = batch or PRUNE_BATCH[db.dialect]
+    timed = batch is None and db.is_sqlite
+    largest = 0
     selects_rows = spec.older_than is not None or bool(spec.env) or spec.failed \
         or spec.expired_claims
     top = db.run(lambda c: c.execute(admin.select_walk_end(walk)).scalar()) \
@@ -361,28 +374,35 @@ def prune(
     after: Any = 0 if db.is_sqlite else ""
     shown = 0
     while top is not None:
-        def one_batch(conn: Connection) -> tuple[Any, int]:
+        locked = [0.0]
+
+        def one_batch(conn: Connection) -> tuple[Any, int, int]:
+            locked[0] = time.perf_counter()  # the write lock is ours from here (SQLite)
             if db.is_sqlite:
                 for pragma in admin.SQLITE_PRUNE_PRAGMAS:
                     conn.execute(pragma)
+            select_batch = admin.select_prune_batch(condition, size, walk)
             ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
             if not ends:
-                return None, 0
+                return None, 0, 0
             result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
-            return ends[-1], result.rowcount
+            return ends[-1], result.rowcount, len(ends)
 
-        t0 = time.perf_counter()
-        last, n = db.run(one_batch, write=True)
+        last, n, selected = db.run(one_batch, write=True)
+        held = time.perf_counter() - locked[0]  # until the commit is done
         if last is None:
             break
         after = last
         deleted += n
         batches += 1
+        largest = max(largest, selected)
         where = _walk_permille(after, top)
         progress(where - shown)
         shown = where
+        if timed and selected == size:
+            size = _next_batch_size(size, held)
         if pause:
-            _yield_lock(db, time.perf_counter() - t0)
+            _yield_lock(db)
     progress(1000 - shown)
     # Invalid entries (done ones only; the condition pass may have taken some already).
     for i in range(0, len(invalid), IMPORT_BATCH):
@@ -391,7 +411,7 @@ def prune(
                    write=True)
         deleted += n
         batches += 1
-    report.update(deleted=deleted, batches=batches, invalid=len(invalid))
+    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid))
     report["vacuum"] = _vacuum(db, vacuum, deleted)
     report["size_before"] = size_before
     report["size_after"] = _size(db)
@@ -399,19 +419,31 @@ def prune(
     return report
 
 
-def _yield_lock(db: Database, batch_seconds: float) -> None:
+def _next_batch_size(size: int, held: float) -> int:
+    """SQLite: the rows the next batch may take to hold the lock ~PRUNE_BATCH_SECONDS,
+    from the last batch's ``size`` rows in ``held`` seconds. It at most doubles, since the
+    cost per row falls with the batch (the pace of a small one overestimates a big one)."""
+    fits = int(size * PRUNE_BATCH_SECONDS / max(held, 1e-3))
+    return max(PRUNE_BATCH_MIN, min(PRUNE_BATCH_MAX, 2 * size, fits))
+
+
+def _yield_lock(db: Database) -> None:
     """Between two delete batches on SQLite, leave the lock free long enough for waiters.
 
-    A rollback-journal writer blocks every reader while it commits, and SQLite's busy
-    handler retries on a backoff that settles at one try every 100 ms: back-to-back
+    A rollback-journal writer blocks every reader while it commits, and back-to-back
     batches starve the lookups and claims of running jobs for the whole prune (measured:
-    5 lookups got through a 1 s prune). A pause over 100 ms lets every waiter's next try
-    land in it; a quarter of the batch's time on top keeps the prune's share of the lock
-    at most 80% when batches are long. PostgreSQL readers never wait for a delete (MVCC)
-    and writers only for the rows deleted: no pause there.
+    5 lookups got through a 1 s prune). A waiter here retries at least every ~50 ms
+    (SQLite's busy handler gives up after _SQLITE_BUSY_SECONDS, trying at 33 and 50 ms;
+    Database.run then sleeps at most 30 ms), so a pause of PRUNE_PAUSE (0.1 s) lets every
+    waiter's next try land in it, and claims (a few ms each) through. It no longer grows
+    with the batch (it was 0.12 s + a quarter of the batch, for SQLite's own 100 ms
+    backoff): batches are sized to ~1 s, so a waiting claim waits about one batch either
+    way (1M entries: claim+publish p99 1.09 s), and the longer pause cost 2.5 s of a 33 s
+    prune. PostgreSQL readers never wait for a delete (MVCC) and writers only for the
+    rows deleted: no pause there.
     """
     if db.is_sqlite:
-        time.sleep(min(0.12 + batch_seconds / 4, 0.5))
+        time.sleep(PRUNE_PAUSE)
 
 
 def _walk_permille(position: Any, top: Any) -> int:

@@ -42,8 +42,10 @@ entries = Table(
     Column("updated_at", Float, nullable=False),
     Column("last_used_at", Float),
     Column("hits", Integer, nullable=False),
+    # Claims and failed keys (a few thousand at most) are found by state.
     Index("ix_tunecache_entries_state", "state"),
-    Index("ix_tunecache_entries_last_used_at", "last_used_at"),
+    # No index on last_used_at: prune filters on coalesce(last_used_at, updated_at),
+    # which it cannot serve, and it cost every prune and hit (migration 0003).
     Index("ix_tunecache_entries_env", "device", "torch_version", "triton_version"),
     # Covers `tunecache stats` (migration 0002), so it never reads the wide rows.
     Index("ix_tunecache_entries_stats", "state", "kind", "op", "device", "torch_version",
