@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,8 +32,18 @@ from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.coordinator import TuneCache  # noqa: E402
+from tunecache.store.store import Claim  # noqa: E402
 
-from triton_fakes import FakeConfig, configs, kernel_file, meta  # noqa: E402
+from triton_fakes import (  # noqa: E402
+    FakeConfig,
+    FakeKernel,
+    FakeLauncher,
+    TritonConfig,
+    benchmark_harness,
+    configs,
+    kernel_file,
+    meta,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,6 +170,17 @@ def test_key_ignores_the_device_index_only(enabled, tmp_path):
     # The device as the source describes it: compile workers must not initialise CUDA.
     assert key["env"]["device"] == "cuda cc=90 sms=132"
     assert "index" not in json.dumps(key)
+
+
+def test_benchmark_harness_device_index_is_not_in_the_key(enabled, tmp_path):
+    # Kernel modules Inductor benchmarks for fusion decisions name their GPU in the
+    # harness too: ranks must still share them.
+    k0, k1 = (create(kernel_file(tmp_path, i, tail=benchmark_harness(i)), meta())
+              .remote_cache[1] for i in (0, 1))
+    bigger = create(kernel_file(tmp_path, 0, tail=benchmark_harness(0, size=2048)),
+                    meta()).remote_cache[1]
+    assert k0 == k1
+    assert bigger != k0  # the shapes in the harness stay in
 
 
 # -------------------------------------------------------------------- get, claim, put
@@ -312,48 +334,147 @@ def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
     assert inductor_config.compile_threads == threads
 
 
-def test_worker_hit_skips_coordinate_descent_in_the_compiling_process(tmp_path, monkeypatch):
-    # A hit read in a compile worker comes back with a triton.Config whose
-    # found_by_coordesc mark was dropped by unpickling (triton.Config.__setstate__):
-    # Inductor would run coordinate descent again at the first run.
-    tuned: list[Any] = []
+# ------------------------------------- coordinate descent: adopted, claimed or deferred
 
-    def inductors_own(self, launcher, *args, **kwargs):  # records, as coordesc would tune
+TUNED = FakeConfig(16, XBLOCK=1024)  # what the fake coordinate descent "finds"
+
+
+def _tuning_inductors_own(tuned: list[Any], fail: list[bool]):
+    def coordinate_descent_tuning(self, launcher, *args, **kwargs):  # Inductor's, faked
         tuned.append(launcher)
-        return launcher
+        if fail:
+            raise RuntimeError("benchmark failed")
+        best = TritonConfig(dict(TUNED.kwargs), TUNED.num_warps, TUNED.num_stages)
+        self.save_cache_hook(best, 9_000_000, found_by_coordesc=True)
+        best.found_by_coordesc = True
+        return FakeLauncher(best)
 
-    class TritonConfig(FakeConfig):  # what Inductor rebuilds a stored coordesc config as
-        def __init__(self, kwargs: dict[str, int], num_warps: int, num_stages: int) -> None:
-            super().__init__(num_warps, num_stages, **kwargs)
+    return coordinate_descent_tuning
 
+
+@pytest.fixture
+def coordesc(tmp_path, monkeypatch):
+    """tunecache enabled over a faked Inductor coordinate descent (recorded in .tuned)."""
+    tuned: list[Any] = []
+    fail: list[bool] = []  # append to make the next tunings raise
+    inductors_own = _tuning_inductors_own(tuned, fail)
     monkeypatch.setattr(th.CachingAutotuner, "coordinate_descent_tuning", inductors_own)
     monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    db = str(tmp_path / "tune.db")
+    cache = tunecache.open(db, triton_configs=True)
+    peer = tunecache.open(db, triton_configs=True)  # another rank: its own claim owner
     assert tc_inductor.enable(cache)
+    # In place at enable(), not at the first kernel load in this process: with parallel
+    # compile that can come after the forward graph's first run.
+    assert th.CachingAutotuner.coordinate_descent_tuning is not inductors_own
     tc_inductor.triton_stats.reset()
-    try:
-        m = meta(coordesc=True)
-        cfgs, first, _ = load(kernel_file(tmp_path, 0), m)
-        first.save(FakeConfig(16, XBLOCK=1024), 9_000_000, found_by_coordesc=True)
-        cfgs, autotune_cache, info = load(kernel_file(tmp_path, 1), m)  # the worker's load
-        assert info["autotune_cache_state"] == "hit"
-        kernel = SimpleNamespace(autotune_cache_info=info,
-                                 save_cache_hook=autotune_cache.save)
-        unpickled = SimpleNamespace(config=FakeConfig(16, XBLOCK=1024))  # no mark
-        assert th.CachingAutotuner.coordinate_descent_tuning(kernel, unpickled) is unpickled
-        assert unpickled.config.found_by_coordesc is True and tuned == []
-        assert tc_inductor.triton_stats.coordesc_restored == 1
 
-        other = SimpleNamespace(config=FakeConfig(4, XBLOCK=128))  # not the stored one
-        th.CachingAutotuner.coordinate_descent_tuning(kernel, other)
-        missed = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "miss"},
-                                 save_cache_hook=autotune_cache.save)
-        th.CachingAutotuner.coordinate_descent_tuning(missed, unpickled)
-        assert tuned == [other, unpickled]  # Inductor's own coordinate descent ran
+    def kernel(index: int = 0, body: str = "tmp0 + tmp1"):
+        """A kernel as loaded on GPU ``index``: (kernel, its first launcher, shared key)."""
+        m = meta(coordesc=True)
+        cfgs, autotune_cache, info = load(kernel_file(tmp_path, index, body), m)
+        k = FakeKernel(autotune_cache, m)
+        k.autotune_cache_info = info
+        key = tc_inductor._TRITON._key(autotune_cache.remote_cache_full_key,
+                                       autotune_cache.remote_cache[1])[1]
+        return k, FakeLauncher(cfgs[0]), key
+
+    try:
+        yield SimpleNamespace(cache=cache, peer=peer, tuned=tuned, kernel=kernel, fail=fail)
     finally:
         tc_inductor.disable()
         cache.close()
+        peer.close()
     assert th.CachingAutotuner.coordinate_descent_tuning is inductors_own
+
+
+def first_run(kernel: Any, launcher: Any) -> Any:
+    """What CachingAutotuner.run does while the config is not found_by_coordesc."""
+    return th.CachingAutotuner.coordinate_descent_tuning(kernel, launcher)
+
+
+def publish_as_peer(peer: TuneCache, claim: Any, kernel: Any, config: FakeConfig) -> None:
+    """Publish a coordinate-descent result the way a peer's AutotuneCache.save does."""
+    from tunecache.keys import canonical_json
+
+    entry = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages,
+             "configs_hash": kernel.save_cache_hook.__self__.configs_hash,
+             "found_by_coordesc": True}
+    assert peer.publish(claim, {canonical_json(entry): 2.5}) is not None
+
+
+def test_worker_hit_skips_coordinate_descent_in_the_compiling_process(coordesc):
+    # A hit read in a compile worker comes back with a triton.Config whose
+    # found_by_coordesc mark was dropped by unpickling (triton.Config.__setstate__):
+    # Inductor would run coordinate descent again at the first run.
+    k, launcher, _ = coordesc.kernel(0)
+    assert first_run(k, launcher).config.kwargs == TUNED.kwargs  # tuned and published
+    assert coordesc.tuned == [launcher]
+
+    k, _, _ = coordesc.kernel(1)  # the worker's load on another GPU: a hit
+    assert k.autotune_cache_info["autotune_cache_state"] == "hit"
+    unpickled = FakeLauncher(FakeConfig(16, XBLOCK=1024))  # the stored config, no mark
+    assert first_run(k, unpickled) is unpickled
+    assert unpickled.config.found_by_coordesc is True
+    assert tc_inductor.triton_stats.coordesc_restored == 1
+    assert coordesc.tuned == [launcher] and k.compiled == []
+
+
+def test_a_kernel_a_peer_tuned_first_adopts_its_config_without_tuning(coordesc):
+    k, launcher, key = coordesc.kernel(0)  # loaded (a miss) before the peer published
+    claim = coordesc.peer.claim(key)
+    publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
+    adopted = first_run(k, launcher)
+    assert (adopted.config.kwargs, adopted.config.num_warps) == ({"XBLOCK": 256}, 8)
+    assert adopted.config.found_by_coordesc is True and k.compiled == [adopted.config]
+    assert coordesc.tuned == [] and tc_inductor.triton_stats.adopted == 1
+
+
+def test_a_kernel_a_peer_is_tuning_runs_untuned_once_then_waits_for_the_peer(coordesc):
+    k, launcher, key = coordesc.kernel(0)
+    claim = coordesc.peer.claim(key)
+    assert first_run(k, launcher) is launcher  # launched with autotune_to_one_config's pick
+    assert not getattr(launcher.config, "found_by_coordesc", False)  # run() comes back
+    assert k._cache_eligible is False  # and 2.13's fast path does not skip that
+    assert coordesc.tuned == [] and tc_inductor.triton_stats.deferred == 1
+
+    peer = threading.Timer(0.5, publish_as_peer,
+                           (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
+    peer.start()
+    adopted = first_run(k, launcher)  # the next run waits for the peer
+    peer.join()
+    assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
+    assert k._cache_eligible is True and coordesc.tuned == []
+    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+
+
+def test_a_free_kernel_is_claimed_tuned_and_published_for_the_peers(coordesc):
+    k, launcher, key = coordesc.kernel(0)
+    assert first_run(k, launcher).config.found_by_coordesc
+    assert coordesc.tuned == [launcher]
+    stored = coordesc.peer.lookup(key)
+    assert stored is not None and json.loads(stored.best)["XBLOCK"] == 1024
+    assert json.loads(stored.best)["found_by_coordesc"] is True
+    assert tc_inductor.triton_stats.published == 1
+
+
+def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
+    coordesc.fail.append(True)
+    k, launcher, key = coordesc.kernel(0)
+    with pytest.raises(RuntimeError, match="benchmark failed"):
+        first_run(k, launcher)
+    assert isinstance(coordesc.peer.claim(key, wait=0.0), Claim)  # no lease to wait out
+
+
+def test_a_peer_killed_while_tuning_is_taken_over_after_its_lease(coordesc):
+    k, launcher, key = coordesc.kernel(0)
+    coordesc.peer.claim(key, lease_seconds=1.0)  # and never publishes
+    assert first_run(k, launcher) is launcher  # deferred
+    t0 = time.monotonic()
+    assert first_run(k, launcher).config.kwargs == TUNED.kwargs  # waited, took it over
+    assert 0.8 < time.monotonic() - t0 < 30
+    assert coordesc.tuned == [launcher]
+    assert json.loads(coordesc.peer.lookup(key).best)["XBLOCK"] == 1024
 
 
 def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_path):
@@ -492,6 +613,29 @@ def test_triton_sharing_is_off_unless_asked_for(tmp_path):
         tc_inductor.disable()
 
 
+def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_path):
+    # Two ranks run the same 8 kernels in the same order, twice (two training steps).
+    # Each rank's fake coordinate descent finds a different config, so a kernel tuned
+    # by both, or not adopted, would show.
+    db = str(tmp_path / "tune.db")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    ranks = [
+        subprocess.Popen([sys.executable, __file__, "split", db, str(tmp_path), str(i)],
+                         env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"ind-{i}")},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in (0, 1)
+    ]
+    outs = [r.communicate(timeout=180) for r in ranks]
+    assert all(r.returncode == 0 for r in ranks), [err[-3000:] for _, err in outs]
+    a, b = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert sorted(a["tuned"] + b["tuned"]) == list(range(8))  # each kernel tuned once
+    assert a["tuned"] and b["tuned"]  # and the work was split
+    assert a["final"] == b["final"]
+    assert all(found for _, _, found in a["final"])
+    assert a["deferred"] + b["deferred"] >= 1
+
+
 def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
     cache = tunecache.open(db, triton_configs=True)
     tc_inductor.enable(cache)
@@ -507,5 +651,51 @@ def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
                       "stats": tc_inductor.triton_stats.as_dict()}))
 
 
+def _split_main(db: str, tmp: str, index: int) -> None:
+    """One rank of the split test: 8 kernels, two steps, a slow rank-specific tuner."""
+    tuned: list[int] = []
+
+    def inductors_own(self, launcher, *args, **kwargs):
+        tuned.append(self.number)
+        time.sleep(0.3)
+        best = TritonConfig({"XBLOCK": 2 ** (6 + index)}, 4, 1)
+        self.save_cache_hook(best, 300_000_000, found_by_coordesc=True)
+        best.found_by_coordesc = True
+        return FakeLauncher(best)
+
+    th.CachingAutotuner.coordinate_descent_tuning = inductors_own
+    ac.Config = TritonConfig
+    cache = tunecache.open(db, triton_configs=True)
+    tc_inductor.enable(cache)
+    kernels, launchers = [], []
+    for i in range(8):
+        m = meta(coordesc=True)
+        cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index, f"tmp0 + {i}"), m)
+        kernel = FakeKernel(autotune_cache, m)
+        kernel.number = i
+        kernels.append(kernel)
+        launchers.append(FakeLauncher(cfgs[0]))
+    (Path(tmp) / f"ready-{index}").touch()  # start together, as ranks after a barrier
+    deadline = time.monotonic() + 60
+    while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _step in range(2):
+        for i, kernel in enumerate(kernels):  # CachingAutotuner.run, as far as we care
+            if not getattr(launchers[i].config, "found_by_coordesc", False):
+                launchers[i] = th.CachingAutotuner.coordinate_descent_tuning(
+                    kernel, launchers[i])
+    stats = tc_inductor.triton_stats.as_dict()
+    tc_inductor.disable()
+    print(json.dumps({
+        "tuned": tuned,
+        "final": [[c.config.kwargs, c.config.num_warps,
+                   getattr(c.config, "found_by_coordesc", False)] for c in launchers],
+        "deferred": stats["deferred"],
+    }))
+
+
 if __name__ == "__main__":
-    _rank_main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if sys.argv[1] == "split":
+        _split_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        _rank_main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

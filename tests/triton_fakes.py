@@ -39,8 +39,23 @@ def meta(coordesc: bool = False, name: str = "triton_poi_fused_add_0") -> dict[s
     }
 
 
+def benchmark_harness(index: int, size: int = 1024) -> str:
+    """What Inductor appends to a kernel module it benchmarks (codegen_kernel_benchmark)."""
+    return (
+        "def get_args():\n"
+        f"    arg_0 = rand_strided(({size},), (1,), device='cuda:{index}', "
+        "dtype=torch.float32)\n"
+        "    return arg_0,\n"
+        "def call(args):\n"
+        f"    with torch.cuda._DeviceGuard({index}):\n"
+        f"        torch.cuda.set_device({index})\n"
+        f"        stream{index} = get_raw_stream({index})\n"
+        f"        triton_poi_fused_add_0.run(*args, stream=stream{index})\n"
+    )
+
+
 def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
-                heuristic: str = "pointwise") -> str:
+                heuristic: str = "pointwise", tail: str = "") -> str:
     """A kernel module as Inductor writes it; the device index differs per rank."""
     source = (
         "import triton\n"
@@ -53,8 +68,9 @@ def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
         "max_threads_per_block=1024, warp_size=32)}, inductor_meta={})\n"
         "@triton.jit\n"
         f"def triton_poi_fused_add_0(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    {body}\n"
+        + tail
     )
-    path = tmp / f"rank{index}-{abs(hash((body, heuristic))) % 10**8}" / "kernel.py"
+    path = tmp / f"rank{index}-{abs(hash((body, heuristic, tail))) % 10**8}" / "kernel.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
     return str(path)
@@ -73,3 +89,42 @@ def load_kernel(filename: str, kernel_meta: dict[str, Any]) -> dict[str, Any]:
         "state": info.get("autotune_cache_state"),
         "remote_class": rc.RemoteAutotuneCache.__name__,
     }
+
+
+class TritonConfig(FakeConfig):
+    """What Inductor rebuilds a stored coordinate-descent config as (triton.Config's
+    signature); tests put it in place of autotune_cache.Config, as there is no triton."""
+
+    def __init__(self, kwargs: dict[str, int], num_warps: int = 4, num_stages: int = 1) -> None:
+        super().__init__(num_warps, num_stages, **kwargs)
+
+
+class FakeLauncher:
+    def __init__(self, config: FakeConfig) -> None:
+        self.config = config
+        self.cache_hash = f"cubin-{config.kwargs}-{config.num_warps}"
+
+
+class FakeKernel:
+    """What coordinate descent reads of a CachingAutotuner (with 2.13's fast-path fields)
+    whose autotune cache is ``autotune_cache``; records the configs it compiles."""
+
+    def __init__(self, autotune_cache: Any, inductor_meta: dict[str, Any]) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        self.save_cache_hook = autotune_cache.save
+        self.configs = configs()
+        self.inductor_meta = inductor_meta
+        self.heuristic_type = SimpleNamespace(name="POINTWISE")
+        self.lock = threading.Lock()
+        self.fn = SimpleNamespace(fn=object())
+        self._cached_launcher = None
+        self._cache_eligible = True
+        self.compiled: list[FakeConfig] = []
+
+    def _precompile_config(self, cfg: FakeConfig) -> Any:
+        from types import SimpleNamespace
+
+        self.compiled.append(cfg)
+        return SimpleNamespace(make_launcher=lambda: FakeLauncher(cfg))

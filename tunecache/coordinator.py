@@ -151,14 +151,7 @@ class TuneCache:
 
     def lookup(self, key: Mapping[str, Any]) -> Result | None:
         """The stored result of ``key`` if it is done and valid; never claims or waits."""
-        h, _ = key_hash(key)
-        if not self._ensure_available():
-            return None
-        try:
-            row = self._store.read([h]).get(h)
-        except StoreError as e:
-            self._disable(e)
-            return None
+        row = self._read_row(key)
         if row is None or row.state != "done":
             return None
         result = self._result_from_row(row, "hit")
@@ -277,6 +270,35 @@ class TuneCache:
         self._usage.add([result])
         self._maybe_flush()
         return result
+
+    def in_progress(self, key: Mapping[str, Any]) -> bool:
+        """Whether a live claim on ``key`` is held right now (by anyone); only reads."""
+        row = self._read_row(key)
+        return row is not None and row.state == "claimed" and not row.lease_expired
+
+    def _read_row(self, key: Mapping[str, Any]) -> Entry | None:
+        """The stored row of ``key`` (None: absent, or the store is unavailable)."""
+        if not self._ensure_available():
+            return None
+        try:
+            h, _ = key_hash(key)
+            return self._store.read([h]).get(h)
+        except StoreError as e:
+            self._disable(e)
+            return None
+
+    def release(self, claim: Claim, error: str) -> None:
+        """Give back a key claimed with :meth:`claim` that will not be published.
+
+        Waiting peers take it at once instead of after the lease. It counts as a failed
+        attempt (``error`` says why), so a key that never gets a result ends ``failed``.
+        """
+        if not self._ensure_available():
+            return
+        try:
+            self._store.release_failed(claim, error, self.settings.max_attempts)
+        except StoreError as e:
+            self._disable(e)
 
     def _claim_answer(self, row: Entry | None, source: Source) -> Result | None:
         """:meth:`claim`'s answer for a row it did not claim (None: tune locally)."""

@@ -106,6 +106,7 @@ import json
 import logging
 import math
 import os
+import sys
 import platform
 import re
 import threading
@@ -855,8 +856,9 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 # * Loads never wait. Inductor autotunes a kernel at its first run, after the whole graph
 #   has compiled, so a load that waited for a peer's claim would stall this rank's compile
 #   until the peer ran its graph, and two ranks holding each other's claims would both
-#   stall for the whole lease. A miss is tuned here; the first publish of a key wins and
-#   later ones are dropped (entries are immutable), so every later job gets one config.
+#   stall for the whole lease. The claim comes at the first run, around coordinate
+#   descent (_sharing_coordesc), where ranks split the kernels between them. Other saves
+#   claim and publish at once; the first publish of a key wins (entries are immutable).
 # * Inductor's remote key hashes the kernel source, and the source embeds
 #   ``DeviceProperties(type='cuda', index=N, ...)``: rank N's key would differ from rank
 #   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
@@ -877,6 +879,17 @@ _KERNEL_DEF = re.compile(r"@triton\.jit\s*\ndef (\w+)\(")
 # DeviceProperties is a NamedTuple; its repr in the generated source starts
 # "DeviceProperties(type='cuda', index=0, " (torch/_inductor/runtime/hints.py, 2.11-2.14).
 _DEVICE_INDEX = re.compile(r"(DeviceProperties\(type='([^']*)', )index=\d+")
+# The benchmark harness Inductor appends to a kernel module it benchmarks (fusion
+# decisions, config.benchmark_kernel; codegen_kernel_benchmark in codegen/triton.py,
+# 2.11-2.14) names the device index too: rand_strided(..., device='cuda:1'),
+# _DeviceGuard(1), set_device(1), stream1 = get_raw_stream(1). Seen on 2xH200: without
+# this the two ranks' fusion benchmark kernels had different keys, so neither reused the
+# other's tuning (43 keys, 32 of them in pairs).
+_HARNESS_DEVICE_INDEX = (
+    (re.compile(r"(device='\w+):\d+'"), r"\1:N'"),
+    (re.compile(r"\b(_DeviceGuard|set_device|get_raw_stream)\(\d+\)"), r"\1(N)"),
+    (re.compile(r"\bstream\d+\b"), "streamN"),
+)
 
 
 @dataclasses.dataclass
@@ -896,7 +909,13 @@ class TritonStats:
     puts: int = 0  # results Inductor saved
     published: int = 0  # results stored in the shared cache
     unpublished: int = 0  # not stored: done already, a peer publishing it, store down
-    coordesc_restored: int = 0  # worker hits whose coordinate descent was skipped here
+    coordesc_restored: int = 0  # stored result already the launcher's (a worker hit)
+    adopted: int = 0  # stored result (usually a peer's) compiled and run instead of tuning
+    deferred: int = 0  # first runs launched untuned while a peer tuned the kernel
+    peer_wait_seconds: float = 0.0  # waiting at the next run of deferred kernels
+    # Names of the kernels whose saves were the puts (the first 100): what a warm job
+    # still tuned, for bench_gpu.py's report.
+    saved_kernels: list[str] = dataclasses.field(default_factory=list)
     errors: int = 0  # tunecache failed inside get/put; Inductor went on without it
     wait_seconds: float = 0.0  # spent in lookups
     _lock: threading.Lock = dataclasses.field(
@@ -906,13 +925,15 @@ class TritonStats:
     def reset(self) -> None:
         with self._lock:
             for f in dataclasses.fields(self):
-                if f.name != "_lock":
+                if f.name == "saved_kernels":
+                    self.saved_kernels = []
+                elif f.name != "_lock":
                     setattr(self, f.name, f.default)
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             return {
-                f.name: getattr(self, f.name)
+                f.name: list(v) if isinstance(v := getattr(self, f.name), list) else v
                 for f in dataclasses.fields(self)
                 if f.name != "_lock"
             }
@@ -921,6 +942,11 @@ class TritonStats:
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+
+    def _saved(self, name: str) -> None:
+        with self._lock:
+            if len(self.saved_kernels) < 100:
+                self.saved_kernels.append(name)
 
 
 triton_stats = TritonStats()
@@ -944,6 +970,8 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
     props = {k: m.group(1) for k in ("cc", "multi_processor_count")
              if (m := re.search(rf"DeviceProperties\([^)]*\b{k}=([^,)]+)", source))}
     normalized = _DEVICE_INDEX.sub(r"\1index=None", source)
+    for pattern, blank in _HARNESS_DEVICE_INDEX:
+        normalized = pattern.sub(blank, normalized)
     jit = _KERNEL_DEF.search(source)
     name = jit.group(1) if jit else str(inductor_meta.get("kernel_name") or "triton_kernel")
     if jit:
@@ -1056,8 +1084,10 @@ class _TritonCache:
 
     get (at kernel load, in this process or a compile worker): a stored, valid best config
     -> it; else None, and Inductor tunes the kernel at its first run. It never claims or
-    waits (see this section's notes). put (at the first run, always in the compiling
-    process): claim the key and publish at once, unless it is done already. With
+    waits (see this section's notes). plan_coordesc (at the first run, before coordinate
+    descent): adopt, claim, or defer to a peer. put (at the first run, always in the
+    compiling process): publish under plan_coordesc's claim, or claim the key and publish
+    at once, unless it is done already. With
     coordinate descent on, Inductor saves twice per kernel (the autotune_to_one_config
     winner, then the coordinate descent result); entries are immutable, so the first is
     held back until the second replaces it, or until this thread moves on to another
@@ -1073,6 +1103,7 @@ class _TritonCache:
         self.worker = worker
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+        self._claims: dict[str, Any] = {}  # key hash -> Claim, from plan_coordesc to put
         self._warned: set[str] = set()
 
     @staticmethod
@@ -1169,15 +1200,61 @@ class _TritonCache:
         triton_stats._add(hits=1)
         return best
 
-    def stored_coordesc_config(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        """The stored best config of a kernel if coordinate descent found it, else None."""
-        _, best = self._stored_best(self._key(inductor_key, key_text)[1])
-        return best if best is not None and best.get("found_by_coordesc") else None
+    def plan_coordesc(
+        self, inductor_key: str, key_text: str, *, deferred: bool, can_defer: bool
+    ) -> tuple[str, dict[str, Any] | None]:
+        """What a kernel's first run does instead of, or around, coordinate descent.
+
+        ``("adopt", best)``: the store has the coordinate-descent result; run it.
+        ``("tune", None)``: this process claimed the key; tune and publish it.
+        ``("defer", None)``: a peer is tuning it; launch untuned this once and come back at
+        the next run. ``("local", None)``: tune here without the cache (store down,
+        readonly, a failed or invalid entry, or the peer's result never came).
+        ``deferred``: the kernel was deferred before, so wait for the peer now.
+        """
+        _, key, key_hash = self._key(inductor_key, key_text)
+        with self._lock:
+            # The autotune_to_one_config save held for this key: coordinate descent
+            # decides now, and its result (ours or a peer's) is the one that counts.
+            self._held.pop(key_hash, None)
+        cache = self.cache()
+        answer: Any = cache.lookup(key)
+        if answer is None:
+            wait = TRITON_LEASE_SECONDS + 5.0 if deferred else 0.0
+            t0 = time.perf_counter()
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=wait)
+            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0 if deferred else 0)
+        from .coordinator import Result
+
+        if isinstance(answer, Result):
+            best = None if answer.source == "failed" else triton_config_from_entry(answer.timings)
+            if best is not None and best.get("found_by_coordesc"):
+                return "adopt", best
+            return "local", None
+        if answer is not None:
+            with self._lock:
+                self._claims[key_hash] = answer
+            return "tune", None
+        if not deferred and can_defer and cache.in_progress(key):
+            return "defer", None
+        return "local", None
+
+    def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
+        """Give back this process's claim on a kernel if it was not published."""
+        try:
+            key_hash = self._key(inductor_key, key_text)[2]
+            with self._lock:
+                claim = self._claims.pop(key_hash, None)
+            if claim is not None:
+                self.cache().release(claim, error)
+        except Exception as e:  # noqa: BLE001 - called on Inductor's paths, even its errors'
+            self._warn_once("giving back a Triton kernel's claim", e)
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
             return
         info, key, key_hash = self._key(inductor_key, key_text)
+        triton_stats._saved(str(key["op"]))
         thread = threading.get_ident()
         # With coordinate descent on, autotune_to_one_config saves first (it passes the
         # winner's triton_cache_hash), then coordinate descent saves the final config
@@ -1208,7 +1285,10 @@ class _TritonCache:
             triton_stats._add(unpublished=1)
             return
         cache = self.cache()
-        claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+        with self._lock:
+            claim: Any = self._claims.pop(key_hash, None)  # taken by plan_coordesc
+        if claim is None:
+            claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
         if claim is None or isinstance(claim, Result):
             # Done already (a peer published first, or this is a hit saved again), a
             # peer is publishing it right now, or the store is unavailable or readonly.
@@ -1253,72 +1333,185 @@ def _remote_cache_class() -> type:
     return TuneCacheAutotuneCache
 
 
-def _restoring_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
-    """``CachingAutotuner.coordinate_descent_tuning``, skipped for a shared-cache hit that
-    coordinate descent found.
+def _shared_kernel(kernel: Any, ours: type) -> tuple[str, str] | None:
+    """(Inductor's key, our key text) of a kernel whose autotune cache is ours, else None."""
+    autotune_cache = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
+    remote = getattr(autotune_cache, "remote_cache", None)
+    if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+        return autotune_cache.remote_cache_full_key, remote[1]
+    return None
 
-    A hit read in a compile worker marks its config ``found_by_coordesc`` so that the
-    first run skips coordinate descent, but the mark does not survive the trip back:
-    triton.Config.__setstate__ restores only its own fields (triton 3.x), and Inductor
-    re-checks its cache only for statically launched kernels loaded from the FX cache
-    (``recheck_autotune_cache``). So the compiling process asks the store once more for a
-    kernel whose load was a hit, and keeps the launcher's config if it is the stored one.
+
+def _coordesc_tunes(kernel: Any) -> bool:
+    """Whether Inductor's coordinate descent would tune (and save) this kernel.
+
+    2.13+ asks ``_should_coordesc_tune``; 2.11 returns early for template, user and
+    fixed-config kernels, and those are the heuristics that property also excludes.
+    """
+    should = getattr(type(kernel), "_should_coordesc_tune", None)
+    if isinstance(should, property):
+        return bool(kernel._should_coordesc_tune)
+    kind = getattr(getattr(kernel, "heuristic_type", None), "name", "")
+    if kind in ("TEMPLATE", "USER_AUTOTUNE", "FIXED"):
+        return False
+    # 2.11 also leaves reductions alone in deterministic mode (their numerics).
+    return not (getattr(kernel, "deterministic_mode", False)
+                and kind in ("REDUCTION", "PERSISTENT_REDUCTION", "SPLIT_SCAN"))
+
+
+def _can_defer(kernel: Any) -> bool:
+    """Whether run() will call coordinate descent again at this kernel's next launch.
+
+    It does while the launcher's config is not ``found_by_coordesc``, except that 2.13+
+    then caches the launcher for a fast path after the first launch; with it off
+    (``_cache_eligible``) the next launch takes the slow path again. A torch with a
+    fast path we do not know could keep the untuned config for good: no deferral there.
+    """
+    return not hasattr(kernel, "_cached_launcher") or hasattr(kernel, "_cache_eligible")
+
+
+# On a deferred kernel: its own ``_cache_eligible`` (None where there is none), to put back.
+_DEFERRED = "_tunecache_deferred"
+
+
+def _same_config(a: Any, b: Any) -> bool:
+    return (a.num_warps, a.num_stages, dict(a.kwargs)) == (b.num_warps, b.num_stages, dict(b.kwargs))
+
+
+def _adopt(kernel: Any, launcher: Any, best: dict[str, Any]) -> Any:
+    """The launcher of the stored coordinate-descent config ``best`` of ``kernel``."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    autotune_cache = kernel.save_cache_hook.__self__
+    # Inductor's own reading of a saved best config (the one a kernel load uses).
+    config = ac._load_cached_autotuning(
+        dict(best), autotune_cache.configs_hash, kernel.configs, kernel.inductor_meta
+    )
+    if config is None:
+        raise ValueError("the stored config is not one of this kernel's")
+    if _same_config(config, launcher.config):
+        launcher.config.found_by_coordesc = True
+        triton_stats._add(coordesc_restored=1)
+        return launcher
+    ensure_loaded = getattr(kernel, "_ensure_kernel_loaded", None)
+    if ensure_loaded is not None:
+        ensure_loaded()
+    elif kernel.fn.fn is None:  # 2.11: what its coordinate descent does first
+        kernel.fn = kernel._reload_kernel().fn
+    with kernel.lock:  # as Inductor's coordinate descent compiles a config
+        adopted = kernel._precompile_config(config).make_launcher()
+    adopted.config.found_by_coordesc = True
+    try:
+        from torch._inductor.triton_bundler import TritonBundler
+
+        if hasattr(TritonBundler, "put_winner"):  # 2.13+: the FX cache bundles winners
+            TritonBundler.put_winner(adopted.cache_hash)
+    except ImportError:
+        pass
+    triton_stats._add(adopted=1)
+    return adopted
+
+
+def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``CachingAutotuner.coordinate_descent_tuning`` through the shared cache.
+
+    Inductor calls it at a kernel's first run (and at every run while the launcher's
+    config is not ``found_by_coordesc``). Ranks run the same kernels in the same order,
+    so a claim-or-wait here would only make one rank idle while the other tunes. Instead
+    (:meth:`_TritonCache.plan_coordesc`): a stored result is adopted; a free key is
+    claimed and tuned here; a key a peer is tuning is launched once with the config
+    autotune_to_one_config chose, and at its next run this rank waits for the peer's
+    result and adopts it. The ranks thus take turns along the graph and each tunes about
+    half of its kernels, and from the second run on every rank runs the same configs.
+
+    It also covers hits read in compile workers: their ``found_by_coordesc`` mark does
+    not survive the trip back (triton.Config.__setstate__ restores only its own fields,
+    triton 3.x), so without this their first run would tune again.
     """
 
     def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
         state = _TRITON
-        if state is not None and getattr(self, "autotune_cache_info", {}).get(
-            "autotune_cache_state"
-        ) == "hit":
-            try:
-                autotune_cache = getattr(self.save_cache_hook, "__self__", None)
-                remote = getattr(autotune_cache, "remote_cache", None)
-                if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
-                    best = state.stored_coordesc_config(
-                        autotune_cache.remote_cache_full_key, remote[1]
-                    )
-                    config = launcher.config
-                    if best is not None and (
-                        best["num_warps"], best["num_stages"]
-                    ) == (config.num_warps, config.num_stages) and all(
-                        best.get(k) == v for k, v in config.kwargs.items()
-                    ):
-                        config.found_by_coordesc = True
-                        triton_stats._add(coordesc_restored=1)
-                        return launcher
-            except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
-                state._warn_once("checking a Triton kernel's stored coordinate descent", e)
-        return orig(self, launcher, *args, **kwargs)
+        kernel = _shared_kernel(self, ours) if state is not None else None
+        if state is None or kernel is None or not _coordesc_tunes(self):
+            return orig(self, launcher, *args, **kwargs)
+        deferred = self.__dict__.pop(_DEFERRED, False)
+        if deferred:
+            eligible = deferred[0]
+            if eligible is not None:
+                self._cache_eligible = eligible
+        try:
+            action, best = state.plan_coordesc(
+                *kernel, deferred=bool(deferred), can_defer=_can_defer(self)
+            )
+            if action == "adopt":
+                return _adopt(self, launcher, best or {})
+        except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+            state._warn_once("sharing a Triton kernel's coordinate descent", e)
+            state.release_claim(*kernel, f"{type(e).__name__}: {e}")
+            return orig(self, launcher, *args, **kwargs)
+        if action == "defer":
+            setattr(self, _DEFERRED, (getattr(self, "_cache_eligible", None),))
+            if hasattr(self, "_cache_eligible"):
+                self._cache_eligible = False
+            triton_stats._add(deferred=1)
+            return launcher
+        try:
+            return orig(self, launcher, *args, **kwargs)
+        finally:
+            # Normally the save inside published it; if not (it raised, or saved nothing),
+            # give the key back now rather than make peers wait out the lease.
+            state.release_claim(*kernel, "coordinate descent published no result")
 
     return coordinate_descent_tuning
 
 
-# (CachingAutotuner, its own coordinate_descent_tuning) while _restoring_coordesc is on it;
+# (CachingAutotuner, its own coordinate_descent_tuning) while _sharing_coordesc is on it;
 # _coordesc_tried: whether this enable has tried to put it there (once: see create()).
 _COORDESC: tuple[type, Callable[..., Any]] | None = None
 _coordesc_tried = False
 _coordesc_lock = threading.Lock()  # kernels may load on several threads at once
 
 
-def _install_coordesc_restore(ours: type) -> None:
-    """Put :func:`_restoring_coordesc` on CachingAutotuner, at the first kernel load.
+def _ensure_coordesc_sharing(ours: type) -> None:
+    """Put :func:`_sharing_coordesc` on CachingAutotuner once CachingAutotuner exists.
 
-    Not when Triton sharing is enabled: that can happen inside the import of
-    triton_heuristics itself (it imports autotune_cache, whose import the autoload hook
-    watches), before CachingAutotuner exists. A kernel load runs triton_heuristics code,
-    so by then the module is complete. Compile workers never need it (no first runs).
+    Triton sharing can be enabled inside the import of triton_heuristics itself (it
+    imports autotune_cache, whose import the autoload hook watches), before the class
+    exists; then this waits for the first kernel load in this process (create()), which
+    runs triton_heuristics code. Usually the class exists at enable() already (the GEMM
+    hooks are enabled after select_algorithm, which imports it), and it must be there
+    by then: with parallel compile the first in-process kernel load can come after the
+    forward graph's first run, whose kernels would otherwise all be tuned on every rank
+    (seen on 2xH200). Compile workers never need it (no first runs).
     """
-    global _COORDESC
-    from torch._inductor.runtime import triton_heuristics as th
+    global _coordesc_tried
+    state = _TRITON
+    if state is None or state.worker or _coordesc_tried:
+        return
+    th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
+    if getattr(th, "CachingAutotuner", None) is None:
+        return
+    with _coordesc_lock:
+        if _coordesc_tried:
+            return
+        _coordesc_tried = True
+        try:
+            _install_coordesc_sharing(th.CachingAutotuner, ours)
+        except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+            state._warn_once("sharing coordinate descent", e)
 
-    orig = th.CachingAutotuner.__dict__.get("coordinate_descent_tuning")
+
+def _install_coordesc_sharing(cls: type, ours: type) -> None:
+    global _COORDESC
+
+    orig = cls.__dict__.get("coordinate_descent_tuning")
     if not callable(orig) or _param_names(orig)[:1] != ("launcher",):
         raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
-    th.CachingAutotuner.coordinate_descent_tuning = _restoring_coordesc(orig, ours)
-    _COORDESC = (th.CachingAutotuner, orig)
+    cls.coordinate_descent_tuning = _sharing_coordesc(orig, ours)  # type: ignore[attr-defined]
+    _COORDESC = (cls, orig)
 
 
-def _remove_coordesc_restore() -> None:
+def _remove_coordesc_sharing() -> None:
     global _COORDESC, _coordesc_tried
     _coordesc_tried = False
     if _COORDESC is not None:
@@ -1331,16 +1524,8 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     """``AutotuneCache.create``, re-keying our remote cache without the device index."""
 
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
-        global _coordesc_tried
-        state = _TRITON
-        if state is not None and not state.worker and not _coordesc_tried:
-            with _coordesc_lock:
-                if not _coordesc_tried:
-                    _coordesc_tried = True
-                    try:
-                        _install_coordesc_restore(ours)
-                    except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
-                        state._warn_once("skipping coordinate descent of worker hits", e)
+        if not _coordesc_tried:
+            _ensure_coordesc_sharing(ours)
         cache = orig(inductor_meta, filename, configs_hash)
         remote = getattr(cache, "remote_cache", None)
         if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
@@ -1419,6 +1604,7 @@ def _enable_triton(
         rc.RemoteAutotuneCache = ours
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
         config.autotune_remote_cache = True
+        _ensure_coordesc_sharing(ours)
         if not worker and config.compile_threads != 1 and not _workers_read_cache(db_url):
             config.compile_threads = 1
             log.info(
@@ -1450,7 +1636,7 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
 
-    _remove_coordesc_restore()
+    _remove_coordesc_sharing()
     if rc.RemoteAutotuneCache is patch.ours:
         rc.RemoteAutotuneCache = patch.remote_cls
     ac.AutotuneCache.create = patch.create
