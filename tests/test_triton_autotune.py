@@ -448,6 +448,32 @@ def test_a_kernel_a_peer_is_tuning_runs_untuned_once_then_waits_for_the_peer(coo
     assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
 
 
+def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(
+        coordesc, monkeypatch):
+    monkeypatch.setattr(tc_inductor, "_cuda_graph_trees_in_use", lambda kernel: True)
+    k, launcher, key = coordesc.kernel(0)
+    claim = coordesc.peer.claim(key)
+    peer = threading.Timer(0.5, publish_as_peer,
+                           (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
+    peer.start()
+    adopted = first_run(k, launcher)
+    peer.join()
+    assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
+    assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
+
+
+def test_a_deferred_kernel_recorded_in_a_cuda_graph_keeps_its_first_config(
+        coordesc, monkeypatch):
+    k, launcher, key = coordesc.kernel(0)
+    claim = coordesc.peer.claim(key)
+    assert first_run(k, launcher) is launcher  # deferred
+    publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
+    monkeypatch.setattr(tc_inductor, "_capturing", lambda: True)
+    assert first_run(k, launcher) is launcher  # no compile while capturing
+    assert launcher.config.found_by_coordesc is True and k.compiled == []
+    assert k._cache_eligible is True and tc_inductor.triton_stats.kept_untuned == 1
+
+
 def test_a_free_kernel_is_claimed_tuned_and_published_for_the_peers(coordesc):
     k, launcher, key = coordesc.kernel(0)
     assert first_run(k, launcher).config.found_by_coordesc

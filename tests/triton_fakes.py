@@ -114,6 +114,7 @@ class FakeKernel:
         from types import SimpleNamespace
 
         self.save_cache_hook = autotune_cache.save
+        self.triton_meta = {"device": 0, "device_type": "cuda"}  # as CachingAutotuner keeps it
         self.configs = configs()
         self.inductor_meta = inductor_meta
         self.heuristic_type = SimpleNamespace(name="POINTWISE")

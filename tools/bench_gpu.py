@@ -207,6 +207,9 @@ def main() -> int:
     compiled = torch.compile(model, mode=mode)
 
     def step() -> None:
+        # Under mode="max-autotune" (CUDA graph trees) a new step must be marked, or the
+        # backward reads outputs the next replay has overwritten. A no-op otherwise.
+        torch.compiler.cudagraph_mark_step_begin()
         compiled(x).float().pow(2).mean().backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

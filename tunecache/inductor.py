@@ -913,6 +913,7 @@ class TritonStats:
     adopted: int = 0  # stored result (usually a peer's) compiled and run instead of tuning
     deferred: int = 0  # first runs launched untuned while a peer tuned the kernel
     peer_wait_seconds: float = 0.0  # waiting at the next run of deferred kernels
+    kept_untuned: int = 0  # deferred kernels whose next run a CUDA graph recorded
     # Names of the kernels whose saves were the puts (the first 100): what a warm job
     # still tuned, for bench_gpu.py's report.
     saved_kernels: list[str] = dataclasses.field(default_factory=list)
@@ -1210,7 +1211,8 @@ class _TritonCache:
         ``("defer", None)``: a peer is tuning it; launch untuned this once and come back at
         the next run. ``("local", None)``: tune here without the cache (store down,
         readonly, a failed or invalid entry, or the peer's result never came).
-        ``deferred``: the kernel was deferred before, so wait for the peer now.
+        ``deferred``: the kernel was deferred before, so wait for the peer now; so does a
+        kernel that cannot be deferred (``can_defer`` false).
         """
         _, key, key_hash = self._key(inductor_key, key_text)
         with self._lock:
@@ -1220,10 +1222,11 @@ class _TritonCache:
         cache = self.cache()
         answer: Any = cache.lookup(key)
         if answer is None:
-            wait = TRITON_LEASE_SECONDS + 5.0 if deferred else 0.0
+            waits = deferred or not can_defer
             t0 = time.perf_counter()
-            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=wait)
-            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0 if deferred else 0)
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
+                                 wait=TRITON_LEASE_SECONDS + 5.0 if waits else 0.0)
+            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0 if waits else 0)
         from .coordinator import Result
 
         if isinstance(answer, Result):
@@ -1360,18 +1363,42 @@ def _coordesc_tunes(kernel: Any) -> bool:
 
 
 def _can_defer(kernel: Any) -> bool:
-    """Whether run() will call coordinate descent again at this kernel's next launch.
+    """Whether this kernel may run untuned once and adopt a peer's config at its next run.
 
-    It does while the launcher's config is not ``found_by_coordesc``, except that 2.13+
-    then caches the launcher for a fast path after the first launch; with it off
-    (``_cache_eligible``) the next launch takes the slow path again. A torch with a
-    fast path we do not know could keep the untuned config for good: no deferral there.
+    run() calls coordinate descent again at the next launch while the launcher's config is
+    not ``found_by_coordesc``, except that 2.13+ then caches the launcher for a fast path
+    after the first launch; with it off (``_cache_eligible``) the next launch takes the
+    slow path again. A torch with a fast path we do not know could keep the untuned
+    config for good: no deferral there. Nor under CUDA graph trees: they record a
+    function's second call, so the next launch would be recorded before the peer's
+    config could be compiled (which is not safe while capturing) and the graph would
+    replay the untuned config for good.
     """
-    return not hasattr(kernel, "_cached_launcher") or hasattr(kernel, "_cache_eligible")
+    if hasattr(kernel, "_cached_launcher") and not hasattr(kernel, "_cache_eligible"):
+        return False
+    return not _cuda_graph_trees_in_use(kernel)
+
+
+def _cuda_graph_trees_in_use(kernel: Any) -> bool:
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    try:
+        index = int(kernel.triton_meta["device"])
+        return trees.get_manager(index, create_if_none_exists=False) is not None
+    except Exception:  # noqa: BLE001 - unknown: assume they are, and do not defer
+        return True
 
 
 # On a deferred kernel: its own ``_cache_eligible`` (None where there is none), to put back.
 _DEFERRED = "_tunecache_deferred"
+
+
+def _capturing() -> bool:
+    """Whether this thread's current CUDA stream is capturing a CUDA graph."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _same_config(a: Any, b: Any) -> bool:
@@ -1439,6 +1466,13 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
             eligible = deferred[0]
             if eligible is not None:
                 self._cache_eligible = eligible
+            if _capturing():
+                # CUDA graphs record this launch (cudagraph trees record a function's
+                # second call): compiling the peer's config now is not safe, and the
+                # recorded graph would replay whatever runs. Keep the first config.
+                launcher.config.found_by_coordesc = True
+                triton_stats._add(kept_untuned=1)
+                return launcher
         try:
             action, best = state.plan_coordesc(
                 *kernel, deferred=bool(deferred), can_defer=_can_defer(self)
