@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -639,22 +640,69 @@ def test_triton_sharing_is_off_unless_asked_for(tmp_path):
         tc_inductor.disable()
 
 
+def _coordesc_proc(tmp: Path, index: int, *, kernels: int, tune_seconds: float,
+                   barrier: bool) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{index}")
+    return subprocess.Popen(
+        [sys.executable, __file__, "coordesc", str(tmp / "tune.db"), str(tmp), str(index),
+         str(kernels), str(tune_seconds), "barrier" if barrier else "alone"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_a_rank_killed_while_tuning_is_taken_over_by_its_peer(tmp_path):
+    holder = _coordesc_proc(tmp_path, 0, kernels=1, tune_seconds=60, barrier=False)
+    _wait_for(tmp_path / "tuning-0")  # it holds the claim, and tunes
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    peer = _result(_coordesc_proc(tmp_path, 1, kernels=1, tune_seconds=0.1, barrier=False))
+    assert peer["tuned"] == [0]  # took the key over once the lease passed
+    assert peer["final"] == [[{"XBLOCK": 128}, 4, True]]
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    try:
+        (row,) = stored(cache)
+    finally:
+        cache.close()
+    assert row["state"] == "done"
+    assert json.loads(next(iter(json.loads(row["timings_json"]))))["XBLOCK"] == 128
+
+
+def test_a_rank_stopped_past_its_lease_adopts_the_peers_result_when_it_resumes(tmp_path):
+    holder = _coordesc_proc(tmp_path, 0, kernels=1, tune_seconds=4, barrier=False)
+    _wait_for(tmp_path / "tuning-0")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        peer = _result(_coordesc_proc(tmp_path, 1, kernels=1, tune_seconds=0.1,
+                                      barrier=False))
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    stopped = _result(holder)
+    assert peer["tuned"] == [0] and stopped["tuned"] == [0]  # both measured: it was late
+    # Its late publish was refused, and it runs the stored config like its peer.
+    assert stopped["final"] == peer["final"] == [[{"XBLOCK": 128}, 4, True]]
+
+
 def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_path):
     # Two ranks run the same 8 kernels in the same order, twice (two training steps).
     # Each rank's fake coordinate descent finds a different config, so a kernel tuned
     # by both, or not adopted, would show.
-    db = str(tmp_path / "tune.db")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    ranks = [
-        subprocess.Popen([sys.executable, __file__, "split", db, str(tmp_path), str(i)],
-                         env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"ind-{i}")},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in (0, 1)
-    ]
-    outs = [r.communicate(timeout=180) for r in ranks]
-    assert all(r.returncode == 0 for r in ranks), [err[-3000:] for _, err in outs]
-    a, b = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    ranks = [_coordesc_proc(tmp_path, i, kernels=8, tune_seconds=0.3, barrier=True)
+             for i in (0, 1)]
+    a, b = (_result(r) for r in ranks)
     assert sorted(a["tuned"] + b["tuned"]) == list(range(8))  # each kernel tuned once
     assert a["tuned"] and b["tuned"]  # and the work was split
     assert a["final"] == b["final"]
@@ -677,36 +725,43 @@ def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
                       "stats": tc_inductor.triton_stats.as_dict()}))
 
 
-def _split_main(db: str, tmp: str, index: int) -> None:
-    """One rank of the split test: 8 kernels, two steps, a slow rank-specific tuner."""
+def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: float,
+                   barrier: bool) -> None:
+    """One rank of the real-process tests: ``kernels`` kernels run for two steps, with a
+    fake coordinate descent that takes ``tune_seconds`` and finds a rank-specific config
+    (so a kernel tuned twice, or not adopted, shows). It marks tmp/tuning-<index> when it
+    starts tuning."""
     tuned: list[int] = []
 
     def inductors_own(self, launcher, *args, **kwargs):
         tuned.append(self.number)
-        time.sleep(0.3)
+        (Path(tmp) / f"tuning-{index}").touch()
+        time.sleep(tune_seconds)
         best = TritonConfig({"XBLOCK": 2 ** (6 + index)}, 4, 1)
-        self.save_cache_hook(best, 300_000_000, found_by_coordesc=True)
+        self.save_cache_hook(best, int(tune_seconds * 1e9), found_by_coordesc=True)
         best.found_by_coordesc = True
         return FakeLauncher(best)
 
     th.CachingAutotuner.coordinate_descent_tuning = inductors_own
     ac.Config = TritonConfig
+    tc_inductor.TRITON_LEASE_SECONDS = 2.0  # a killed or stopped peer's claim expires soon
     cache = tunecache.open(db, triton_configs=True)
     tc_inductor.enable(cache)
-    kernels, launchers = [], []
-    for i in range(8):
+    loaded, launchers = [], []
+    for i in range(kernels):
         m = meta(coordesc=True)
         cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index, f"tmp0 + {i}"), m)
         kernel = FakeKernel(autotune_cache, m)
         kernel.number = i
-        kernels.append(kernel)
+        loaded.append(kernel)
         launchers.append(FakeLauncher(cfgs[0]))
-    (Path(tmp) / f"ready-{index}").touch()  # start together, as ranks after a barrier
-    deadline = time.monotonic() + 60
-    while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    if barrier:  # start together, as ranks after a barrier
+        (Path(tmp) / f"ready-{index}").touch()
+        deadline = time.monotonic() + 60
+        while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     for _step in range(2):
-        for i, kernel in enumerate(kernels):  # CachingAutotuner.run, as far as we care
+        for i, kernel in enumerate(loaded):  # CachingAutotuner.run, as far as we care
             if not getattr(launchers[i].config, "found_by_coordesc", False):
                 launchers[i] = th.CachingAutotuner.coordinate_descent_tuning(
                     kernel, launchers[i])
@@ -721,7 +776,8 @@ def _split_main(db: str, tmp: str, index: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "split":
-        _split_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if sys.argv[1] == "coordesc":
+        _coordesc_rank(sys.argv[2], sys.argv[3], int(sys.argv[4]), kernels=int(sys.argv[5]),
+                       tune_seconds=float(sys.argv[6]), barrier=sys.argv[7] == "barrier")
     else:
         _rank_main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1105,6 +1105,7 @@ class _TritonCache:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
         self._claims: dict[str, Any] = {}  # key hash -> Claim, from plan_coordesc to put
+        self._unpublished: set[str] = set()  # plan_coordesc's claims whose publish failed
         self._warned: set[str] = set()
 
     @staticmethod
@@ -1290,6 +1291,7 @@ class _TritonCache:
         cache = self.cache()
         with self._lock:
             claim: Any = self._claims.pop(key_hash, None)  # taken by plan_coordesc
+        planned = claim is not None
         if claim is None:
             claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
         if claim is None or isinstance(claim, Result):
@@ -1299,6 +1301,22 @@ class _TritonCache:
             return
         stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000)
         triton_stats._add(**{"published" if stored is not None else "unpublished": 1})
+        if planned and stored is None:
+            with self._lock:
+                self._unpublished.add(key_hash)
+
+    def stored_instead(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        """After this process tuned a kernel under a claim it then failed to publish (it
+        stalled past the lease and a peer took the key over): the stored config, which
+        every other rank runs. None if the publish went through or nothing valid is stored.
+        """
+        _, key, key_hash = self._key(inductor_key, key_text)
+        with self._lock:
+            if key_hash not in self._unpublished:
+                return None
+            self._unpublished.discard(key_hash)
+        found, best = self._stored_best(key)
+        return best if found and best is not None and best.get("found_by_coordesc") else None
 
 
 _TRITON: _TritonCache | None = None
@@ -1490,11 +1508,18 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
             triton_stats._add(deferred=1)
             return launcher
         try:
-            return orig(self, launcher, *args, **kwargs)
+            winner = orig(self, launcher, *args, **kwargs)
         finally:
             # Normally the save inside published it; if not (it raised, or saved nothing),
             # give the key back now rather than make peers wait out the lease.
             state.release_claim(*kernel, "coordinate descent published no result")
+        try:
+            stored = state.stored_instead(*kernel)
+            if stored is not None:  # a peer's result won: run it, as every rank does
+                return _adopt(self, winner, stored)
+        except Exception as e:  # noqa: BLE001 - our own result still runs correctly
+            state._warn_once("adopting the stored config of a Triton kernel tuned here", e)
+        return winner
 
     return coordinate_descent_tuning
 
