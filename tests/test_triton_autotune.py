@@ -504,6 +504,79 @@ def test_a_peer_killed_while_tuning_is_taken_over_after_its_lease(coordesc):
     assert json.loads(coordesc.peer.lookup(key).best)["XBLOCK"] == 1024
 
 
+# ------------------------------------------------------------------ fusion benchmarks
+
+@pytest.fixture
+def fusion(tmp_path, monkeypatch):
+    """tunecache enabled over a faked TritonScheduling.benchmark_codegened_module: the
+    modules it measured are in .measured, and it times each at .ms."""
+    from torch._inductor.codegen.triton import TritonScheduling
+
+    measured: list[str] = []
+    timing = SimpleNamespace(ms=0.25)
+
+    def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
+        measured.append(mod.__file__)
+        return timing.ms, mod.__file__
+
+    monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", inductors_own)
+    db = str(tmp_path / "tune.db")
+    cache = tunecache.open(db, triton_configs=True)
+    peer = tunecache.open(db, triton_configs=True)
+    assert tc_inductor.enable(cache)
+    tc_inductor.triton_stats.reset()
+
+    def benchmark(index: int, size: int = 1024) -> Any:
+        """Rank ``index`` times the module Inductor wrote for one fusion candidate."""
+        mod = SimpleNamespace(__file__=kernel_file(tmp_path, index,
+                                                   tail=benchmark_harness(index, size)))
+        return TritonScheduling.benchmark_codegened_module(object(), mod, 8)
+
+    try:
+        yield SimpleNamespace(benchmark=benchmark, measured=measured, timing=timing,
+                              peer=peer, cache=cache)
+    finally:
+        tc_inductor.disable()
+        cache.close()
+        peer.close()
+    assert TritonScheduling.benchmark_codegened_module is inductors_own
+
+
+def test_a_fusion_benchmark_is_measured_once_and_read_by_every_later_rank(fusion):
+    ms, path = fusion.benchmark(0)
+    assert ms == 0.25 and path.endswith("kernel.py") and len(fusion.measured) == 1
+    fusion.timing.ms = 9.0  # a second measurement would differ
+    assert fusion.benchmark(1)[0] == 0.25  # another GPU: the stored timing, not run
+    assert len(fusion.measured) == 1
+    assert fusion.benchmark(0, size=2048)[0] == 9.0  # another module is measured
+    stats = tc_inductor.triton_stats.as_dict()
+    assert (stats["fusion_hits"], stats["fusion_measured"]) == (1, 2)
+    kinds = {r["kind"] for r in stored(fusion.cache)}
+    assert kinds == {"fusion_benchmark"}
+
+
+def test_ranks_measuring_one_fusion_together_decide_on_the_first_published_timing(fusion):
+    ms, _ = fusion.benchmark(0)  # rank 0 measured and published 0.25
+    key = tc_inductor.fusion_benchmark_key(Path(fusion.measured[0]).read_text(), 8)
+    assert fusion.peer.lookup(key) is not None
+    # Rank 1 looked before rank 0 published and measured 9.0 meanwhile: it decides on 0.25.
+    assert tc_inductor._TRITON.publish_fusion_ms(key, 9.0) == 0.25
+
+
+def test_a_garbled_fusion_timing_is_measured_again(fusion):
+    fusion.benchmark(0)
+    key = tc_inductor.fusion_benchmark_key(Path(fusion.measured[0]).read_text(), 8)
+    from sqlalchemy import update
+
+    from tunecache.store.schema import entries
+
+    fusion.cache.store.db.run(lambda c: c.execute(
+        update(entries).values(timings_json='{"fastest": 0.0}')), write=True)
+    assert fusion.peer.lookup(key) is not None  # valid timings, but not a fusion timing
+    fusion.timing.ms = 0.5
+    assert fusion.benchmark(1)[0] == 0.5 and len(fusion.measured) == 2
+
+
 def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_path):
     # A compile worker: the first import is triton_heuristics, which imports
     # autotune_cache (the module our autoload hook watches) before CachingAutotuner exists.

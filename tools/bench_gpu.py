@@ -292,6 +292,8 @@ def main() -> int:
                 "triton_saves": sum(r["triton_autotune"]["puts"] for r in everyone),
                 "triton_deferred": sum(r["triton_autotune"].get("deferred", 0) for r in everyone),
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
+                "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
+                                             for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))

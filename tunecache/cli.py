@@ -303,7 +303,8 @@ def stats(out: Out) -> None:
               help="Drop entries of these devices (repeatable).")
 @click.option("--op", multiple=True, help="Only entries of these ops (with the filters above).")
 @click.option("--kind", multiple=True, metavar="KIND",
-              help="Only entries of these kinds: gemm, triton_config (with the filters above).")
+              help="Only entries of these kinds: gemm, triton_config, fusion_benchmark "
+                   "(with the filters above).")
 @click.option("--failed", is_flag=True, help="Drop keys marked failed (they are retried).")
 @click.option("--expired-claims", is_flag=True,
               help="Drop claims whose lease has passed (their owner is gone).")
@@ -398,7 +399,7 @@ def _env_filter(op: Sequence[str], device: Sequence[str], torch_: Sequence[str],
               help="Keep only the winner's timing (others written as null): a small cache "
                    "to ship with a model; consumers pick the same winner without tuning.")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
-@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config (repeatable).")
+@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config, fusion_benchmark (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")
 @click.option("--torch", "torch_", multiple=True, help="Only these torch versions (repeatable).")
 @_common
@@ -572,7 +573,7 @@ def doctor(ctx: click.Context, out: Out) -> None:
 
 @cli.command("ls")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
-@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config (repeatable).")
+@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config, fusion_benchmark (repeatable).")
 @click.option("--state", multiple=True, type=click.Choice(["done", "claimed", "failed"]),
               help="Only these states (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")

@@ -869,6 +869,7 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 # The lease of the claim a save takes just before it publishes (the two are back to back;
 # only a process killed between them leaves the claim, which then expires).
 TRITON_LEASE_SECONDS = 60.0
+FUSION_KIND = "fusion_benchmark"
 
 # Heuristics whose kernels have one fixed config and no coordinate descent
 # (triton_heuristics.template / fixed_config, 2.11-2.14): a save of theirs, if any, is
@@ -914,6 +915,8 @@ class TritonStats:
     deferred: int = 0  # first runs launched untuned while a peer tuned the kernel
     peer_wait_seconds: float = 0.0  # waiting at the next run of deferred kernels
     kept_untuned: int = 0  # deferred kernels whose next run a CUDA graph recorded
+    fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
+    fusion_measured: int = 0  # fusion benchmarks run here
     # Names of the kernels whose saves were the puts (the first 100): what a warm job
     # still tuned, for bench_gpu.py's report.
     saved_kernels: list[str] = dataclasses.field(default_factory=list)
@@ -1024,6 +1027,23 @@ def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
         "inductor_key": inductor_key,
         **info,
     }
+
+
+def fusion_benchmark_key(source: str, n_spills_threshold: Any) -> dict[str, Any]:
+    """The shared-cache key of one fusion benchmark: the benchmarked module's source (a
+    kernel and its benchmark harness, device index blanked) on this device and versions."""
+    key = triton_key("", triton_kernel_info(source, {}))
+    del key["inductor_key"], key["coordesc"]
+    key["kind"] = FUSION_KIND
+    key["n_spills_threshold"] = str(n_spills_threshold)
+    return key
+
+
+def fusion_ms_from_entry(timings: Mapping[str, float]) -> float | None:
+    """The timing of a stored fusion benchmark, or None if it is not one we would write."""
+    if set(timings) != {"ms"}:
+        return None
+    return float(timings["ms"])  # validate_timings: finite and >= 0, or inf
 
 
 def _is_pow2(n: int) -> bool:
@@ -1304,6 +1324,27 @@ class _TritonCache:
         if planned and stored is None:
             with self._lock:
                 self._unpublished.add(key_hash)
+
+    def fusion_ms(self, key: Mapping[str, Any]) -> float | None:
+        """The stored timing of a fusion benchmark, or None (not stored, or not valid)."""
+        answer = self.cache().lookup(key)
+        if answer is None or answer.source == "failed":
+            return None
+        return fusion_ms_from_entry(answer.timings)
+
+    def publish_fusion_ms(self, key: Mapping[str, Any], ms: float) -> float:
+        """Publish a fusion benchmark's timing; return the timing every rank decides on:
+        the stored one where a peer published first, else ``ms``."""
+        from .coordinator import Result
+
+        cache = self.cache()
+        claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+        if isinstance(claim, Result):
+            stored = None if claim.source == "failed" else fusion_ms_from_entry(claim.timings)
+            return ms if stored is None else stored
+        if claim is not None:
+            cache.publish(claim, {"ms": ms}, tune_seconds=0.0)
+        return ms
 
     def stored_instead(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
         """After this process tuned a kernel under a claim it then failed to publish (it
@@ -1603,6 +1644,63 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     return create
 
 
+def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``TritonScheduling.benchmark_codegened_module`` through the shared cache.
+
+    Inductor decides a benchmarked fusion (epilogue fusion into a GEMM template under
+    max-autotune, ``config.benchmark_fusion``) by timing candidate kernel modules here;
+    ``benchmark_fused_nodes`` generates a module and calls it too (2.11-2.14). Inductor
+    keeps each timing in a node-local file beside the module (``.kernel_perf``), so every
+    new node measures again, and ranks measure separately and can decide differently.
+    A stored timing is returned without running the module (its kernel is then neither
+    run nor tuned); a measured one is published, and where a peer published first, its
+    timing is the one returned, so ranks decide alike. The decision itself, and what it
+    does to the template's choices, stays Inductor's.
+    """
+
+    def benchmark_codegened_module(self: Any, mod: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _TRITON
+        if state is None:
+            return orig(self, mod, *args, **kwargs)
+        try:
+            threshold = kwargs.get("n_spills_threshold", args[0] if args else "default")
+            with open(mod.__file__, encoding="utf-8") as f:
+                key = fusion_benchmark_key(f.read(), threshold)
+            ms = state.fusion_ms(key)
+        except Exception as e:  # noqa: BLE001 - Inductor benchmarks it as usual
+            state._warn_once("reading a fusion benchmark's timing", e)
+            return orig(self, mod, *args, **kwargs)
+        if ms is not None:
+            triton_stats._add(fusion_hits=1)
+            return ms, mod.__file__
+        result = orig(self, mod, *args, **kwargs)
+        triton_stats._add(fusion_measured=1)
+        try:
+            measured = float(result[0])
+            # Inductor subtracts the cost of cloning mutated inputs, which can come out
+            # below zero: such a timing is used here but not shared.
+            if measured >= 0:
+                shared = state.publish_fusion_ms(key, measured)
+                if shared != measured:
+                    return (shared, *result[1:])
+        except Exception as e:  # noqa: BLE001 - our own measurement still decides
+            state._warn_once("publishing a fusion benchmark's timing", e)
+        return result
+
+    return benchmark_codegened_module
+
+
+def _install_fusion_sharing() -> tuple[type, Any]:
+    """Wrap TritonScheduling.benchmark_codegened_module; returns (class, original)."""
+    from torch._inductor.codegen.triton import TritonScheduling
+
+    orig = TritonScheduling.__dict__.get("benchmark_codegened_module")
+    if not callable(orig) or _param_names(orig)[:1] != ("mod",):
+        raise TypeError("TritonScheduling.benchmark_codegened_module(mod, ...) changed")
+    TritonScheduling.benchmark_codegened_module = _sharing_fusion_benchmark(orig)
+    return TritonScheduling, orig
+
+
 @dataclasses.dataclass
 class _TritonPatch:
     """What _enable_triton changed, to put back."""
@@ -1612,6 +1710,7 @@ class _TritonPatch:
     compile_threads: Any
     create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
     ours: Any
+    fusion: tuple[type, Any] | None = None  # (TritonScheduling, its own benchmark method)
 
 
 def _enable_triton(
@@ -1664,6 +1763,12 @@ def _enable_triton(
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
         config.autotune_remote_cache = True
         _ensure_coordesc_sharing(ours)
+        if not worker:  # compile workers never benchmark fusions
+            try:
+                patch.fusion = _install_fusion_sharing()
+            except Exception as e:  # noqa: BLE001 - fusion benchmarks run as usual
+                log.warning("tunecache: fusion benchmark timings are not shared (%s: %s)",
+                            type(e).__name__, e)
         if not worker and config.compile_threads != 1 and not _workers_read_cache(db_url):
             config.compile_threads = 1
             log.info(
@@ -1696,6 +1801,9 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     from torch._inductor.runtime import autotune_cache as ac
 
     _remove_coordesc_sharing()
+    if patch.fusion is not None:
+        cls, orig = patch.fusion
+        cls.benchmark_codegened_module = orig  # type: ignore[attr-defined]
     if rc.RemoteAutotuneCache is patch.ours:
         rc.RemoteAutotuneCache = patch.remote_cls
     ac.AutotuneCache.create = patch.create
