@@ -1,8 +1,12 @@
 """PyTorch Inductor integration: GEMM autotuning timings from the shared tunecache.
 
-This is the only tunecache module that touches ``torch._inductor`` internals. The best
-configs of Triton kernels (autotune_to_one_config, coordinate descent) are shared too:
-see the "Triton kernel autotune" section below and docs/triton-autotune.md.
+This is the only tunecache module that touches ``torch._inductor`` internals. With
+``triton_configs`` on, the best configs of Triton kernels (autotune_to_one_config,
+coordinate descent, split across ranks in a cold job) and the timings of the scheduler's
+fusion benchmarks are shared too. Those hooks (Inductor's remote autotune cache,
+``AutotuneCache.create``, ``CachingAutotuner.coordinate_descent_tuning`` and
+``TritonScheduling.benchmark_codegened_module``) and why each is safe are in the "Triton
+kernel autotune" section below and docs/triton-autotune.md.
 
 Supported torch versions: 2.11, 2.12, 2.13, 2.14. On any other version :func:`enable`
 logs one warning and installs nothing, so Inductor behaves exactly as it would without
