@@ -493,7 +493,7 @@ def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
     assert isinstance(coordesc.peer.claim(key, wait=0.0), Claim)  # no lease to wait out
 
 
-def test_a_peer_killed_while_tuning_is_taken_over_after_its_lease(coordesc):
+def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc):
     k, launcher, key = coordesc.kernel(0)
     coordesc.peer.claim(key, lease_seconds=1.0)  # and never publishes
     assert first_run(k, launcher) is launcher  # deferred
