@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -142,19 +143,9 @@ def _lookup_worker(url: str, count: int, stop: Any, queue: Any) -> None:
                  and age_days(i) < 40]
     keys = [key_of(i) for i in survivors[:5000]]
     cache.lookup(keys[0])
-    times: list[tuple[float, float]] = []  # (when, seconds)
-    errors = 0
     rng = random.Random(os.getpid())
-    while not stop.is_set():
-        key = rng.choice(keys)
-        t0 = time.perf_counter()
-        try:
-            result = cache.lookup(key)
-            errors += result is None
-        except Exception:  # noqa: BLE001 - counted
-            errors += 1
-        times.append((time.time(), time.perf_counter() - t0))
-        time.sleep(0.002)
+    times, errors = _timed_until(stop, lambda: cache.lookup(rng.choice(keys)) is not None,
+                                 pause=0.002)
     errors += cache.disabled_reason is not None
     queue.put({"kind": "lookup", "times": times, "errors": errors})
     cache.close()
@@ -162,23 +153,33 @@ def _lookup_worker(url: str, count: int, stop: Any, queue: Any) -> None:
 
 def _writer_worker(url: str, stop: Any, queue: Any) -> None:
     cache = tunecache.open(url, lock_timeout=60)
-    times: list[tuple[float, float]] = []  # (when, seconds)
-    errors = 0
-    n = 0
-    while not stop.is_set():
-        key = {"kind": "bench-writer", "op": "mm", "pid": os.getpid(), "n": n}
-        n += 1
-        t0 = time.perf_counter()
-        try:
-            result = cache.get_or_tune_many([key], lambda _k: {"aten": 1.0})[0]
-            errors += result.source != "tuned"
-        except Exception:  # noqa: BLE001 - counted
-            errors += 1
-        times.append((time.time(), time.perf_counter() - t0))
-        time.sleep(0.01)
+    numbers = itertools.count()
+
+    def claim_tune_publish() -> bool:
+        key = {"kind": "bench-writer", "op": "mm", "pid": os.getpid(), "n": next(numbers)}
+        return cache.get_or_tune_many([key], lambda _k: {"aten": 1.0})[0].source == "tuned"
+
+    times, errors = _timed_until(stop, claim_tune_publish, pause=0.01)
     errors += cache.disabled_reason is not None
     queue.put({"kind": "writer", "times": times, "errors": errors})
     cache.close()
+
+
+def _timed_until(stop: Any, call: Callable[[], bool],
+                 pause: float) -> tuple[list[tuple[float, float]], int]:
+    """Call ``call`` every ``pause`` seconds until ``stop`` is set: (when, seconds) of each
+    call, and how many failed (returned False or raised)."""
+    times: list[tuple[float, float]] = []
+    errors = 0
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            errors += not call()
+        except Exception:  # noqa: BLE001 - counted
+            errors += 1
+        times.append((time.time(), time.perf_counter() - t0))
+        time.sleep(pause)
+    return times, errors
 
 
 def _pct(times: list[float], q: float) -> float:

@@ -101,6 +101,7 @@ Counting
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -110,9 +111,9 @@ import json
 import logging
 import math
 import os
-import sys
 import platform
 import re
+import sys
 import threading
 import time
 import types
@@ -174,8 +175,30 @@ _CONFIG_FLAGS = (
 # --------------------------------------------------------------------------- counting
 
 
+class _Counters:
+    """reset() and as_dict() for a dataclass of counters guarded by its ``_lock``."""
+
+    _lock: threading.Lock
+
+    def reset(self) -> None:
+        with self._lock:
+            fresh = type(self)()
+            for f in dataclasses.fields(self):  # type: ignore[arg-type]
+                if f.name != "_lock":
+                    setattr(self, f.name, getattr(fresh, f.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A copy: the lists and dicts in it are the caller's."""
+        with self._lock:
+            return {
+                f.name: copy.deepcopy(getattr(self, f.name))
+                for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                if f.name != "_lock"
+            }
+
+
 @dataclasses.dataclass
-class Stats:
+class Stats(_Counters):
     """What the hooks did in this process; read it after a compile.
 
     ``benchmarks`` is the number of calls of Inductor's benchmark callable that went
@@ -200,24 +223,6 @@ class Stats:
     _lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, repr=False, compare=False
     )
-
-    def reset(self) -> None:
-        with self._lock:
-            fresh = Stats()
-            for f in dataclasses.fields(self):
-                if f.name != "_lock":
-                    setattr(self, f.name, getattr(fresh, f.name))
-
-    def as_dict(self) -> dict[str, Any]:
-        with self._lock:
-            out = {
-                f.name: getattr(self, f.name)
-                for f in dataclasses.fields(self)
-                if f.name != "_lock"
-            }
-            out["events"] = [dict(e) for e in self.events]
-            out["benchmarks_by_key"] = dict(self.benchmarks_by_key)
-            return out
 
     def _count_benchmark(self, n_choices: int, seconds: float, key_hash: str | None) -> None:
         with self._lock:
@@ -898,7 +903,7 @@ _HARNESS_DEVICE_INDEX = (
 
 
 @dataclasses.dataclass
-class TritonStats:
+class TritonStats(_Counters):
     """What the Triton autotune cache did in this process (:data:`triton_stats`).
 
     ``lookups`` are Inductor's reads (one per loaded kernel that autotunes and missed its
@@ -929,22 +934,6 @@ class TritonStats:
     _lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, repr=False, compare=False
     )
-
-    def reset(self) -> None:
-        with self._lock:
-            for f in dataclasses.fields(self):
-                if f.name == "saved_kernels":
-                    self.saved_kernels = []
-                elif f.name != "_lock":
-                    setattr(self, f.name, f.default)
-
-    def as_dict(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                f.name: list(v) if isinstance(v := getattr(self, f.name), list) else v
-                for f in dataclasses.fields(self)
-                if f.name != "_lock"
-            }
 
     def _add(self, **counts: float) -> None:
         with self._lock:
@@ -1521,8 +1510,12 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
 
     def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
         state = _TRITON
-        kernel = _shared_kernel(self, ours) if state is not None else None
-        if state is None or kernel is None or not _coordesc_tunes(self):
+        # Run at every launch of a kernel coordinate descent leaves alone (templates): the
+        # cheapest test first.
+        if state is None or not _coordesc_tunes(self):
+            return orig(self, launcher, *args, **kwargs)
+        kernel = _shared_kernel(self, ours)
+        if kernel is None:
             return orig(self, launcher, *args, **kwargs)
         deferred = self.__dict__.pop(_DEFERRED, False)
         if deferred:
@@ -1637,9 +1630,7 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
                 with open(filename, encoding="utf-8") as f:
                     source = f.read()
                 info = triton_kernel_info(source, inductor_meta or {})
-                from .keys import canonical_json
-
-                cache.remote_cache = (remote[0], canonical_json(info))
+                cache.remote_cache = (remote[0], tc_keys.canonical_json(info))
             except Exception as e:  # noqa: BLE001 - Inductor's own key still works
                 if _TRITON is not None:
                     _TRITON._warn_once("keying a Triton kernel without its device index", e)

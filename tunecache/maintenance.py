@@ -374,22 +374,20 @@ def prune(
     after: Any = 0 if db.is_sqlite else ""
     shown = 0
     while top is not None:
-        locked = [0.0]
-
-        def one_batch(conn: Connection) -> tuple[Any, int, int]:
-            locked[0] = time.perf_counter()  # the write lock is ours from here (SQLite)
+        def one_batch(conn: Connection) -> tuple[Any, int, int, float]:
+            locked = time.perf_counter()  # the write lock is ours from here (SQLite)
             if db.is_sqlite:
                 for pragma in admin.SQLITE_PRUNE_PRAGMAS:
                     conn.execute(pragma)
             select_batch = admin.select_prune_batch(condition, size, walk)
             ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
             if not ends:
-                return None, 0, 0
+                return None, 0, 0, locked
             result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
-            return ends[-1], result.rowcount, len(ends)
+            return ends[-1], result.rowcount, len(ends), locked
 
-        last, n, selected = db.run(one_batch, write=True)
-        held = time.perf_counter() - locked[0]  # until the commit is done
+        last, n, selected, locked = db.run(one_batch, write=True)
+        held = time.perf_counter() - locked  # until the commit is done
         if last is None:
             break
         after = last
