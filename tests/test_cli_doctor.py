@@ -6,7 +6,6 @@ import json
 import os
 import sqlite3
 
-import pytest
 
 from tunecache.store.migrate import head_revision
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import time
 
-import pytest
 from sqlalchemy import create_engine, update
 
 from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json

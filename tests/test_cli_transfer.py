@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 import tunecache

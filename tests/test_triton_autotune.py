@@ -11,7 +11,9 @@ script (see the bottom) so that each "rank" is its own process.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +45,7 @@ from triton_fakes import (  # noqa: E402
     benchmark_harness,
     configs,
     kernel_file,
+    kernel_source,
     meta,
 )
 
@@ -431,21 +434,39 @@ def test_a_kernel_a_peer_tuned_first_adopts_its_config_without_tuning(coordesc):
     assert coordesc.tuned == [] and tc_inductor.triton_stats.adopted == 1
 
 
-def test_a_kernel_a_peer_is_tuning_runs_untuned_once_then_waits_for_the_peer(coordesc):
+def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
+        coordesc, monkeypatch):
+    monkeypatch.setattr(tc_inductor, "DEFERRED_CHECK_SECONDS", 0.05)
     k, launcher, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
     assert first_run(k, launcher) is launcher  # launched with autotune_to_one_config's pick
     assert not getattr(launcher.config, "found_by_coordesc", False)  # run() comes back
     assert k._cache_eligible is False  # and 2.13's fast path does not skip that
-    assert coordesc.tuned == [] and tc_inductor.triton_stats.deferred == 1
+    time.sleep(0.06)
+    assert first_run(k, launcher) is launcher  # the peer is still tuning: no waiting
+    publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
+    assert first_run(k, launcher) is launcher  # looked 0.05 s ago: not again yet
+    time.sleep(0.06)
+    adopted = first_run(k, launcher)
+    assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
+    assert k._cache_eligible is True and coordesc.tuned == []
+    stats = tc_inductor.triton_stats
+    assert (stats.deferred, stats.adopted, stats.peer_wait_seconds) == (1, 1, 0.0)
 
+
+def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkeypatch):
+    # The benchmark times whatever config runs, so running it untuned would decide the
+    # fusion on the wrong timing.
+    monkeypatch.setattr(tc_inductor._fusion_local, "benchmarking", True, raising=False)
+    k, launcher, key = coordesc.kernel(0)
+    claim = coordesc.peer.claim(key)
     peer = threading.Timer(0.5, publish_as_peer,
                            (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
     peer.start()
-    adopted = first_run(k, launcher)  # the next run waits for the peer
+    adopted = first_run(k, launcher)
     peer.join()
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
-    assert k._cache_eligible is True and coordesc.tuned == []
+    assert tc_inductor.triton_stats.deferred == 0
     assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
 
 
@@ -493,15 +514,43 @@ def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
     assert isinstance(coordesc.peer.claim(key, wait=0.0), Claim)  # no lease to wait out
 
 
-def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc):
+def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc, monkeypatch):
+    monkeypatch.setattr(tc_inductor, "DEFERRED_CHECK_SECONDS", 0.01)
     k, launcher, key = coordesc.kernel(0)
     coordesc.peer.claim(key, lease_seconds=1.0)  # and never publishes
-    assert first_run(k, launcher) is launcher  # deferred
     t0 = time.monotonic()
-    assert first_run(k, launcher).config.kwargs == TUNED.kwargs  # waited, took it over
-    assert 0.8 < time.monotonic() - t0 < 30
-    assert coordesc.tuned == [launcher]
+    runs = 0
+    while not getattr(launcher.config, "found_by_coordesc", False):
+        assert time.monotonic() - t0 < 30
+        launcher = first_run(k, launcher)  # untuned until the lease passes
+        runs += 1
+        time.sleep(0.02)
+    assert runs > 10 and 0.8 < time.monotonic() - t0 < 30
+    assert launcher.config.kwargs == TUNED.kwargs and len(coordesc.tuned) == 1
     assert json.loads(coordesc.peer.lookup(key).best)["XBLOCK"] == 1024
+
+
+def test_a_hit_keeps_its_stored_reduction_config(tmp_path, monkeypatch):
+    # 2.11 re-expands a register-heavy reduction config with smaller R0_BLOCKs at every
+    # precompile, a stored hit's included, and benchmarks the variants: a warm job tuned.
+    expanded: list[Any] = []
+
+    def inductors_own_2_11(self):  # no check for a cache hit
+        expanded.append(self)
+
+    monkeypatch.setattr(th.CachingAutotuner, "_dynamic_scale_rblock", inductors_own_2_11)
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
+    assert tc_inductor.enable(cache)
+    try:
+        hit = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "hit"})
+        miss = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "miss"})
+        th.CachingAutotuner._dynamic_scale_rblock(hit)
+        th.CachingAutotuner._dynamic_scale_rblock(miss)
+        assert expanded == [miss]
+    finally:
+        tc_inductor.disable()
+        cache.close()
+    assert th.CachingAutotuner._dynamic_scale_rblock is inductors_own_2_11
 
 
 # ------------------------------------------------------------------ fusion benchmarks
@@ -513,11 +562,13 @@ def fusion(tmp_path, monkeypatch):
     from torch._inductor.codegen.triton import TritonScheduling
 
     measured: list[str] = []
-    timing = SimpleNamespace(ms=0.25)
+    timing = SimpleNamespace(ms=0.25, seconds=0.0)  # ms: a number, or f(module file)
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
         measured.append(mod.__file__)
-        return timing.ms, mod.__file__
+        time.sleep(timing.seconds)
+        ms = timing.ms(mod.__file__) if callable(timing.ms) else timing.ms
+        return ms, mod.__file__
 
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", inductors_own)
     db = str(tmp_path / "tune.db")
@@ -555,12 +606,67 @@ def test_a_fusion_benchmark_is_measured_once_and_read_by_every_later_rank(fusion
     assert kinds == {"fusion_benchmark"}
 
 
-def test_ranks_measuring_one_fusion_together_decide_on_the_first_published_timing(fusion):
-    ms, _ = fusion.benchmark(0)  # rank 0 measured and published 0.25
-    key = tc_inductor.fusion_benchmark_key(Path(fusion.measured[0]).read_text(), 8)
-    assert fusion.peer.lookup(key) is not None
-    # Rank 1 looked before rank 0 published and measured 9.0 meanwhile: it decides on 0.25.
-    assert tc_inductor._TRITON.publish_fusion_ms(key, 9.0) == 0.25
+def _fusion_key(size: int = 1024) -> dict[str, Any]:
+    """The key of the module ``fusion.benchmark(index, size)`` times, on any rank."""
+    return tc_inductor.fusion_benchmark_key(
+        kernel_source(0, tail=benchmark_harness(0, size)), 8)
+
+
+def test_a_fusion_benchmark_a_peer_is_running_is_waited_for_not_run(fusion):
+    claim = fusion.peer.claim(_fusion_key())  # rank 1 is measuring it
+    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 0.125}))
+    peer.start()
+    ms, _ = fusion.benchmark(0)
+    peer.join()
+    assert ms == 0.125 and fusion.measured == []  # the peer's timing decides, here too
+    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+
+
+def test_a_fusion_benchmark_that_raises_gives_its_key_back_at_once(fusion):
+
+    def broken(_file: str) -> float:
+        raise RuntimeError("no valid triton configs")
+
+    fusion.timing.ms = broken
+    with pytest.raises(RuntimeError, match="no valid triton configs"):
+        fusion.benchmark(0)
+    assert isinstance(fusion.peer.claim(_fusion_key(), wait=0.0), Claim)  # no lease to wait
+
+
+def test_a_negative_fusion_timing_is_shared_as_zero(fusion):
+    # Inductor subtracts the cost of cloning mutated inputs, which can exceed the run.
+    fusion.timing.ms = -0.01
+    assert fusion.benchmark(0)[0] == 0.0
+    assert fusion.benchmark(1)[0] == 0.0 and len(fusion.measured) == 1
+
+
+def _split_size_search(benchmark: Any, index: int) -> int:
+    """Inductor's split-size search of a mix-order reduction (codegen/simd.py): each
+    candidate value is its own module, benchmarked through benchmark_codegened_module."""
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    return CoordescTuner.autotune_single_field(
+        lambda value: benchmark(index, value)[0], 16, 8)
+
+
+def _timing_by_size(file: str) -> float:
+    """A parabola-like curve over the split size (the module's size), best at 32."""
+    size = int(re.search(r"rand_strided\(\((\d+),\)", Path(file).read_text()).group(1))
+    return 1.0 + abs(math.log2(size) - 5)
+
+
+def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fusion):
+    fusion.timing.ms = _timing_by_size
+    claim = fusion.peer.claim(_fusion_key(16))  # the peer measures the start value
+    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
+    peer.start()
+    best = _split_size_search(fusion.benchmark, 0)
+    peer.join()
+    sizes = sorted(int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
+                   for f in fusion.measured)
+    # First round 8, 16, 32: 16 left to the peer; then 32's neighbour 64.
+    assert sizes == [8, 32, 64] and best == 32
+    assert tc_inductor.triton_stats.fusion_left_to_peer == 1
 
 
 def test_a_garbled_fusion_timing_is_measured_again(fusion):
@@ -770,9 +876,9 @@ def test_a_rank_stopped_past_its_lease_adopts_the_peers_result_when_it_resumes(t
 
 
 def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_path):
-    # Two ranks run the same 8 kernels in the same order, twice (two training steps).
-    # Each rank's fake coordinate descent finds a different config, so a kernel tuned
-    # by both, or not adopted, would show.
+    # Two ranks run the same 8 kernels in the same order, step after step. Each rank's
+    # fake coordinate descent finds a different config, so a kernel tuned by both, or
+    # not adopted, would show.
     ranks = [_coordesc_proc(tmp_path, i, kernels=8, tune_seconds=0.3, barrier=True)
              for i in (0, 1)]
     a, b = (_result(r) for r in ranks)
@@ -781,6 +887,55 @@ def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_
     assert a["final"] == b["final"]
     assert all(found for _, _, found in a["final"])
     assert a["deferred"] + b["deferred"] >= 1
+    # Neither rank waited for the other: a deferred kernel ran untuned meanwhile.
+    assert a["peer_wait_seconds"] == b["peer_wait_seconds"] == 0.0
+
+
+def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_path):
+    # Each candidate value takes 0.5 s to measure; the search visits 8, 16, 32, 64.
+    procs = []
+    for index in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "split-size", str(tmp_path / "tune.db"),
+             str(tmp_path), str(index)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    a, b = (_result(p) for p in procs)
+    assert a["best"] == b["best"] == 32
+    assert sorted(a["measured"] + b["measured"]) == [8, 16, 32, 64]  # each once
+    assert a["measured"] and b["measured"]  # split between them
+    assert a["left_to_peer"] + b["left_to_peer"] >= 1
+
+
+def _split_size_rank(db: str, tmp: str, index: int) -> None:
+    from torch._inductor.codegen.triton import TritonScheduling
+
+    measured: list[int] = []
+
+    def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
+        source = Path(mod.__file__).read_text()
+        measured.append(int(re.search(r"rand_strided\(\((\d+),", source).group(1)))
+        time.sleep(0.5)
+        return _timing_by_size(mod.__file__) + index / 1000, mod.__file__
+
+    TritonScheduling.benchmark_codegened_module = inductors_own
+    cache = tunecache.open(db, triton_configs=True)
+    tc_inductor.enable(cache)
+    (Path(tmp) / f"ready-{index}").touch()
+    while not (Path(tmp) / f"ready-{1 - index}").exists():
+        time.sleep(0.01)
+
+    def benchmark(rank: int, size: int) -> Any:
+        mod = SimpleNamespace(__file__=kernel_file(Path(tmp), rank,
+                                                   tail=benchmark_harness(rank, size)))
+        return TritonScheduling.benchmark_codegened_module(object(), mod, 8)
+
+    best = _split_size_search(benchmark, index)
+    stats = tc_inductor.triton_stats.as_dict()
+    tc_inductor.disable()
+    print(json.dumps({"best": best, "measured": measured,
+                      "left_to_peer": stats["fusion_left_to_peer"]}))
 
 
 def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
@@ -800,8 +955,8 @@ def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
 
 def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: float,
                    barrier: bool) -> None:
-    """One rank of the real-process tests: ``kernels`` kernels run for two steps, with a
-    fake coordinate descent that takes ``tune_seconds`` and finds a rank-specific config
+    """One rank of the real-process tests: ``kernels`` kernels run step after step until
+    each runs a config found by coordinate descent, with a fake coordinate descent that takes ``tune_seconds`` and finds a rank-specific config
     (so a kernel tuned twice, or not adopted, shows). It marks tmp/tuning-<index> when it
     starts tuning."""
     tuned: list[int] = []
@@ -833,11 +988,17 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
         deadline = time.monotonic() + 60
         while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-    for _step in range(2):
-        for i, kernel in enumerate(loaded):  # CachingAutotuner.run, as far as we care
-            if not getattr(launchers[i].config, "found_by_coordesc", False):
-                launchers[i] = th.CachingAutotuner.coordinate_descent_tuning(
-                    kernel, launchers[i])
+    tc_inductor.DEFERRED_CHECK_SECONDS = 0.01
+    deadline = time.monotonic() + 60
+    while True:  # training steps, until every kernel runs its final config
+        pending = [i for i, c in enumerate(launchers)
+                   if not getattr(c.config, "found_by_coordesc", False)]
+        if not pending or time.monotonic() > deadline:
+            break
+        for i in pending:  # CachingAutotuner.run, as far as we care
+            launchers[i] = th.CachingAutotuner.coordinate_descent_tuning(
+                loaded[i], launchers[i])
+        time.sleep(0.02)
     stats = tc_inductor.triton_stats.as_dict()
     tc_inductor.disable()
     print(json.dumps({
@@ -845,11 +1006,14 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
         "final": [[c.config.kwargs, c.config.num_warps,
                    getattr(c.config, "found_by_coordesc", False)] for c in launchers],
         "deferred": stats["deferred"],
+        "peer_wait_seconds": stats["peer_wait_seconds"],
     }))
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "coordesc":
+    if sys.argv[1] == "split-size":
+        _split_size_rank(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "coordesc":
         _coordesc_rank(sys.argv[2], sys.argv[3], int(sys.argv[4]), kernels=int(sys.argv[5]),
                        tune_seconds=float(sys.argv[6]), barrier=sys.argv[7] == "barrier")
     else:

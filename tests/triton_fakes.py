@@ -54,10 +54,10 @@ def benchmark_harness(index: int, size: int = 1024) -> str:
     )
 
 
-def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
-                heuristic: str = "pointwise", tail: str = "") -> str:
+def kernel_source(index: int, body: str = "tmp0 + tmp1", heuristic: str = "pointwise",
+                  tail: str = "") -> str:
     """A kernel module as Inductor writes it; the device index differs per rank."""
-    source = (
+    return (
         "import triton\n"
         "from torch._inductor.runtime import triton_heuristics\n"
         "from torch._inductor.runtime.hints import DeviceProperties\n"
@@ -70,6 +70,12 @@ def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
         f"def triton_poi_fused_add_0(in_ptr0, xnumel, XBLOCK: tl.constexpr):\n    {body}\n"
         + tail
     )
+
+
+def kernel_file(tmp: Path, index: int, body: str = "tmp0 + tmp1",
+                heuristic: str = "pointwise", tail: str = "") -> str:
+    """:func:`kernel_source`, written under ``tmp``; returns its path."""
+    source = kernel_source(index, body, heuristic, tail)
     path = tmp / f"rank{index}-{abs(hash((body, heuristic, tail))) % 10**8}" / "kernel.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)

@@ -921,11 +921,13 @@ class TritonStats(_Counters):
     unpublished: int = 0  # not stored: done already, a peer publishing it, store down
     coordesc_restored: int = 0  # stored result already the launcher's (a worker hit)
     adopted: int = 0  # stored result (usually a peer's) compiled and run instead of tuning
-    deferred: int = 0  # first runs launched untuned while a peer tuned the kernel
-    peer_wait_seconds: float = 0.0  # waiting at the next run of deferred kernels
+    deferred: int = 0  # kernels launched untuned while a peer tuned them
+    peer_wait_seconds: float = 0.0  # waiting for a peer's result (kernel or fusion timing)
     kept_untuned: int = 0  # deferred kernels whose next run a CUDA graph recorded
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
+    fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
+    fusion_seconds: float = 0.0  # in fusion benchmarks: measuring, reading, waiting
     # Names of the kernels whose saves were the puts (the first 100): what a warm job
     # still tuned, for bench_gpu.py's report.
     saved_kernels: list[str] = dataclasses.field(default_factory=list)
@@ -1216,17 +1218,17 @@ class _TritonCache:
         return best
 
     def plan_coordesc(
-        self, inductor_key: str, key_text: str, *, deferred: bool, can_defer: bool
+        self, inductor_key: str, key_text: str, *, waits: bool
     ) -> tuple[str, dict[str, Any] | None]:
-        """What a kernel's first run does instead of, or around, coordinate descent.
+        """What a kernel's run does instead of, or around, coordinate descent.
 
         ``("adopt", best)``: the store has the coordinate-descent result; run it.
         ``("tune", None)``: this process claimed the key; tune and publish it.
-        ``("defer", None)``: a peer is tuning it; launch untuned this once and come back at
-        the next run. ``("local", None)``: tune here without the cache (store down,
-        readonly, a failed or invalid entry, or the peer's result never came).
-        ``deferred``: the kernel was deferred before, so wait for the peer now; so does a
-        kernel that cannot be deferred (``can_defer`` false).
+        ``("defer", None)``: a peer is tuning it; launch it untuned and ask again at a
+        later run. ``("local", None)``: tune here without the cache (store down,
+        readonly, a failed or invalid entry, or a peer's result that never came).
+        ``waits``: wait for a peer's result rather than defer (a kernel that cannot be
+        deferred, or one whose timing decides a benchmark).
         """
         _, key, key_hash = self._key(inductor_key, key_text)
         with self._lock:
@@ -1236,11 +1238,7 @@ class _TritonCache:
         cache = self.cache()
         answer: Any = cache.lookup(key)
         if answer is None:
-            waits = deferred or not can_defer
-            t0 = time.perf_counter()
-            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
-                                 wait=TRITON_LEASE_SECONDS + 5.0 if waits else 0.0)
-            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0 if waits else 0)
+            answer = self._claim_or_wait(cache, key, waits)
         from .coordinator import Result
 
         if isinstance(answer, Result):
@@ -1252,9 +1250,21 @@ class _TritonCache:
             with self._lock:
                 self._claims[key_hash] = answer
             return "tune", None
-        if not deferred and can_defer and cache.in_progress(key):
+        if not waits and cache.in_progress(key):
             return "defer", None
         return "local", None
+
+    @staticmethod
+    def _claim_or_wait(cache: TuneCache, key: Mapping[str, Any], waits: bool) -> Any:
+        """claim(key): without waiting, or waiting out a peer's claim (one lease)."""
+        if not waits:
+            return cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+        t0 = time.perf_counter()
+        try:
+            return cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
+                               wait=TRITON_LEASE_SECONDS + 5.0)
+        finally:
+            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0)
 
     def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
         """Give back this process's claim on a kernel if it was not published."""
@@ -1318,26 +1328,36 @@ class _TritonCache:
             with self._lock:
                 self._unpublished.add(key_hash)
 
-    def fusion_ms(self, key: Mapping[str, Any]) -> float | None:
-        """The stored timing of a fusion benchmark, or None (not stored, or not valid)."""
-        answer = self.cache().lookup(key)
-        if answer is None or answer.source == "failed":
-            return None
-        return fusion_ms_from_entry(answer.timings)
-
-    def publish_fusion_ms(self, key: Mapping[str, Any], ms: float) -> float:
-        """Publish a fusion benchmark's timing; return the timing every rank decides on:
-        the stored one where a peer published first, else ``ms``."""
+    def fusion_timing(self, key: Mapping[str, Any], *, waits: bool) -> tuple[str, Any]:
+        """What a fusion benchmark does: ``("stored", ms)``: decide on the stored timing,
+        do not run it; ``("measure", claim)``: run it here and :meth:`publish_fusion_ms`;
+        ``("busy", None)``: a peer is running it (only when not ``waits``);
+        ``("local", None)``: run it without sharing (store down or readonly, an invalid
+        entry, or a peer's timing that never came)."""
         from .coordinator import Result
 
         cache = self.cache()
-        claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
-        if isinstance(claim, Result):
-            stored = None if claim.source == "failed" else fusion_ms_from_entry(claim.timings)
-            return ms if stored is None else stored
-        if claim is not None:
-            cache.publish(claim, {"ms": ms}, tune_seconds=0.0)
-        return ms
+        answer: Any = cache.lookup(key)
+        if answer is None:
+            answer = self._claim_or_wait(cache, key, waits)
+        if isinstance(answer, Result):
+            ms = None if answer.source == "failed" else fusion_ms_from_entry(answer.timings)
+            return ("local", None) if ms is None else ("stored", ms)
+        if answer is not None:
+            return "measure", answer
+        if not waits and cache.in_progress(key):
+            return "busy", None
+        return "local", None
+
+    def publish_fusion_ms(self, key: Mapping[str, Any], claim: Any, ms: float) -> float:
+        """Publish a fusion benchmark measured under ``claim``; return the timing every
+        rank decides on: ``ms``, or the stored one where this process lost its claim
+        (it stalled past the lease and a peer measured the module meanwhile)."""
+        if self.cache().publish(claim, {"ms": ms}, tune_seconds=0.0) is not None:
+            return ms
+        answer = self.cache().lookup(key)
+        stored = None if answer is None else fusion_ms_from_entry(answer.timings)
+        return ms if stored is None else stored
 
     def stored_instead(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
         """After this process tuned a kernel under a claim it then failed to publish (it
@@ -1442,8 +1462,12 @@ def _cuda_graph_trees_in_use(kernel: Any) -> bool:
         return True
 
 
-# On a deferred kernel: its own ``_cache_eligible`` (None where there is none), to put back.
+# On a deferred kernel: (its own ``_cache_eligible`` (None where there is none), to put
+# back; when to look for the peer's result next).
 _DEFERRED = "_tunecache_deferred"
+# How often a deferred kernel's runs look for the peer's result: a kernel can run
+# thousands of times a second, and each look reads the database.
+DEFERRED_CHECK_SECONDS = 0.1
 
 
 def _capturing() -> bool:
@@ -1498,10 +1522,12 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
     config is not ``found_by_coordesc``). Ranks run the same kernels in the same order,
     so a claim-or-wait here would only make one rank idle while the other tunes. Instead
     (:meth:`_TritonCache.plan_coordesc`): a stored result is adopted; a free key is
-    claimed and tuned here; a key a peer is tuning is launched once with the config
-    autotune_to_one_config chose, and at its next run this rank waits for the peer's
-    result and adopts it. The ranks thus take turns along the graph and each tunes about
-    half of its kernels, and from the second run on every rank runs the same configs.
+    claimed and tuned here; a key a peer is tuning is launched with the config
+    autotune_to_one_config chose, and keeps running it, while this rank goes on to the
+    next kernels, until a later run finds the peer's result and adopts it. The ranks
+    thus take turns along the graph and each tunes about half of its kernels, and once
+    the results are in every rank runs the same configs. Inside a fusion benchmark the
+    config decides a timing, so there the rank waits for the peer instead.
 
     It also covers hits read in compile workers: their ``found_by_coordesc`` mark does
     not survive the trip back (triton.Config.__setstate__ restores only its own fields,
@@ -1517,34 +1543,38 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
         kernel = _shared_kernel(self, ours)
         if kernel is None:
             return orig(self, launcher, *args, **kwargs)
-        deferred = self.__dict__.pop(_DEFERRED, False)
-        if deferred:
-            eligible = deferred[0]
-            if eligible is not None:
-                self._cache_eligible = eligible
+        deferred = self.__dict__.get(_DEFERRED)
+        if deferred is not None:
             if _capturing():
                 # CUDA graphs record this launch (cudagraph trees record a function's
                 # second call): compiling the peer's config now is not safe, and the
                 # recorded graph would replay whatever runs. Keep the first config.
+                _end_deferral(self)
                 launcher.config.found_by_coordesc = True
                 triton_stats._add(kept_untuned=1)
                 return launcher
+            if time.monotonic() < deferred[1]:
+                return launcher
+        waits = getattr(_fusion_local, "benchmarking", False) or not _can_defer(self)
         try:
-            action, best = state.plan_coordesc(
-                *kernel, deferred=bool(deferred), can_defer=_can_defer(self)
-            )
+            action, best = state.plan_coordesc(*kernel, waits=waits)
             if action == "adopt":
+                _end_deferral(self)
                 return _adopt(self, launcher, best or {})
         except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
             state._warn_once("sharing a Triton kernel's coordinate descent", e)
             state.release_claim(*kernel, f"{type(e).__name__}: {e}")
+            _end_deferral(self)
             return orig(self, launcher, *args, **kwargs)
         if action == "defer":
-            setattr(self, _DEFERRED, (getattr(self, "_cache_eligible", None),))
-            if hasattr(self, "_cache_eligible"):
-                self._cache_eligible = False
-            triton_stats._add(deferred=1)
+            if deferred is None:
+                triton_stats._add(deferred=1)
+                deferred = (getattr(self, "_cache_eligible", None),)
+                if hasattr(self, "_cache_eligible"):
+                    self._cache_eligible = False
+            setattr(self, _DEFERRED, (deferred[0], time.monotonic() + DEFERRED_CHECK_SECONDS))
             return launcher
+        _end_deferral(self)
         try:
             winner = orig(self, launcher, *args, **kwargs)
         finally:
@@ -1562,15 +1592,23 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
     return coordinate_descent_tuning
 
 
-# (CachingAutotuner, its own coordinate_descent_tuning) while _sharing_coordesc is on it;
-# _coordesc_tried: whether this enable has tried to put it there (once: see create()).
-_COORDESC: tuple[type, Callable[..., Any]] | None = None
-_coordesc_tried = False
-_coordesc_lock = threading.Lock()  # kernels may load on several threads at once
+def _end_deferral(kernel: Any) -> None:
+    """Put back what deferring ``kernel`` held off (2.13+'s launcher fast path)."""
+    deferred = kernel.__dict__.pop(_DEFERRED, None)
+    if deferred is not None and deferred[0] is not None:
+        kernel._cache_eligible = deferred[0]
 
 
-def _ensure_coordesc_sharing(ours: type) -> None:
-    """Put :func:`_sharing_coordesc` on CachingAutotuner once CachingAutotuner exists.
+# What _install_runtime_hooks replaced: (owner, attribute, its own value in __dict__);
+# _runtime_hooks_tried: whether this enable has tried to install them (once: see create()).
+_RUNTIME_HOOKS: list[tuple[type, str, Any]] = []
+_runtime_hooks_tried = False
+_runtime_hooks_lock = threading.Lock()  # kernels may load on several threads at once
+
+
+def _ensure_runtime_hooks(ours: type) -> None:
+    """Install the runtime hooks (:func:`_install_runtime_hooks`) once
+    CachingAutotuner exists.
 
     Triton sharing can be enabled inside the import of triton_heuristics itself (it
     imports autotune_cache, whose import the autoload hook watches), before the class
@@ -1579,50 +1617,79 @@ def _ensure_coordesc_sharing(ours: type) -> None:
     hooks are enabled after select_algorithm, which imports it), and it must be there
     by then: with parallel compile the first in-process kernel load can come after the
     forward graph's first run, whose kernels would otherwise all be tuned on every rank
-    (seen on 2xH200). Compile workers never need it (no first runs).
+    (seen on 2xH200). Compile workers never need them (no runs, no benchmarks).
     """
-    global _coordesc_tried
+    global _runtime_hooks_tried
     state = _TRITON
-    if state is None or state.worker or _coordesc_tried:
+    if state is None or state.worker or _runtime_hooks_tried:
         return
     th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if getattr(th, "CachingAutotuner", None) is None:
         return
-    with _coordesc_lock:
-        if _coordesc_tried:
+    with _runtime_hooks_lock:
+        if _runtime_hooks_tried:
             return
-        _coordesc_tried = True
+        _runtime_hooks_tried = True
+        _install_runtime_hooks(th.CachingAutotuner, ours, state)
+
+
+def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
+    """Wrap, each on its own (one that fails leaves the others in place):
+    ``CachingAutotuner.coordinate_descent_tuning`` (:func:`_sharing_coordesc`),
+    ``CachingAutotuner._dynamic_scale_rblock`` (:func:`_keeping_hit_configs`) and
+    ``CoordescTuner.autotune_single_field`` (:func:`_splitting_single_field`)."""
+
+    def coordesc() -> None:
+        orig = cls.__dict__.get("coordinate_descent_tuning")
+        if not callable(orig) or _param_names(orig)[:1] != ("launcher",):
+            raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
+        _replace(cls, "coordinate_descent_tuning", _sharing_coordesc(orig, ours))
+
+    def rblock() -> None:
+        orig = cls.__dict__.get("_dynamic_scale_rblock")
+        if not callable(orig) or _param_names(orig) != ():
+            raise TypeError("CachingAutotuner._dynamic_scale_rblock() changed")
+        _replace(cls, "_dynamic_scale_rblock", _keeping_hit_configs(orig))
+
+    def single_field() -> None:
+        from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+        orig = CoordescTuner.__dict__.get("autotune_single_field")
+        if not isinstance(orig, staticmethod) or _param_names(orig.__func__) != (
+            "fn", "init_val", "min_val", "max_val"
+        ):
+            raise TypeError("CoordescTuner.autotune_single_field(fn, init_val, ...) changed")
+        _replace(CoordescTuner, "autotune_single_field",
+                 staticmethod(_splitting_single_field(orig.__func__)))
+
+    for what, install in (("sharing coordinate descent", coordesc),
+                          ("keeping stored reduction configs", rblock),
+                          ("splitting the split-size search", single_field)):
         try:
-            _install_coordesc_sharing(th.CachingAutotuner, ours)
-        except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
-            state._warn_once("sharing coordinate descent", e)
+            install()
+        except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
+            state._warn_once(what, e)
 
 
-def _install_coordesc_sharing(cls: type, ours: type) -> None:
-    global _COORDESC
-
-    orig = cls.__dict__.get("coordinate_descent_tuning")
-    if not callable(orig) or _param_names(orig)[:1] != ("launcher",):
-        raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
-    cls.coordinate_descent_tuning = _sharing_coordesc(orig, ours)  # type: ignore[attr-defined]
-    _COORDESC = (cls, orig)
+def _replace(owner: type, name: str, value: Any) -> None:
+    _RUNTIME_HOOKS.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
 
 
-def _remove_coordesc_sharing() -> None:
-    global _COORDESC, _coordesc_tried
-    _coordesc_tried = False
-    if _COORDESC is not None:
-        cls, orig = _COORDESC
-        cls.coordinate_descent_tuning = orig
-        _COORDESC = None
+def _remove_runtime_hooks() -> None:
+    global _runtime_hooks_tried
+    _runtime_hooks_tried = False
+    while _RUNTIME_HOOKS:
+        owner, name, orig = _RUNTIME_HOOKS.pop()
+        setattr(owner, name, orig)
 
 
 def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     """``AutotuneCache.create``, re-keying our remote cache without the device index."""
 
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
-        if not _coordesc_tried:
-            _ensure_coordesc_sharing(ours)
+        if not _runtime_hooks_tried:
+            _ensure_runtime_hooks(ours)
         cache = orig(inductor_meta, filename, configs_hash)
         remote = getattr(cache, "remote_cache", None)
         if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
@@ -1639,50 +1706,143 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     return create
 
 
+class _PeerMeasuring(Exception):
+    """A peer is running this fusion benchmark: raised to :func:`_splitting_single_field`'s
+    first pass, which leaves that candidate to the peer and comes back to it later."""
+
+
+# Per thread: .prefetching (in _splitting_single_field's first pass: a benchmark a peer
+# is running raises _PeerMeasuring instead of waiting) and .benchmarking (inside a fusion
+# benchmark: a kernel's config decides the timing, so its coordinate descent waits for a
+# peer instead of deferring).
+_fusion_local = threading.local()
+
+
 def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
     """``TritonScheduling.benchmark_codegened_module`` through the shared cache.
 
     Inductor decides a benchmarked fusion (epilogue fusion into a GEMM template under
-    max-autotune, ``config.benchmark_fusion``) by timing candidate kernel modules here;
-    ``benchmark_fused_nodes`` generates a module and calls it too (2.11-2.14). Inductor
-    keeps each timing in a node-local file beside the module (``.kernel_perf``), so every
-    new node measures again, and ranks measure separately and can decide differently.
-    A stored timing is returned without running the module (its kernel is then neither
-    run nor tuned); a measured one is published, and where a peer published first, its
-    timing is the one returned, so ranks decide alike. The decision itself, and what it
-    does to the template's choices, stays Inductor's.
+    max-autotune, ``config.benchmark_fusion``) and the split size of a mix-order
+    reduction by timing candidate kernel modules here; ``benchmark_fused_nodes``
+    generates a module and calls it too (2.11-2.14). Inductor keeps each timing in a
+    node-local file beside the module (``.kernel_perf``), so every new node measures
+    again, and ranks measure separately and can decide differently. Here a benchmark is
+    a key like any other: a stored timing is returned without running the module (its
+    kernel is then neither run nor tuned); a free one is claimed, run and published; one
+    a peer is running is waited for. So each module is measured once per cluster and
+    every rank decides on the same timing. The decision itself stays Inductor's.
     """
 
     def benchmark_codegened_module(self: Any, mod: Any, *args: Any, **kwargs: Any) -> Any:
         state = _TRITON
         if state is None:
             return orig(self, mod, *args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return shared_benchmark(state, self, mod, *args, **kwargs)
+        finally:
+            triton_stats._add(fusion_seconds=time.perf_counter() - t0)
+
+    def shared_benchmark(state: _TritonCache, self: Any, mod: Any, *args: Any,
+                         **kwargs: Any) -> Any:
+        prefetching = getattr(_fusion_local, "prefetching", False)
         try:
             threshold = kwargs.get("n_spills_threshold", args[0] if args else "default")
             with open(mod.__file__, encoding="utf-8") as f:
                 key = fusion_benchmark_key(f.read(), threshold)
-            ms = state.fusion_ms(key)
+            action, value = state.fusion_timing(key, waits=not prefetching)
         except Exception as e:  # noqa: BLE001 - Inductor benchmarks it as usual
             state._warn_once("reading a fusion benchmark's timing", e)
-            return orig(self, mod, *args, **kwargs)
-        if ms is not None:
+            action, value = "local", None
+        if action == "stored":
             triton_stats._add(fusion_hits=1)
-            return ms, mod.__file__
-        result = orig(self, mod, *args, **kwargs)
-        triton_stats._add(fusion_measured=1)
+            return value, mod.__file__
+        if action == "busy":
+            raise _PeerMeasuring
+        outer = getattr(_fusion_local, "benchmarking", False)
+        _fusion_local.benchmarking = True
         try:
-            measured = float(result[0])
+            result = orig(self, mod, *args, **kwargs)
+        except BaseException as e:
+            if action == "measure":
+                state.cache().release(value, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            _fusion_local.benchmarking = outer
+        triton_stats._add(fusion_measured=1)
+        if action != "measure":
+            return result
+        try:
             # Inductor subtracts the cost of cloning mutated inputs, which can come out
-            # below zero: such a timing is used here but not shared.
-            if measured >= 0:
-                shared = state.publish_fusion_ms(key, measured)
-                if shared != measured:
-                    return (shared, *result[1:])
+            # below zero; the store holds timings >= 0, and every rank must decide on
+            # the one stored, this one included.
+            measured = max(0.0, float(result[0]))
+            shared = state.publish_fusion_ms(key, value, measured)
+            return (shared, *result[1:])
         except Exception as e:  # noqa: BLE001 - our own measurement still decides
             state._warn_once("publishing a fusion benchmark's timing", e)
-        return result
+            state.cache().release(value, f"{type(e).__name__}: {e}")
+            return result
 
     return benchmark_codegened_module
+
+
+def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CoordescTuner.autotune_single_field`` with its first round split across ranks.
+
+    Inductor searches a mix-order reduction's split size with it (2.11-2.14, under
+    max-autotune): each candidate value is a kernel module generated, tuned (coordinate
+    descent) and benchmarked through ``benchmark_codegened_module``, one after another,
+    and the search is a chain (each round's values depend on the last), so ranks that
+    share timings would only wait for each other. Its first round, though, always
+    measures ``init // 2``, ``init`` and ``init * 2`` (clamped). Those are measured first
+    here, skipping any a peer is measuring (each rank takes the next free one); then
+    Inductor's own search runs over the timings, reading the peers' from the store. The
+    timings, hence the result, are the ones every rank reads.
+    """
+
+    def autotune_single_field(fn: Callable[[Any], Any], init_val: Any,
+                              min_val: Any = None, max_val: Any = None) -> Any:
+        if _TRITON is None or getattr(_fusion_local, "prefetching", False):
+            return orig(fn, init_val, min_val, max_val)
+        low = 1 if min_val is None else min_val
+        high = 2**30 if max_val is None else max_val
+        first_round = dict.fromkeys(min(max(v, low), high)
+                                    for v in (init_val // 2, init_val, init_val * 2))
+        measured: dict[Any, Any] = {}
+        _fusion_local.prefetching = True
+        try:
+            for value in first_round:
+                try:
+                    measured[value] = fn(value)
+                except _PeerMeasuring:
+                    triton_stats._add(fusion_left_to_peer=1)
+                except Exception:  # noqa: BLE001 - Inductor's own call below raises it
+                    pass
+        finally:
+            _fusion_local.prefetching = False
+        return orig(lambda v: measured[v] if v in measured else fn(v),
+                    init_val, min_val, max_val)
+
+    return autotune_single_field
+
+
+def _keeping_hit_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CachingAutotuner._dynamic_scale_rblock`` that leaves a cache hit's config alone.
+
+    2.11 adds smaller-R0_BLOCK variants of a reduction config that uses many registers
+    at every precompile, a hit's single stored config included, and then benchmarks the
+    two (a warm job tuned again). 2.13 returns early for a hit: the stored config was
+    chosen with those variants among the candidates. This is that check.
+    """
+
+    def _dynamic_scale_rblock(self: Any, *args: Any, **kwargs: Any) -> Any:
+        info = getattr(self, "autotune_cache_info", None) or {}
+        if info.get("autotune_cache_state") == "hit":
+            return None
+        return orig(self, *args, **kwargs)
+
+    return _dynamic_scale_rblock
 
 
 def _install_fusion_sharing() -> tuple[type, Any]:
@@ -1757,7 +1917,7 @@ def _enable_triton(
         rc.RemoteAutotuneCache = ours
         ac.AutotuneCache.create = staticmethod(_rekey_create(create.__func__, ours))
         config.autotune_remote_cache = True
-        _ensure_coordesc_sharing(ours)
+        _ensure_runtime_hooks(ours)
         if not worker:  # compile workers never benchmark fusions
             try:
                 patch.fusion = _install_fusion_sharing()
@@ -1795,7 +1955,7 @@ def _disable_triton(patch: _TritonPatch | None) -> None:
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
 
-    _remove_coordesc_sharing()
+    _remove_runtime_hooks()
     if patch.fusion is not None:
         cls, orig = patch.fusion
         cls.benchmark_codegened_module = orig  # type: ignore[attr-defined]

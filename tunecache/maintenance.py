@@ -38,7 +38,6 @@ from .settings import Settings
 from .store import Database, ensure_schema
 from .store import admin
 from .store.migrate import current_revision
-from .store.schema import entries
 
 __all__ = [
     "EXPORT_FORMAT",
