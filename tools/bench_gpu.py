@@ -207,9 +207,12 @@ def main() -> int:
     compiled = torch.compile(model, mode=mode)
 
     def step() -> None:
-        # Under mode="max-autotune" (CUDA graph trees) a new step must be marked, or the
-        # backward reads outputs the next replay has overwritten. A no-op otherwise.
+        # Under mode="max-autotune" (CUDA graph trees) a new step must be marked, and
+        # gradients not accumulated into the last step's: they are outputs of a graph
+        # the next replay overwrites (a training loop's zero_grad). No-ops otherwise.
         torch.compiler.cudagraph_mark_step_begin()
+        model.zero_grad(set_to_none=True)
+        x.grad = None
         compiled(x).float().pow(2).mean().backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -3,10 +3,11 @@
 This is the only tunecache module that touches ``torch._inductor`` internals. With
 ``triton_configs`` on, the best configs of Triton kernels (autotune_to_one_config,
 coordinate descent, split across ranks in a cold job) and the timings of the scheduler's
-fusion benchmarks are shared too. Those hooks (Inductor's remote autotune cache,
-``AutotuneCache.create``, ``CachingAutotuner.coordinate_descent_tuning`` and
-``TritonScheduling.benchmark_codegened_module``) and why each is safe are in the "Triton
-kernel autotune" section below and docs/triton-autotune.md.
+fusion and split-size benchmarks are shared too. Those hooks (Inductor's remote autotune
+cache, ``AutotuneCache.create``, ``CachingAutotuner.coordinate_descent_tuning`` and
+``._dynamic_scale_rblock``, ``TritonScheduling.benchmark_codegened_module`` and
+``CoordescTuner.autotune_single_field``) and why each is safe are in the "Triton kernel
+autotune" section below and docs/triton-autotune.md.
 
 Supported torch versions: 2.11, 2.12, 2.13, 2.14. On any other version :func:`enable`
 logs one warning and installs nothing, so Inductor behaves exactly as it would without
@@ -874,6 +875,15 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 #   cache with the source hashed without the device index and without the kernel's
 #   per-graph number (triton_poi_fused_add_3), which shifts when fusion differs earlier
 #   in the graph (seen on 2xH200, torch 2.11: 8 of 13 warm misses before this).
+# * Fusion decisions and the split size of a mix-order reduction are decided by timing
+#   generated modules with ``TritonScheduling.benchmark_codegened_module`` (2.11-2.14);
+#   the split size by ``CoordescTuner.autotune_single_field``, a search whose first round
+#   always measures init // 2, init and init * 2, in simd.py's _codegen_mix_order_reduction
+#   (on 2xH200 most of the Triton tuning of a llama block). Both are wrapped; Inductor
+#   still makes every decision, from the shared timings.
+# * 2.11's ``CachingAutotuner._dynamic_scale_rblock`` re-expands a cache hit's reduction
+#   config at precompile, so a warm job benchmarked again; 2.13 returns early for a hit
+#   (``autotune_cache_info["autotune_cache_state"] == "hit"``), and so do we.
 
 # The lease of the claim a save takes just before it publishes (the two are back to back;
 # only a process killed between them leaves the claim, which then expires).
