@@ -121,11 +121,23 @@ def test_core_claim_publish_take_over_and_wait(db_url):
 
 
 def test_enable_plugs_in_and_disable_restores(tmp_path):
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
     before = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
               inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
+    # Inductor's own methods that the runtime hooks wrap (this torch's real ones).
+    hooked = [(th.CachingAutotuner, "coordinate_descent_tuning"),
+              (th.CachingAutotuner, "autotune_to_one_config"),
+              (th.CachingAutotuner, "_dynamic_scale_rblock"),
+              (CoordescTuner, "autotune_single_field"),
+              (TritonScheduling, "benchmark_codegened_module")]
+    own = [owner.__dict__[name] for owner, name in hooked]
     cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
     assert tc_inductor.enable(cache)
     try:
+        assert all(owner.__dict__[name] is not orig
+                   for (owner, name), orig in zip(hooked, own))
         assert rc.RemoteAutotuneCache is not before[0]
         assert rc.RemoteAutotuneCache.__name__ == "TuneCacheAutotuneCache"
         assert inductor_config.autotune_remote_cache is True
@@ -139,6 +151,7 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
     after = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
              inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
     assert after == before
+    assert [owner.__dict__[name] for owner, name in hooked] == own
 
 
 def test_count_only_leaves_triton_alone():
@@ -361,8 +374,20 @@ def coordesc(tmp_path, monkeypatch):
     """tunecache enabled over a faked Inductor coordinate descent (recorded in .tuned)."""
     tuned: list[Any] = []
     fail: list[bool] = []  # append to make the next tunings raise
+    benchmarked: list[Any] = []  # kernels whose max-autotune configs were benchmarked
     inductors_own = _tuning_inductors_own(tuned, fail)
     monkeypatch.setattr(th.CachingAutotuner, "coordinate_descent_tuning", inductors_own)
+
+    def benchmark_all_configs(self, *args, **kwargs):  # Inductor's, faked: the last wins
+        benchmarked.append(self)
+        return {launcher: -i for i, launcher in enumerate(self.launchers)}
+
+    def autotune_to_one_config(self, *args, **kwargs):  # Inductor's (2.11), faked
+        timings = self.benchmark_all_configs(*args, **kwargs)
+        self.launchers = [min(timings, key=timings.get)]
+
+    monkeypatch.setattr(th.CachingAutotuner, "benchmark_all_configs", benchmark_all_configs)
+    monkeypatch.setattr(th.CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
     monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
     db = str(tmp_path / "tune.db")
     cache = tunecache.open(db, triton_configs=True)
@@ -384,12 +409,14 @@ def coordesc(tmp_path, monkeypatch):
         return k, FakeLauncher(cfgs[0]), key
 
     try:
-        yield SimpleNamespace(cache=cache, peer=peer, tuned=tuned, kernel=kernel, fail=fail)
+        yield SimpleNamespace(cache=cache, peer=peer, tuned=tuned, kernel=kernel, fail=fail,
+                              benchmarked=benchmarked)
     finally:
         tc_inductor.disable()
         cache.close()
         peer.close()
     assert th.CachingAutotuner.coordinate_descent_tuning is inductors_own
+    assert th.CachingAutotuner.autotune_to_one_config is autotune_to_one_config
 
 
 def first_run(kernel: Any, launcher: Any) -> Any:
@@ -468,6 +495,34 @@ def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkey
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert tc_inductor.triton_stats.deferred == 0
     assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+
+
+def _one_config(kernel: Any) -> Any:
+    """What CachingAutotuner.run does first with a kernel of several configs."""
+    kernel.launchers = [FakeLauncher(c) for c in configs()]
+    th.CachingAutotuner.autotune_to_one_config(kernel)
+    assert "benchmark_all_configs" not in kernel.__dict__  # the method is Inductor's again
+    (launcher,) = kernel.launchers
+    return launcher
+
+
+def test_a_kernel_a_peer_is_tuning_is_not_benchmarked_here(coordesc):
+    k, _, key = coordesc.kernel(0)
+    claim = coordesc.peer.claim(key)
+    launcher = _one_config(k)  # the first config, not benchmarked
+    assert launcher.config.kwargs == configs()[0].kwargs and coordesc.benchmarked == []
+    assert first_run(k, launcher) is launcher  # deferred: runs it until the peer's is in
+    publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
+    assert tc_inductor.triton_stats.configs_benchmark_skipped == 1
+
+
+def test_a_free_kernel_is_benchmarked_before_coordinate_descent(coordesc):
+    k, _, _ = coordesc.kernel(0)
+    launcher = _one_config(k)
+    assert launcher.config.kwargs == configs()[-1].kwargs  # the fake benchmark's winner
+    assert coordesc.benchmarked == [k]
+    assert first_run(k, launcher).config.kwargs == TUNED.kwargs
+    assert tc_inductor.triton_stats.configs_benchmark_skipped == 0
 
 
 def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(

@@ -934,6 +934,7 @@ class TritonStats(_Counters):
     deferred: int = 0  # kernels launched untuned while a peer tuned them
     peer_wait_seconds: float = 0.0  # waiting for a peer's result (kernel or fusion timing)
     kept_untuned: int = 0  # deferred kernels whose next run a CUDA graph recorded
+    configs_benchmark_skipped: int = 0  # autotune_to_one_config left to a peer's result
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
@@ -1276,6 +1277,17 @@ class _TritonCache:
         finally:
             triton_stats._add(peer_wait_seconds=time.perf_counter() - t0)
 
+    def coordesc_elsewhere(self, inductor_key: str, key_text: str) -> bool:
+        """Whether a kernel's coordinate-descent result is stored or a peer is tuning it
+        (only reads)."""
+        _, key, _ = self._key(inductor_key, key_text)
+        cache = self.cache()
+        answer = cache.lookup(key)
+        if answer is not None:
+            best = None if answer.source == "failed" else triton_config_from_entry(answer.timings)
+            return best is not None and bool(best.get("found_by_coordesc"))
+        return cache.in_progress(key)
+
     def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
         """Give back this process's claim on a kernel if it was not published."""
         try:
@@ -1602,6 +1614,46 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
     return coordinate_descent_tuning
 
 
+def _sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``CachingAutotuner.autotune_to_one_config`` that does not benchmark a kernel whose
+    coordinate descent a peer has done or is doing.
+
+    Inductor benchmarks a kernel's max-autotune configs at its first run and starts
+    coordinate descent from the fastest. Where the result will be a peer's (stored, or a
+    peer holds the claim), that benchmark only picks the config the kernel runs until the
+    result is adopted; so it is skipped and the kernel's first config picked. Inductor's
+    own method still runs around that pick (2.13+ prunes launchers and bundles the
+    winner there): only its ``benchmark_all_configs`` is answered, on this instance and
+    for this call. Should the peer die and this rank take the kernel over, coordinate
+    descent starts from that first config.
+    """
+
+    def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _TRITON
+        if state is None or not _coordesc_tunes(self):
+            return orig(self, *args, **kwargs)
+        kernel = _shared_kernel(self, ours)
+        try:
+            elsewhere = kernel is not None and state.coordesc_elsewhere(*kernel)
+        except Exception as e:  # noqa: BLE001 - Inductor benchmarks as usual
+            state._warn_once("looking for a peer's coordinate descent", e)
+            elsewhere = False
+        if not elsewhere:
+            return orig(self, *args, **kwargs)
+        first = self.launchers[0]
+        self.benchmark_all_configs = lambda *_a, **_k: {
+            launcher: 0.0 if launcher is first else 1.0 for launcher in self.launchers
+        }
+        try:
+            result = orig(self, *args, **kwargs)
+        finally:
+            del self.benchmark_all_configs
+        triton_stats._add(configs_benchmark_skipped=1)
+        return result
+
+    return autotune_to_one_config
+
+
 def _end_deferral(kernel: Any) -> None:
     """Put back what deferring ``kernel`` held off (2.13+'s launcher fast path)."""
     deferred = kernel.__dict__.pop(_DEFERRED, None)
@@ -1646,6 +1698,7 @@ def _ensure_runtime_hooks(ours: type) -> None:
 def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
     """Wrap, each on its own (one that fails leaves the others in place):
     ``CachingAutotuner.coordinate_descent_tuning`` (:func:`_sharing_coordesc`),
+    ``CachingAutotuner.autotune_to_one_config`` (:func:`_sharing_one_config`),
     ``CachingAutotuner._dynamic_scale_rblock`` (:func:`_keeping_hit_configs`) and
     ``CoordescTuner.autotune_single_field`` (:func:`_splitting_single_field`)."""
 
@@ -1654,6 +1707,12 @@ def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
         if not callable(orig) or _param_names(orig)[:1] != ("launcher",):
             raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
         _replace(cls, "coordinate_descent_tuning", _sharing_coordesc(orig, ours))
+
+    def one_config() -> None:
+        orig = cls.__dict__.get("autotune_to_one_config")
+        if not callable(orig) or "benchmark_all_configs" not in cls.__dict__:
+            raise TypeError("CachingAutotuner.autotune_to_one_config changed")
+        _replace(cls, "autotune_to_one_config", _sharing_one_config(orig, ours))
 
     def rblock() -> None:
         orig = cls.__dict__.get("_dynamic_scale_rblock")
@@ -1673,6 +1732,7 @@ def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
                  staticmethod(_splitting_single_field(orig.__func__)))
 
     for what, install in (("sharing coordinate descent", coordesc),
+                          ("leaving a peer's kernels unbenchmarked", one_config),
                           ("keeping stored reduction configs", rblock),
                           ("splitting the split-size search", single_field)):
         try:
