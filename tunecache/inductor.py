@@ -4,8 +4,9 @@ This is the only tunecache module that touches ``torch._inductor`` internals. Wi
 ``triton_configs`` on, the best configs of Triton kernels (autotune_to_one_config,
 coordinate descent, split across ranks in a cold job) and the timings of the scheduler's
 fusion and split-size benchmarks are shared too. Those hooks (Inductor's remote autotune
-cache, ``AutotuneCache.create``, ``CachingAutotuner.coordinate_descent_tuning`` and
-``._dynamic_scale_rblock``, ``TritonScheduling.benchmark_codegened_module`` and
+cache, ``AutotuneCache.create``, ``CachingAutotuner.coordinate_descent_tuning``,
+``.autotune_to_one_config`` and ``._dynamic_scale_rblock``,
+``TritonScheduling.benchmark_codegened_module`` and
 ``CoordescTuner.autotune_single_field``) and why each is safe are in the "Triton kernel
 autotune" section below and docs/triton-autotune.md.
 
