@@ -1648,7 +1648,7 @@ def _sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., A
         try:
             result = orig(self, *args, **kwargs)
         finally:
-            del self.benchmark_all_configs
+            self.__dict__.pop("benchmark_all_configs", None)
         triton_stats._add(configs_benchmark_skipped=1)
         return result
 
