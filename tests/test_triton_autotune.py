@@ -946,6 +946,29 @@ def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_
     assert a["peer_wait_seconds"] == b["peer_wait_seconds"] == 0.0
 
 
+def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_errors(fusion):
+    # Should code between the search and the benchmark turn the "peer is measuring it"
+    # signal into a timing (inf), that timing must not decide anything.
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    fusion.timing.ms = _timing_by_size
+    claim = fusion.peer.claim(_fusion_key(16))  # the peer finds 16 best of all
+    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 0.5}))
+    peer.start()
+
+    def swallowing(value: int) -> float:
+        try:
+            return fusion.benchmark(0, value)[0]
+        except Exception:
+            return math.inf
+
+    best = CoordescTuner.autotune_single_field(swallowing, 16, 8)
+    peer.join()
+    assert best == 16  # an inf for 16 would have moved the search to 8, then 32
+    assert len(fusion.measured) == 2  # 8 and 32: 16 is the peer's
+    assert tc_inductor.triton_stats.fusion_left_to_peer == 1
+
+
 def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_path):
     # Each candidate value takes 0.5 s to measure; the search visits 8, 16, 32, 64.
     procs = []

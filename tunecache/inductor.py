@@ -1783,9 +1783,9 @@ class _PeerMeasuring(Exception):
 
 
 # Per thread: .prefetching (in _splitting_single_field's first pass: a benchmark a peer
-# is running raises _PeerMeasuring instead of waiting) and .benchmarking (inside a fusion
-# benchmark: a kernel's config decides the timing, so its coordinate descent waits for a
-# peer instead of deferring).
+# is running raises _PeerMeasuring instead of waiting, and sets .left_to_peer) and
+# .benchmarking (inside a fusion benchmark: a kernel's config decides the timing, so its
+# coordinate descent waits for a peer instead of deferring).
 _fusion_local = threading.local()
 
 
@@ -1829,6 +1829,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
             triton_stats._add(fusion_hits=1)
             return value, mod.__file__
         if action == "busy":
+            _fusion_local.left_to_peer = True
             raise _PeerMeasuring
         outer = getattr(_fusion_local, "benchmarking", False)
         _fusion_local.benchmarking = True
@@ -1884,12 +1885,19 @@ def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
         _fusion_local.prefetching = True
         try:
             for value in first_round:
+                _fusion_local.left_to_peer = False
                 try:
-                    measured[value] = fn(value)
+                    timing = fn(value)
                 except _PeerMeasuring:
-                    triton_stats._add(fusion_left_to_peer=1)
+                    timing = None
                 except Exception:  # noqa: BLE001 - Inductor's own call below raises it
-                    pass
+                    continue
+                # Checked apart from the exception, in case code between fn and the
+                # benchmark turned it into a timing.
+                if _fusion_local.left_to_peer:
+                    triton_stats._add(fusion_left_to_peer=1)
+                else:
+                    measured[value] = timing
         finally:
             _fusion_local.prefetching = False
         return orig(lambda v: measured[v] if v in measured else fn(v),
