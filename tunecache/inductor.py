@@ -934,7 +934,7 @@ class TritonStats(_Counters):
     adopted: int = 0  # stored result (usually a peer's) compiled and run instead of tuning
     deferred: int = 0  # kernels launched untuned while a peer tuned them
     peer_wait_seconds: float = 0.0  # waiting for a peer's result (kernel or fusion timing)
-    kept_untuned: int = 0  # deferred kernels whose next run a CUDA graph recorded
+    kept_untuned: int = 0  # deferred kernels whose later run a CUDA graph recorded
     configs_benchmark_skipped: int = 0  # autotune_to_one_config left to a peer's result
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
@@ -1458,14 +1458,14 @@ def _coordesc_tunes(kernel: Any) -> bool:
 
 
 def _can_defer(kernel: Any) -> bool:
-    """Whether this kernel may run untuned once and adopt a peer's config at its next run.
+    """Whether this kernel may run untuned and adopt a peer's config at a later run.
 
-    run() calls coordinate descent again at the next launch while the launcher's config is
+    run() calls coordinate descent again at every launch while the launcher's config is
     not ``found_by_coordesc``, except that 2.13+ then caches the launcher for a fast path
-    after the first launch; with it off (``_cache_eligible``) the next launch takes the
+    after the first launch; with it off (``_cache_eligible``) later launches take the
     slow path again. A torch with a fast path we do not know could keep the untuned
     config for good: no deferral there. Nor under CUDA graph trees: they record a
-    function's second call, so the next launch would be recorded before the peer's
+    function's second call, so a later launch would be recorded before the peer's
     config could be compiled (which is not safe while capturing) and the graph would
     replay the untuned config for good.
     """
