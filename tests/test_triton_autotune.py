@@ -485,16 +485,23 @@ def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkey
     # The benchmark times whatever config runs, so running it untuned would decide the
     # fusion on the wrong timing.
     monkeypatch.setattr(tc_inductor._fusion_local, "benchmarking", True, raising=False)
+    adopted = _first_run_while_the_peer_tunes(coordesc)
+    assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
+    assert tc_inductor.triton_stats.deferred == 0
+    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+
+
+def _first_run_while_the_peer_tunes(coordesc: Any) -> Any:
+    """A kernel's first run while the peer holds its claim and publishes 0.5 s later."""
     k, launcher, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
     peer = threading.Timer(0.5, publish_as_peer,
                            (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
     peer.start()
-    adopted = first_run(k, launcher)
-    peer.join()
-    assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
-    assert tc_inductor.triton_stats.deferred == 0
-    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+    try:
+        return first_run(k, launcher)
+    finally:
+        peer.join()
 
 
 def _one_config(kernel: Any) -> Any:
@@ -528,13 +535,7 @@ def test_a_free_kernel_is_benchmarked_before_coordinate_descent(coordesc):
 def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(
         coordesc, monkeypatch):
     monkeypatch.setattr(tc_inductor, "_cuda_graph_trees_in_use", lambda kernel: True)
-    k, launcher, key = coordesc.kernel(0)
-    claim = coordesc.peer.claim(key)
-    peer = threading.Timer(0.5, publish_as_peer,
-                           (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
-    peer.start()
-    adopted = first_run(k, launcher)
-    peer.join()
+    adopted = _first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
 

@@ -35,6 +35,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Rows of `stats`' "by op" table in human output (--json has them all).
 BY_OP_SHOWN = 20
+# The kinds of entries tunecache writes, for --kind's help (any kind is accepted).
+KINDS = "gemm, triton_config, fusion_benchmark"
 
 
 # -- errors, in one place ---------------------------------------------------------------
@@ -303,8 +305,7 @@ def stats(out: Out) -> None:
               help="Drop entries of these devices (repeatable).")
 @click.option("--op", multiple=True, help="Only entries of these ops (with the filters above).")
 @click.option("--kind", multiple=True, metavar="KIND",
-              help="Only entries of these kinds: gemm, triton_config, fusion_benchmark "
-                   "(with the filters above).")
+              help=f"Only entries of these kinds: {KINDS} (with the filters above).")
 @click.option("--failed", is_flag=True, help="Drop keys marked failed (they are retried).")
 @click.option("--expired-claims", is_flag=True,
               help="Drop claims whose lease has passed (their owner is gone).")
@@ -399,7 +400,7 @@ def _env_filter(op: Sequence[str], device: Sequence[str], torch_: Sequence[str],
               help="Keep only the winner's timing (others written as null): a small cache "
                    "to ship with a model; consumers pick the same winner without tuning.")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
-@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config, fusion_benchmark (repeatable).")
+@click.option("--kind", multiple=True, metavar="KIND", help=f"Only these kinds: {KINDS} (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")
 @click.option("--torch", "torch_", multiple=True, help="Only these torch versions (repeatable).")
 @_common
@@ -573,7 +574,7 @@ def doctor(ctx: click.Context, out: Out) -> None:
 
 @cli.command("ls")
 @click.option("--op", multiple=True, help="Only these ops (repeatable).")
-@click.option("--kind", multiple=True, help="Only these kinds: gemm, triton_config, fusion_benchmark (repeatable).")
+@click.option("--kind", multiple=True, metavar="KIND", help=f"Only these kinds: {KINDS} (repeatable).")
 @click.option("--state", multiple=True, type=click.Choice(["done", "claimed", "failed"]),
               help="Only these states (repeatable).")
 @click.option("--device", multiple=True, help="Only these devices (repeatable).")

@@ -1107,6 +1107,12 @@ def triton_config_from_entry(timings: Mapping[str, float]) -> dict[str, Any] | N
     return value
 
 
+def _coordesc_result(timings: Mapping[str, float]) -> dict[str, Any] | None:
+    """:func:`triton_config_from_entry`, where that config is a coordinate-descent result."""
+    best = triton_config_from_entry(timings)
+    return best if best is not None and best.get("found_by_coordesc") else None
+
+
 class _TritonCache:
     """get/put of Inductor's remote autotune cache, over the shared TuneCache.
 
@@ -1247,36 +1253,40 @@ class _TritonCache:
             # The autotune_to_one_config save held for this key: coordinate descent
             # decides now, and its result (ours or a peer's) is the one that counts.
             self._held.pop(key_hash, None)
+        state, value = self._claim_step(key, waits, _coordesc_result)
+        if state == "claimed":
+            with self._lock:
+                self._claims[key_hash] = value
+            return "tune", None
+        return {"done": "adopt", "busy": "defer"}.get(state, "local"), value
+
+    def _claim_step(
+        self, key: Mapping[str, Any], waits: bool, read: Callable[[Mapping[str, float]], Any]
+    ) -> tuple[str, Any]:
+        """Where ``key`` stands, claiming it if it is free: ``("done", read(timings))``
+        for a stored entry that ``read`` accepts (not None); ``("claimed", claim)``: this
+        process is to measure and publish it; ``("busy", None)``: a peer holds it (only
+        when not ``waits``, else this waits out the peer's claim, one lease at most);
+        ``("local", None)``: measure without sharing (store down or readonly, a failed or
+        refused entry, or a peer's result that never came)."""
+        from .coordinator import Result
+
         cache = self.cache()
         answer: Any = cache.lookup(key)
         if answer is None:
-            answer = self._claim_or_wait(cache, key, waits)
-        from .coordinator import Result
-
+            t0 = time.perf_counter()
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
+                                 wait=TRITON_LEASE_SECONDS + 5.0 if waits else 0.0)
+            if waits:
+                triton_stats._add(peer_wait_seconds=time.perf_counter() - t0)
         if isinstance(answer, Result):
-            best = None if answer.source == "failed" else triton_config_from_entry(answer.timings)
-            if best is not None and best.get("found_by_coordesc"):
-                return "adopt", best
-            return "local", None
+            value = None if answer.source == "failed" else read(answer.timings)
+            return ("local", None) if value is None else ("done", value)
         if answer is not None:
-            with self._lock:
-                self._claims[key_hash] = answer
-            return "tune", None
+            return "claimed", answer
         if not waits and cache.in_progress(key):
-            return "defer", None
+            return "busy", None
         return "local", None
-
-    @staticmethod
-    def _claim_or_wait(cache: TuneCache, key: Mapping[str, Any], waits: bool) -> Any:
-        """claim(key): without waiting, or waiting out a peer's claim (one lease)."""
-        if not waits:
-            return cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
-        t0 = time.perf_counter()
-        try:
-            return cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
-                               wait=TRITON_LEASE_SECONDS + 5.0)
-        finally:
-            triton_stats._add(peer_wait_seconds=time.perf_counter() - t0)
 
     def coordesc_elsewhere(self, inductor_key: str, key_text: str) -> bool:
         """Whether a kernel's coordinate-descent result is stored or a peer is tuning it
@@ -1285,8 +1295,7 @@ class _TritonCache:
         cache = self.cache()
         answer = cache.lookup(key)
         if answer is not None:
-            best = None if answer.source == "failed" else triton_config_from_entry(answer.timings)
-            return best is not None and bool(best.get("found_by_coordesc"))
+            return answer.source != "failed" and _coordesc_result(answer.timings) is not None
         return cache.in_progress(key)
 
     def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
@@ -1352,25 +1361,10 @@ class _TritonCache:
                 self._unpublished.add(key_hash)
 
     def fusion_timing(self, key: Mapping[str, Any], *, waits: bool) -> tuple[str, Any]:
-        """What a fusion benchmark does: ``("stored", ms)``: decide on the stored timing,
-        do not run it; ``("measure", claim)``: run it here and :meth:`publish_fusion_ms`;
-        ``("busy", None)``: a peer is running it (only when not ``waits``);
-        ``("local", None)``: run it without sharing (store down or readonly, an invalid
-        entry, or a peer's timing that never came)."""
-        from .coordinator import Result
-
-        cache = self.cache()
-        answer: Any = cache.lookup(key)
-        if answer is None:
-            answer = self._claim_or_wait(cache, key, waits)
-        if isinstance(answer, Result):
-            ms = None if answer.source == "failed" else fusion_ms_from_entry(answer.timings)
-            return ("local", None) if ms is None else ("stored", ms)
-        if answer is not None:
-            return "measure", answer
-        if not waits and cache.in_progress(key):
-            return "busy", None
-        return "local", None
+        """Where a fusion benchmark stands (:meth:`_claim_step`): ``("done", ms)``: decide
+        on the stored timing, do not run it; ``("claimed", claim)``: run it here and
+        :meth:`publish_fusion_ms`; ``"busy"`` or ``"local"``: see there."""
+        return self._claim_step(key, waits, fusion_ms_from_entry)
 
     def publish_fusion_ms(self, key: Mapping[str, Any], claim: Any, ms: float) -> float:
         """Publish a fusion benchmark measured under ``claim``; return the timing every
@@ -1392,8 +1386,9 @@ class _TritonCache:
             if key_hash not in self._unpublished:
                 return None
             self._unpublished.discard(key_hash)
-        found, best = self._stored_best(key)
-        return best if found and best is not None and best.get("found_by_coordesc") else None
+        answer = self.cache().lookup(key)
+        return None if answer is None or answer.source == "failed" \
+            else _coordesc_result(answer.timings)
 
 
 _TRITON: _TritonCache | None = None
@@ -1825,7 +1820,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:  # noqa: BLE001 - Inductor benchmarks it as usual
             state._warn_once("reading a fusion benchmark's timing", e)
             action, value = "local", None
-        if action == "stored":
+        if action == "done":
             triton_stats._add(fusion_hits=1)
             return value, mod.__file__
         if action == "busy":
@@ -1836,13 +1831,13 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = orig(self, mod, *args, **kwargs)
         except BaseException as e:
-            if action == "measure":
+            if action == "claimed":
                 state.cache().release(value, f"{type(e).__name__}: {e}")
             raise
         finally:
             _fusion_local.benchmarking = outer
         triton_stats._add(fusion_measured=1)
-        if action != "measure":
+        if action != "claimed":
             return result
         try:
             # Inductor subtracts the cost of cloning mutated inputs, which can come out
