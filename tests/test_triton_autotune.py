@@ -380,6 +380,8 @@ def coordesc(tmp_path, monkeypatch):
 
     def benchmark_all_configs(self, *args, **kwargs):  # Inductor's, faked: the last wins
         benchmarked.append(self)
+        if fail:
+            raise RuntimeError("benchmark failed")
         return {launcher: -i for i, launcher in enumerate(self.launchers)}
 
     def autotune_to_one_config(self, *args, **kwargs):  # Inductor's (2.11), faked
@@ -530,6 +532,33 @@ def test_a_free_kernel_is_benchmarked_before_coordinate_descent(coordesc):
     assert coordesc.benchmarked == [k]
     assert first_run(k, launcher).config.kwargs == TUNED.kwargs
     assert tc_inductor.triton_stats.configs_benchmark_skipped == 0
+
+
+def test_a_free_kernel_is_claimed_before_its_configs_are_benchmarked(coordesc):
+    # A peer reaching the kernel during that benchmark leaves both it and the coordinate
+    # descent to this rank.
+    k, _, key = coordesc.kernel(0)
+    launcher = _one_config(k)
+    assert coordesc.peer.claim(key, wait=0.0) is None  # held: the peer would skip it
+    assert first_run(k, launcher).config.kwargs == TUNED.kwargs  # under that claim
+    assert coordesc.tuned == [launcher] and tc_inductor.triton_stats.published == 1
+
+
+def test_a_claim_taken_for_a_configs_benchmark_is_given_back_if_no_tuning_follows(
+        coordesc):
+    k, _, key = coordesc.kernel(0)
+    _one_config(k)
+    other, _, _ = coordesc.kernel(0, body="tmp0 * tmp1")
+    _one_config(other)  # this thread went on to another kernel without tuning the first
+    assert isinstance(coordesc.peer.claim(key, wait=0.0), Claim)
+
+
+def test_a_failed_configs_benchmark_gives_the_key_back_at_once(coordesc):
+    coordesc.fail.append(True)
+    k, _, key = coordesc.kernel(0)
+    with pytest.raises(RuntimeError, match="benchmark failed"):
+        _one_config(k)
+    assert isinstance(coordesc.peer.claim(key, wait=0.0), Claim)
 
 
 def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(
@@ -705,10 +734,10 @@ def _split_size_search(benchmark: Any, index: int) -> int:
         lambda value: benchmark(index, value)[0], 16, 8)
 
 
-def _timing_by_size(file: str) -> float:
-    """A parabola-like curve over the split size (the module's size), best at 32."""
+def _timing_by_size(file: str, best: int = 32) -> float:
+    """A parabola-like curve over the split size (the module's size)."""
     size = int(re.search(r"rand_strided\(\((\d+),\)", Path(file).read_text()).group(1))
-    return 1.0 + abs(math.log2(size) - 5)
+    return 1.0 + abs(math.log2(size) - math.log2(best))
 
 
 def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fusion):
@@ -723,6 +752,23 @@ def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fu
     # First round 8, 16, 32: 16 left to the peer; then 32's neighbour 64.
     assert sizes == [8, 32, 64] and best == 32
     assert tc_inductor.triton_stats.fusion_left_to_peer == 1
+
+
+@pytest.mark.parametrize("peers_ms, best", [(2.0, 32), (0.5, 64)])
+def test_while_a_peer_measures_a_split_size_the_next_one_is_measured_here(
+        fusion, peers_ms, best):
+    # The search goes 8, 16, 32 (first round), then 64: the peer is measuring 64, so this
+    # rank measures 128, which the search asks for next if 64 improves on 32.
+    fusion.timing.ms = _timing_by_size
+    claim = fusion.peer.claim(_fusion_key(64))
+    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": peers_ms}))
+    peer.start()
+    assert _split_size_search(fusion.benchmark, 0) == best
+    peer.join()
+    sizes = [int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
+             for f in fusion.measured]
+    assert sizes == [8, 16, 32, 128]  # 128 measured once, whether the search asked or not
+    assert tc_inductor.triton_stats.split_values_ahead == 1
 
 
 def test_a_garbled_fusion_timing_is_measured_again(fusion):
@@ -940,6 +986,9 @@ def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_
     a, b = (_result(r) for r in ranks)
     assert sorted(a["tuned"] + b["tuned"]) == list(range(8))  # each kernel tuned once
     assert a["tuned"] and b["tuned"]  # and the work was split
+    # A kernel's configs were benchmarked by the rank that tuned it, and only there, the
+    # first kernel too, which both ranks reached at the same moment.
+    assert a["benchmarked"] == a["tuned"] and b["benchmarked"] == b["tuned"]
     assert a["final"] == b["final"]
     assert all(found for _, _, found in a["final"])
     assert a["deferred"] + b["deferred"] >= 1
@@ -971,7 +1020,8 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
 
 
 def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_path):
-    # Each candidate value takes 0.5 s to measure; the search visits 8, 16, 32, 64.
+    # Each candidate value takes 0.5 s to measure; the search visits 8, 16, 32 (its first
+    # round), then one value a round: 64, 128 (the best), 256.
     procs = []
     for index in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
@@ -981,10 +1031,16 @@ def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_p
              str(tmp_path), str(index)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     a, b = (_result(p) for p in procs)
-    assert a["best"] == b["best"] == 32
-    assert sorted(a["measured"] + b["measured"]) == [8, 16, 32, 64]  # each once
+    assert a["best"] == b["best"] == 128
+    measured = sorted(a["measured"] + b["measured"])
+    assert len(set(measured)) == len(measured)  # each value once in the job
+    # ... every value the search asked for, and maybe the one past its end, measured
+    # ahead by a rank while the other measured 256.
+    assert set(measured) - {512} == {8, 16, 32, 64, 128, 256}
     assert a["measured"] and b["measured"]  # split between them
     assert a["left_to_peer"] + b["left_to_peer"] >= 1
+    # The later rounds: one rank measured ahead while the other measured the value asked.
+    assert a["ahead"] + b["ahead"] >= 1
 
 
 def _split_size_rank(db: str, tmp: str, index: int) -> None:
@@ -996,7 +1052,7 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
         source = Path(mod.__file__).read_text()
         measured.append(int(re.search(r"rand_strided\(\((\d+),", source).group(1)))
         time.sleep(0.5)
-        return _timing_by_size(mod.__file__) + index / 1000, mod.__file__
+        return _timing_by_size(mod.__file__, best=128) + index / 1000, mod.__file__
 
     TritonScheduling.benchmark_codegened_module = inductors_own
     cache = tunecache.open(db, triton_configs=True)
@@ -1014,7 +1070,8 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
     stats = tc_inductor.triton_stats.as_dict()
     tc_inductor.disable()
     print(json.dumps({"best": best, "measured": measured,
-                      "left_to_peer": stats["fusion_left_to_peer"]}))
+                      "left_to_peer": stats["fusion_left_to_peer"],
+                      "ahead": stats["split_values_ahead"]}))
 
 
 def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
@@ -1039,6 +1096,16 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     (so a kernel tuned twice, or not adopted, shows). It marks tmp/tuning-<index> when it
     starts tuning."""
     tuned: list[int] = []
+    benchmarked: list[int] = []
+
+    def benchmark_all_configs(self, *args, **kwargs):  # Inductor's, faked: the last wins
+        benchmarked.append(self.number)
+        time.sleep(tune_seconds / 3)
+        return {launcher: -i for i, launcher in enumerate(self.launchers)}
+
+    def autotune_to_one_config(self, *args, **kwargs):  # Inductor's (2.11), faked
+        timings = self.benchmark_all_configs(*args, **kwargs)
+        self.launchers = [min(timings, key=timings.get)]
 
     def inductors_own(self, launcher, *args, **kwargs):
         tuned.append(self.number)
@@ -1050,18 +1117,20 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
         return FakeLauncher(best)
 
     th.CachingAutotuner.coordinate_descent_tuning = inductors_own
+    th.CachingAutotuner.autotune_to_one_config = autotune_to_one_config
+    th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
     ac.Config = TritonConfig
     tc_inductor.TRITON_LEASE_SECONDS = 2.0  # a killed or stopped peer's claim expires soon
     cache = tunecache.open(db, triton_configs=True)
     tc_inductor.enable(cache)
-    loaded, launchers = [], []
+    loaded = []
     for i in range(kernels):
         m = meta(coordesc=True)
         cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index, f"tmp0 + {i}"), m)
         kernel = FakeKernel(autotune_cache, m)
         kernel.number = i
+        kernel.launchers = [FakeLauncher(c) for c in cfgs]
         loaded.append(kernel)
-        launchers.append(FakeLauncher(cfgs[0]))
     if barrier:  # start together, as ranks after a barrier
         (Path(tmp) / f"ready-{index}").touch()
         deadline = time.monotonic() + 60
@@ -1070,20 +1139,23 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     tc_inductor.DEFERRED_CHECK_SECONDS = 0.01
     deadline = time.monotonic() + 60
     while True:  # training steps, until every kernel runs its final config
-        pending = [i for i, c in enumerate(launchers)
-                   if not getattr(c.config, "found_by_coordesc", False)]
+        pending = [k for k in loaded
+                   if not getattr(k.launchers[0].config, "found_by_coordesc", False)]
         if not pending or time.monotonic() > deadline:
             break
-        for i in pending:  # CachingAutotuner.run, as far as we care
-            launchers[i] = th.CachingAutotuner.coordinate_descent_tuning(
-                loaded[i], launchers[i])
+        for k in pending:  # CachingAutotuner.run, as far as we care
+            if len(k.launchers) > 1:
+                th.CachingAutotuner.autotune_to_one_config(k)
+            k.launchers = [th.CachingAutotuner.coordinate_descent_tuning(k, k.launchers[0])]
         time.sleep(0.02)
     stats = tc_inductor.triton_stats.as_dict()
     tc_inductor.disable()
     print(json.dumps({
         "tuned": tuned,
-        "final": [[c.config.kwargs, c.config.num_warps,
-                   getattr(c.config, "found_by_coordesc", False)] for c in launchers],
+        "benchmarked": benchmarked,
+        "final": [[k.launchers[0].config.kwargs, k.launchers[0].config.num_warps,
+                   getattr(k.launchers[0].config, "found_by_coordesc", False)]
+                  for k in loaded],
         "deferred": stats["deferred"],
         "peer_wait_seconds": stats["peer_wait_seconds"],
     }))

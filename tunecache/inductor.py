@@ -890,6 +890,10 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
 # only a process killed between them leaves the claim, which then expires).
 TRITON_LEASE_SECONDS = 60.0
 FUSION_KIND = "fusion_benchmark"
+# How many values past the one a peer is measuring a split-size search may look for a
+# free one to measure meanwhile (:func:`_splitting_single_field`): one is enough for two
+# ranks; more ranks measuring the same search find the next ones taken.
+SPLIT_STEPS_AHEAD = 4
 
 # Heuristics whose kernels have one fixed config and no coordinate descent
 # (triton_heuristics.template / fixed_config, 2.11-2.14): a save of theirs, if any, is
@@ -939,6 +943,7 @@ class TritonStats(_Counters):
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
+    split_values_ahead: int = 0  # split sizes measured while a peer measured the one before
     fusion_seconds: float = 0.0  # in fusion benchmarks: measuring, reading, waiting
     # Names of the kernels whose saves were the puts (the first 100): what a warm job
     # still tuned, for bench_gpu.py's report.
@@ -1138,6 +1143,9 @@ class _TritonCache:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
         self._claims: dict[str, Any] = {}  # key hash -> Claim, from plan_coordesc to put
+        # thread -> key hash of a claim plan_coordesc(ahead=True) took for the coordinate
+        # descent that follows on that thread
+        self._claimed_ahead: dict[int, str] = {}
         self._unpublished: set[str] = set()  # plan_coordesc's claims whose publish failed
         self._warned: set[str] = set()
 
@@ -1236,7 +1244,7 @@ class _TritonCache:
         return best
 
     def plan_coordesc(
-        self, inductor_key: str, key_text: str, *, waits: bool
+        self, inductor_key: str, key_text: str, *, waits: bool, ahead: bool = False
     ) -> tuple[str, dict[str, Any] | None]:
         """What a kernel's run does instead of, or around, coordinate descent.
 
@@ -1246,17 +1254,30 @@ class _TritonCache:
         later run. ``("local", None)``: tune here without the cache (store down,
         readonly, a failed or invalid entry, or a peer's result that never came).
         ``waits``: wait for a peer's result rather than defer (a kernel that cannot be
-        deferred, or one whose timing decides a benchmark).
+        deferred, or one whose timing decides a benchmark). ``ahead``: asked before
+        autotune_to_one_config's benchmark, which only the tuning rank needs: a claim
+        taken then is this thread's for the coordinate descent that follows, so a peer
+        at the same kernel at the same moment skips that benchmark too. Should another
+        kernel be planned on this thread first (a caller that tunes no further), the
+        claim is given back then.
         """
         _, key, key_hash = self._key(inductor_key, key_text)
+        thread = threading.get_ident()
         with self._lock:
             # The autotune_to_one_config save held for this key: coordinate descent
             # decides now, and its result (ours or a peer's) is the one that counts.
             self._held.pop(key_hash, None)
+            early = self._claimed_ahead.pop(thread, None)
+            if early == key_hash and key_hash in self._claims:
+                return "tune", None
+        if early is not None and early != key_hash:
+            self._release(early, "no coordinate descent followed its configs' benchmark")
         state, value = self._claim_step(key, waits, _coordesc_result)
         if state == "claimed":
             with self._lock:
                 self._claims[key_hash] = value
+                if ahead:
+                    self._claimed_ahead[thread] = key_hash
             return "tune", None
         return {"done": "adopt", "busy": "defer"}.get(state, "local"), value
 
@@ -1288,26 +1309,21 @@ class _TritonCache:
             return "busy", None
         return "local", None
 
-    def coordesc_elsewhere(self, inductor_key: str, key_text: str) -> bool:
-        """Whether a kernel's coordinate-descent result is stored or a peer is tuning it
-        (only reads)."""
-        _, key, _ = self._key(inductor_key, key_text)
-        cache = self.cache()
-        answer = cache.lookup(key)
-        if answer is not None:
-            return answer.source != "failed" and _coordesc_result(answer.timings) is not None
-        return cache.in_progress(key)
-
     def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
         """Give back this process's claim on a kernel if it was not published."""
         try:
-            key_hash = self._key(inductor_key, key_text)[2]
-            with self._lock:
-                claim = self._claims.pop(key_hash, None)
-            if claim is not None:
-                self.cache().release(claim, error)
+            self._release(self._key(inductor_key, key_text)[2], error)
         except Exception as e:  # noqa: BLE001 - called on Inductor's paths, even its errors'
             self._warn_once("giving back a Triton kernel's claim", e)
+
+    def _release(self, key_hash: str, error: str) -> None:
+        with self._lock:
+            claim = self._claims.pop(key_hash, None)
+            for thread, held in list(self._claimed_ahead.items()):
+                if held == key_hash:
+                    del self._claimed_ahead[thread]
+        if claim is not None:
+            self.cache().release(claim, error)
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
@@ -1611,31 +1627,40 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
 
 
 def _sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
-    """``CachingAutotuner.autotune_to_one_config`` that does not benchmark a kernel whose
-    coordinate descent a peer has done or is doing.
+    """``CachingAutotuner.autotune_to_one_config`` that benchmarks a kernel's configs only
+    on the rank that will tune its coordinate descent.
 
     Inductor benchmarks a kernel's max-autotune configs at its first run and starts
-    coordinate descent from the fastest. Where the result will be a peer's (stored, or a
-    peer holds the claim), that benchmark only picks the config the kernel runs until the
-    result is adopted; so it is skipped and the kernel's first config picked. Inductor's
-    own method still runs around that pick (2.13+ prunes launchers and bundles the
-    winner there): only its ``benchmark_all_configs`` is answered, on this instance and
-    for this call. Should the peer die and this rank take the kernel over, coordinate
-    descent starts from that first config.
+    coordinate descent from the fastest. So the kernel's coordinate descent is planned
+    here, before that benchmark (:meth:`_TritonCache.plan_coordesc`, ``ahead``): a
+    free key is claimed and the benchmark runs. Where the result will be a peer's (stored,
+    or a peer holds the claim), the benchmark would only pick the config the kernel runs
+    until the result is adopted; so it is skipped and the kernel's first config picked.
+    Inductor's own method still runs around that pick (2.13+ prunes launchers and bundles
+    the winner there): only its ``benchmark_all_configs`` is answered, on this instance
+    and for this call. Should the peer die and this rank take the kernel over,
+    coordinate descent starts from that first config.
     """
 
     def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = _TRITON
-        if state is None or not _coordesc_tunes(self):
+        if (state is None or not _coordesc_tunes(self)
+                or not self.inductor_meta.get("coordinate_descent_tuning")):
             return orig(self, *args, **kwargs)
         kernel = _shared_kernel(self, ours)
         try:
-            elsewhere = kernel is not None and state.coordesc_elsewhere(*kernel)
+            action = "local" if kernel is None else \
+                state.plan_coordesc(*kernel, waits=False, ahead=True)[0]
         except Exception as e:  # noqa: BLE001 - Inductor benchmarks as usual
-            state._warn_once("looking for a peer's coordinate descent", e)
-            elsewhere = False
-        if not elsewhere:
-            return orig(self, *args, **kwargs)
+            state._warn_once("sharing a Triton kernel's coordinate descent", e)
+            action = "local"
+        if action in ("tune", "local"):
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e:
+                if kernel is not None:
+                    state.release_claim(*kernel, f"{type(e).__name__}: {e}")
+                raise
         first = self.launchers[0]
         self.benchmark_all_configs = lambda *_a, **_k: {
             launcher: 0.0 if launcher is first else 1.0 for launcher in self.launchers
@@ -1855,17 +1880,20 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """``CoordescTuner.autotune_single_field`` with its first round split across ranks.
+    """``CoordescTuner.autotune_single_field`` split across ranks.
 
     Inductor searches a mix-order reduction's split size with it (2.11-2.14, under
     max-autotune): each candidate value is a kernel module generated, tuned (coordinate
-    descent) and benchmarked through ``benchmark_codegened_module``, one after another,
-    and the search is a chain (each round's values depend on the last), so ranks that
-    share timings would only wait for each other. Its first round, though, always
-    measures ``init // 2``, ``init`` and ``init * 2`` (clamped). Those are measured first
-    here, skipping any a peer is measuring (each rank takes the next free one); then
-    Inductor's own search runs over the timings, reading the peers' from the store. The
-    timings, hence the result, are the ones every rank reads.
+    descent) and benchmarked through ``benchmark_codegened_module``, one after another.
+    Its first round always measures ``init // 2``, ``init`` and ``init * 2`` (clamped):
+    those are measured first here, skipping any a peer is measuring (each rank takes the
+    next free one). Then Inductor's own search runs over the timings, reading the peers'
+    from the store; each later round measures one new value, a step further from
+    ``init`` in the direction that improved, so the rounds are a chain. Where a peer is
+    measuring the value asked for, this rank measures the value after it meanwhile
+    (:data:`SPLIT_STEPS_AHEAD`): the search asks for it next whenever the peer's value
+    improves, and when it does not, the rank has spent time it would have spent waiting.
+    The timings, hence the result, are the ones every rank reads.
     """
 
     def autotune_single_field(fn: Callable[[Any], Any], init_val: Any,
@@ -1874,29 +1902,52 @@ def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(fn, init_val, min_val, max_val)
         low = 1 if min_val is None else min_val
         high = 2**30 if max_val is None else max_val
-        first_round = dict.fromkeys(min(max(v, low), high)
-                                    for v in (init_val // 2, init_val, init_val * 2))
+
+        def clamp(value: Any) -> Any:
+            return min(max(value, low), high)
+
         measured: dict[Any, Any] = {}
-        _fusion_local.prefetching = True
-        try:
-            for value in first_round:
-                _fusion_local.left_to_peer = False
-                try:
-                    timing = fn(value)
-                except _PeerMeasuring:
-                    timing = None
-                except Exception:  # noqa: BLE001 - Inductor's own call below raises it
-                    continue
-                # Checked apart from the exception, in case code between fn and the
-                # benchmark turned it into a timing.
-                if _fusion_local.left_to_peer:
-                    triton_stats._add(fusion_left_to_peer=1)
-                else:
-                    measured[value] = timing
-        finally:
-            _fusion_local.prefetching = False
-        return orig(lambda v: measured[v] if v in measured else fn(v),
-                    init_val, min_val, max_val)
+
+        def measure_unless_busy(value: Any) -> bool:
+            """Measure ``value`` into ``measured`` unless a peer is measuring it (False)."""
+            _fusion_local.prefetching = True
+            _fusion_local.left_to_peer = False
+            try:
+                timing = fn(value)
+            except _PeerMeasuring:
+                pass
+            except Exception:  # noqa: BLE001 - Inductor's own call raises it, if it asks
+                return True
+            finally:
+                _fusion_local.prefetching = False
+            # Checked apart from the exception, in case code between fn and the
+            # benchmark turned it into a timing.
+            if _fusion_local.left_to_peer:
+                return False
+            measured[value] = timing
+            return True
+
+        def later_round(value: Any) -> Any:
+            if value in measured:
+                return measured[value]
+            if measure_unless_busy(value):
+                return measured[value] if value in measured else fn(value)
+            ahead = value
+            for _ in range(SPLIT_STEPS_AHEAD if value != init_val else 0):
+                further = clamp(ahead // 2 if value < init_val else ahead * 2)
+                if further == ahead or further in measured:
+                    break
+                ahead = further
+                if measure_unless_busy(ahead):
+                    if ahead in measured:
+                        triton_stats._add(split_values_ahead=1)
+                    break
+            return fn(value)  # the peer's timing, waited for
+
+        for value in dict.fromkeys(clamp(v) for v in (init_val // 2, init_val, init_val * 2)):
+            if not measure_unless_busy(value):
+                triton_stats._add(fusion_left_to_peer=1)
+        return orig(later_round, init_val, min_val, max_val)
 
     return autotune_single_field
 
