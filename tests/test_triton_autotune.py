@@ -131,6 +131,7 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
               (th.CachingAutotuner, "autotune_to_one_config"),
               (th.CachingAutotuner, "_dynamic_scale_rblock"),
               (CoordescTuner, "autotune_single_field"),
+              (CoordescTuner, "call_func"),
               (TritonScheduling, "benchmark_codegened_module")]
     own = [owner.__dict__[name] for owner, name in hooked]
     cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
@@ -646,13 +647,22 @@ def fusion(tmp_path, monkeypatch):
     modules it measured are in .measured, and it times each at .ms."""
     from torch._inductor.codegen.triton import TritonScheduling
 
-    measured: list[str] = []
-    timing = SimpleNamespace(ms=0.25, seconds=0.0)  # ms: a number, or f(module file)
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    measured: list[str] = []  # modules whose benchmark started
+    completed: list[str] = []  # and those that ran to the end
+    # ms: a number, or f(module file); the module's kernel is tuned in .steps
+    # coordinate-descent benchmarks of .seconds each
+    timing = SimpleNamespace(ms=0.25, seconds=0.0, steps=1)
+    tuner = SimpleNamespace(lookup_in_cache=lambda config: None,
+                            cache_benchmark_result=lambda config, timing: None)
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
         measured.append(mod.__file__)
-        time.sleep(timing.seconds)
+        for step in range(timing.steps):
+            CoordescTuner.call_func(tuner, lambda _: time.sleep(timing.seconds), step)
         ms = timing.ms(mod.__file__) if callable(timing.ms) else timing.ms
+        completed.append(mod.__file__)
         return ms, mod.__file__
 
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", inductors_own)
@@ -669,8 +679,8 @@ def fusion(tmp_path, monkeypatch):
         return TritonScheduling.benchmark_codegened_module(object(), mod, 8)
 
     try:
-        yield SimpleNamespace(benchmark=benchmark, measured=measured, timing=timing,
-                              peer=peer, cache=cache)
+        yield SimpleNamespace(benchmark=benchmark, measured=measured, completed=completed,
+                              timing=timing, peer=peer, cache=cache)
     finally:
         tc_inductor.disable()
         cache.close()
@@ -765,10 +775,36 @@ def test_while_a_peer_measures_a_split_size_the_next_one_is_measured_here(
     peer.start()
     assert _split_size_search(fusion.benchmark, 0) == best
     peer.join()
-    sizes = [int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
-             for f in fusion.measured]
-    assert sizes == [8, 16, 32, 128]  # 128 measured once, whether the search asked or not
+    assert _sizes(fusion.measured) == [8, 16, 32, 128]  # 128 once, asked for or not
     assert tc_inductor.triton_stats.split_values_ahead == 1
+
+
+def _sizes(files: list[str]) -> list[int]:
+    return [int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
+            for f in files]
+
+
+def test_a_split_size_measured_ahead_stops_once_the_search_will_not_ask_for_it(fusion):
+    fusion.timing.ms = _timing_by_size
+    claim = fusion.peer.claim(_fusion_key(64))
+    # 128's kernel takes 20 coordinate-descent benchmarks of 0.1 s; the peer's 64 comes
+    # in 0.5 s into it, no better than 32: the search ends at 32.
+    fusion.timing.seconds, fusion.timing.steps = 0.0, 20
+    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
+    peer.start()
+
+    def benchmark(index: int, size: int) -> Any:
+        fusion.timing.seconds = 0.1 if size == 128 else 0.0
+        return fusion.benchmark(index, size)
+
+    assert _split_size_search(benchmark, 0) == 32
+    peer.join()
+    assert _sizes(fusion.measured) == [8, 16, 32, 128]
+    assert _sizes(fusion.completed) == [8, 16, 32]  # 128 was stopped
+    stats = tc_inductor.triton_stats
+    assert (stats.split_values_ahead, stats.split_values_stopped) == (0, 1)
+    # Nothing stored for 128 (no inf from the stop) and its key is free again.
+    assert isinstance(fusion.peer.claim(_fusion_key(128), wait=0.0), Claim)
 
 
 def test_a_garbled_fusion_timing_is_measured_again(fusion):
@@ -1020,8 +1056,9 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
 
 
 def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_path):
-    # Each candidate value takes 0.5 s to measure; the search visits 8, 16, 32 (its first
-    # round), then one value a round: 64, 128 (the best), 256.
+    # Each candidate value takes 0.5 s to measure (5 coordinate-descent benchmarks); the
+    # search visits 8, 16, 32 (its first round), then one value a round: 64, 128 (the
+    # best), 256.
     procs = []
     for index in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
@@ -1041,17 +1078,24 @@ def test_two_processes_split_the_split_size_search_and_pick_the_same_value(tmp_p
     assert a["left_to_peer"] + b["left_to_peer"] >= 1
     # The later rounds: one rank measured ahead while the other measured the value asked.
     assert a["ahead"] + b["ahead"] >= 1
+    # 512, if started, was measured ahead of 256, which did not beat 128: it ran to the
+    # end only if no benchmark of it came after 256's timing.
+    assert a["stopped"] + b["stopped"] <= (512 in measured)
 
 
 def _split_size_rank(db: str, tmp: str, index: int) -> None:
     from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
 
     measured: list[int] = []
+    tuner = SimpleNamespace(lookup_in_cache=lambda config: None,
+                            cache_benchmark_result=lambda config, timing: None)
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
         source = Path(mod.__file__).read_text()
         measured.append(int(re.search(r"rand_strided\(\((\d+),", source).group(1)))
-        time.sleep(0.5)
+        for step in range(5):  # the kernel's coordinate descent
+            CoordescTuner.call_func(tuner, lambda _: time.sleep(0.1), step)
         return _timing_by_size(mod.__file__, best=128) + index / 1000, mod.__file__
 
     TritonScheduling.benchmark_codegened_module = inductors_own
@@ -1071,7 +1115,8 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
     tc_inductor.disable()
     print(json.dumps({"best": best, "measured": measured,
                       "left_to_peer": stats["fusion_left_to_peer"],
-                      "ahead": stats["split_values_ahead"]}))
+                      "ahead": stats["split_values_ahead"],
+                      "stopped": stats["split_values_stopped"]}))
 
 
 def _rank_main(role: str, db: str, tmp: str, index: int) -> None:

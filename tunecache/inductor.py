@@ -944,6 +944,7 @@ class TritonStats(_Counters):
     fusion_measured: int = 0  # fusion benchmarks run here
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
     split_values_ahead: int = 0  # split sizes measured while a peer measured the one before
+    split_values_stopped: int = 0  # of those, stopped once the search no longer wanted them
     fusion_seconds: float = 0.0  # in fusion benchmarks: measuring, reading, waiting
     # Names of the kernels whose saves were the puts (the first 100): what a warm job
     # still tuned, for bench_gpu.py's report.
@@ -1721,7 +1722,8 @@ def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
     ``CachingAutotuner.coordinate_descent_tuning`` (:func:`_sharing_coordesc`),
     ``CachingAutotuner.autotune_to_one_config`` (:func:`_sharing_one_config`),
     ``CachingAutotuner._dynamic_scale_rblock`` (:func:`_keeping_hit_configs`) and
-    ``CoordescTuner.autotune_single_field`` (:func:`_splitting_single_field`)."""
+    ``CoordescTuner.autotune_single_field`` (:func:`_splitting_single_field`, with
+    ``CoordescTuner.call_func``: :func:`_stopping_unwanted`)."""
 
     def coordesc() -> None:
         orig = cls.__dict__.get("coordinate_descent_tuning")
@@ -1751,6 +1753,10 @@ def _install_runtime_hooks(cls: type, ours: type, state: _TritonCache) -> None:
             raise TypeError("CoordescTuner.autotune_single_field(fn, init_val, ...) changed")
         _replace(CoordescTuner, "autotune_single_field",
                  staticmethod(_splitting_single_field(orig.__func__)))
+        orig = CoordescTuner.__dict__.get("call_func")
+        if not callable(orig) or _param_names(orig) != ("func", "config"):
+            raise TypeError("CoordescTuner.call_func(func, config) changed")
+        _replace(CoordescTuner, "call_func", _stopping_unwanted(orig))
 
     for what, install in (("sharing coordinate descent", coordesc),
                           ("leaving a peer's kernels unbenchmarked", one_config),
@@ -1798,12 +1804,25 @@ def _rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
 
 
 class _PeerMeasuring(Exception):
-    """A peer is running this fusion benchmark: raised to :func:`_splitting_single_field`'s
-    first pass, which leaves that candidate to the peer and comes back to it later."""
+    """A peer is running this fusion benchmark: raised to :func:`_splitting_single_field`,
+    which leaves that candidate to the peer and comes back to it later."""
 
 
-# Per thread: .prefetching (in _splitting_single_field's first pass: a benchmark a peer
-# is running raises _PeerMeasuring instead of waiting, and sets .left_to_peer) and
+class _NoLongerWanted(BaseException):
+    """Stops a split-size value measured ahead once the search is known not to ask for it
+    (:func:`_splitting_single_field`). A BaseException: Inductor turns an Exception
+    inside a benchmarked module, or a coordinate-descent step, into an inf timing."""
+
+
+def _stop_unless_wanted() -> None:
+    wanted = getattr(_fusion_local, "wanted", None)
+    if wanted is not None and not wanted():
+        raise _NoLongerWanted
+
+
+# Per thread: .prefetching (in _splitting_single_field: a benchmark a peer is running
+# raises _PeerMeasuring instead of waiting, and sets .left_to_peer to its key), .wanted
+# (measuring a split-size value ahead: whether the search may still ask for it) and
 # .benchmarking (inside a fusion benchmark: a kernel's config decides the timing, so its
 # coordinate descent waits for a peer instead of deferring).
 _fusion_local = threading.local()
@@ -1837,6 +1856,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
     def shared_benchmark(state: _TritonCache, self: Any, mod: Any, *args: Any,
                          **kwargs: Any) -> Any:
         prefetching = getattr(_fusion_local, "prefetching", False)
+        _stop_unless_wanted()
         try:
             threshold = kwargs.get("n_spills_threshold", args[0] if args else "default")
             with open(mod.__file__, encoding="utf-8") as f:
@@ -1849,7 +1869,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
             triton_stats._add(fusion_hits=1)
             return value, mod.__file__
         if action == "busy":
-            _fusion_local.left_to_peer = True
+            _fusion_local.left_to_peer = key
             raise _PeerMeasuring
         outer = getattr(_fusion_local, "benchmarking", False)
         _fusion_local.benchmarking = True
@@ -1888,12 +1908,12 @@ def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
     Its first round always measures ``init // 2``, ``init`` and ``init * 2`` (clamped):
     those are measured first here, skipping any a peer is measuring (each rank takes the
     next free one). Then Inductor's own search runs over the timings, reading the peers'
-    from the store; each later round measures one new value, a step further from
-    ``init`` in the direction that improved, so the rounds are a chain. Where a peer is
-    measuring the value asked for, this rank measures the value after it meanwhile
-    (:data:`SPLIT_STEPS_AHEAD`): the search asks for it next whenever the peer's value
-    improves, and when it does not, the rank has spent time it would have spent waiting.
-    The timings, hence the result, are the ones every rank reads.
+    from the store. Each later round measures one new value ``v``, a step further from
+    ``init`` than the best so far ``p``, and goes on to the next step only if ``v`` beats
+    ``p``, so the rounds are a chain. Where a peer is measuring ``v``, this rank measures
+    the next step meanwhile (:data:`SPLIT_STEPS_AHEAD`), and stops that measurement (at
+    its next coordinate-descent benchmark) once ``v``'s timing is in and does not beat
+    ``p``'s. The timings, hence the result, are the ones every rank reads.
     """
 
     def autotune_single_field(fn: Callable[[Any], Any], init_val: Any,
@@ -1906,50 +1926,81 @@ def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
         def clamp(value: Any) -> Any:
             return min(max(value, low), high)
 
-        measured: dict[Any, Any] = {}
+        measured: dict[Any, Any] = {}  # by this rank, ahead of the search
+        seen: dict[Any, Any] = {}  # every timing the search was given
 
-        def measure_unless_busy(value: Any) -> bool:
-            """Measure ``value`` into ``measured`` unless a peer is measuring it (False)."""
+        def measure_unless_busy(value: Any, wanted: Callable[[], bool] | None = None) -> Any:
+            """Measure ``value`` into ``measured``; the key of its fusion benchmark if a
+            peer is measuring it instead; None if it raised or is no longer wanted."""
             _fusion_local.prefetching = True
-            _fusion_local.left_to_peer = False
+            _fusion_local.left_to_peer = None
+            _fusion_local.wanted = wanted
             try:
                 timing = fn(value)
             except _PeerMeasuring:
                 pass
+            except _NoLongerWanted:
+                triton_stats._add(split_values_stopped=1)
+                return None
             except Exception:  # noqa: BLE001 - Inductor's own call raises it, if it asks
-                return True
+                return None
             finally:
                 _fusion_local.prefetching = False
+                _fusion_local.wanted = None
             # Checked apart from the exception, in case code between fn and the
             # benchmark turned it into a timing.
-            if _fusion_local.left_to_peer:
-                return False
+            if _fusion_local.left_to_peer is not None:
+                return _fusion_local.left_to_peer
             measured[value] = timing
-            return True
+            return None
+
+        def peers_value_beats(key: Mapping[str, Any], best: Any) -> bool:
+            """Whether the peer's timing of ``key`` may still beat ``best``."""
+            try:
+                answer = _TRITON.cache().lookup(key) if _TRITON is not None else None
+            except Exception:  # noqa: BLE001 - not known: go on measuring
+                return True
+            ms = None if answer is None else fusion_ms_from_entry(answer.timings)
+            return ms is None or ms < best
 
         def later_round(value: Any) -> Any:
-            if value in measured:
-                return measured[value]
-            if measure_unless_busy(value):
-                return measured[value] if value in measured else fn(value)
-            ahead = value
-            for _ in range(SPLIT_STEPS_AHEAD if value != init_val else 0):
-                further = clamp(ahead // 2 if value < init_val else ahead * 2)
-                if further == ahead or further in measured:
-                    break
-                ahead = further
-                if measure_unless_busy(ahead):
-                    if ahead in measured:
-                        triton_stats._add(split_values_ahead=1)
-                    break
-            return fn(value)  # the peer's timing, waited for
+            if value not in measured:
+                busy = measure_unless_busy(value)
+                if busy is not None and value != init_val:
+                    best = min(seen.values(), default=None)  # the timing to beat
+                    ahead = value
+                    for _ in range(SPLIT_STEPS_AHEAD if best is not None else 0):
+                        further = clamp(ahead // 2 if value < init_val else ahead * 2)
+                        if further == ahead or further in measured:
+                            break
+                        ahead = further
+                        if measure_unless_busy(
+                                ahead, lambda: peers_value_beats(busy, best)) is None:
+                            if ahead in measured:
+                                triton_stats._add(split_values_ahead=1)
+                            break
+            seen[value] = measured[value] if value in measured else fn(value)
+            return seen[value]
 
         for value in dict.fromkeys(clamp(v) for v in (init_val // 2, init_val, init_val * 2)):
-            if not measure_unless_busy(value):
+            if measure_unless_busy(value) is not None:
                 triton_stats._add(fusion_left_to_peer=1)
         return orig(later_round, init_val, min_val, max_val)
 
     return autotune_single_field
+
+
+def _stopping_unwanted(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CoordescTuner.call_func`` (one coordinate-descent benchmark) that first stops a
+    split-size value measured ahead which the search no longer wants
+    (:func:`_splitting_single_field`): coordinate descent is most of such a value's
+    measurement, and the benchmarks are where it can stop."""
+
+    def call_func(self: Any, func: Any, config: Any) -> Any:
+        _stop_unless_wanted()
+        return orig(self, func, config)
+
+    return call_func
 
 
 def _keeping_hit_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
