@@ -81,7 +81,8 @@ def stored(cache: TuneCache) -> list[dict[str, Any]]:
     from tunecache.store.schema import entries
 
     def work(conn: Any) -> list[dict[str, Any]]:
-        rows = conn.execute(select(entries.c.kind, entries.c.state, entries.c.timings_json))
+        rows = conn.execute(select(entries.c.kind, entries.c.state, entries.c.timings_json,
+                                   entries.c.attempts))
         return [dict(r._mapping) for r in rows]
 
     return cache.store.db.run(work)
@@ -115,6 +116,20 @@ def test_core_claim_publish_take_over_and_wait(db_url):
     with tunecache.open(db, mode="readonly") as ro:
         assert ro.claim({**key, "kernel": "z"}) is None
         assert ro.claim(key).source == "hit"
+
+
+def test_a_claim_given_back_unneeded_is_not_a_failed_attempt(db_url):
+    # A measurement stopped because the search will not ask for it: were it an attempt,
+    # the key would end failed after max_attempts, and every rank then measures it alone.
+    key = {"kind": "fusion_benchmark", "op": "k", "kernel": "x"}
+    with tunecache.open(db_url) as a, tunecache.open(db_url) as b:
+        for _ in range(a.settings.max_attempts + 1):
+            claim = b.claim(key, wait=0.0)
+            assert isinstance(claim, Claim)
+            b.release(claim, "_NoLongerWanted: ", failed=False)
+        a.release(a.claim(key, wait=0.0), "RuntimeError: boom")  # a real failure counts
+        assert isinstance(b.claim(key, wait=0.0), Claim)
+        assert b.lookup(key) is None
 
 
 # --------------------------------------------------------------------------- enable
@@ -803,7 +818,10 @@ def test_a_split_size_measured_ahead_stops_once_the_search_will_not_ask_for_it(f
     assert _sizes(fusion.completed) == [8, 16, 32]  # 128 was stopped
     stats = tc_inductor.triton_stats
     assert (stats.split_values_ahead, stats.split_values_stopped) == (0, 1)
-    # Nothing stored for 128 (no inf from the stop) and its key is free again.
+    # Nothing stored for 128 (no inf from the stop), and its claim was given back, not
+    # counted as a failed attempt.
+    (given_back,) = [row for row in stored(fusion.cache) if row["state"] != "done"]
+    assert (given_back["timings_json"], given_back["attempts"]) == (None, 0)
     assert isinstance(fusion.peer.claim(_fusion_key(128), wait=0.0), Claim)
 
 

@@ -287,16 +287,19 @@ class TuneCache:
             self._disable(e)
             return None
 
-    def release(self, claim: Claim, error: str) -> None:
+    def release(self, claim: Claim, error: str, *, failed: bool = True) -> None:
         """Give back a key claimed with :meth:`claim` that will not be published.
 
         Waiting peers take it at once instead of after the lease. It counts as a failed
-        attempt (``error`` says why), so a key that never gets a result ends ``failed``.
+        attempt (``error`` says why), so a key that never gets a result ends ``failed``;
+        ``failed=False``: the tuning was stopped because it was not needed, and it does
+        not count.
         """
         if not self._ensure_available():
             return
         try:
-            self._store.release_failed(claim, error, self.settings.max_attempts)
+            self._store.release_failed(claim, error, self.settings.max_attempts,
+                                       failed=failed)
         except StoreError as e:
             self._disable(e)
 

@@ -1272,7 +1272,8 @@ class _TritonCache:
             if early == key_hash and key_hash in self._claims:
                 return "tune", None
         if early is not None and early != key_hash:
-            self._release(early, "no coordinate descent followed its configs' benchmark")
+            self._release(early, "no coordinate descent followed its configs' benchmark",
+                          failed=False)
         state, value = self._claim_step(key, waits, _coordesc_result)
         if state == "claimed":
             with self._lock:
@@ -1310,21 +1311,24 @@ class _TritonCache:
             return "busy", None
         return "local", None
 
-    def release_claim(self, inductor_key: str, key_text: str, error: str) -> None:
-        """Give back this process's claim on a kernel if it was not published."""
+    def release_claim(self, inductor_key: str, key_text: str,
+                      error: BaseException | str) -> None:
+        """Give back this process's claim on a kernel if it was not published.
+        ``error``: what stopped the tuning (:func:`_released_as`)."""
         try:
-            self._release(self._key(inductor_key, key_text)[2], error)
+            text, failed = _released_as(error)
+            self._release(self._key(inductor_key, key_text)[2], text, failed=failed)
         except Exception as e:  # noqa: BLE001 - called on Inductor's paths, even its errors'
             self._warn_once("giving back a Triton kernel's claim", e)
 
-    def _release(self, key_hash: str, error: str) -> None:
+    def _release(self, key_hash: str, error: str, *, failed: bool = True) -> None:
         with self._lock:
             claim = self._claims.pop(key_hash, None)
             for thread, held in list(self._claimed_ahead.items()):
                 if held == key_hash:
                     del self._claimed_ahead[thread]
         if claim is not None:
-            self.cache().release(claim, error)
+            self.cache().release(claim, error, failed=failed)
 
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
@@ -1598,7 +1602,7 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
                 return _adopt(self, launcher, best or {})
         except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
             state._warn_once("sharing a Triton kernel's coordinate descent", e)
-            state.release_claim(*kernel, f"{type(e).__name__}: {e}")
+            state.release_claim(*kernel, e)
             _end_deferral(self)
             return orig(self, launcher, *args, **kwargs)
         if action == "defer":
@@ -1610,12 +1614,14 @@ def _sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any
             setattr(self, _DEFERRED, (deferred[0], time.monotonic() + DEFERRED_CHECK_SECONDS))
             return launcher
         _end_deferral(self)
+        # Normally the save inside publishes it; if not (it raised, or saved nothing),
+        # the key is given back now rather than make peers wait out the lease.
         try:
             winner = orig(self, launcher, *args, **kwargs)
-        finally:
-            # Normally the save inside published it; if not (it raised, or saved nothing),
-            # give the key back now rather than make peers wait out the lease.
-            state.release_claim(*kernel, "coordinate descent published no result")
+        except BaseException as e:
+            state.release_claim(*kernel, e)
+            raise
+        state.release_claim(*kernel, "coordinate descent published no result")
         try:
             stored = state.stored_instead(*kernel)
             if stored is not None:  # a peer's result won: run it, as every rank does
@@ -1660,7 +1666,7 @@ def _sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., A
                 return orig(self, *args, **kwargs)
             except BaseException as e:
                 if kernel is not None:
-                    state.release_claim(*kernel, f"{type(e).__name__}: {e}")
+                    state.release_claim(*kernel, e)
                 raise
         first = self.launchers[0]
         self.benchmark_all_configs = lambda *_a, **_k: {
@@ -1814,6 +1820,15 @@ class _NoLongerWanted(BaseException):
     inside a benchmarked module, or a coordinate-descent step, into an inf timing."""
 
 
+def _released_as(error: BaseException | str) -> tuple[str, bool]:
+    """(error text, whether the attempt failed) for giving back a claim because of
+    ``error``: a measurement stopped as no longer wanted is not a failed attempt (a key
+    with too many of those would end ``failed``, and every rank then measures it alone)."""
+    if isinstance(error, str):
+        return error, True
+    return f"{type(error).__name__}: {error}", not isinstance(error, _NoLongerWanted)
+
+
 def _stop_unless_wanted() -> None:
     wanted = getattr(_fusion_local, "wanted", None)
     if wanted is not None and not wanted():
@@ -1877,7 +1892,8 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
             result = orig(self, mod, *args, **kwargs)
         except BaseException as e:
             if action == "claimed":
-                state.cache().release(value, f"{type(e).__name__}: {e}")
+                error, failed = _released_as(e)
+                state.cache().release(value, error, failed=failed)
             raise
         finally:
             _fusion_local.benchmarking = outer

@@ -180,6 +180,13 @@ _RELEASE_FAILED = (
     )
     .returning(entries.c.state)
 )
+# A claim given back unused (its tuning was not needed after all): not an attempt.
+_GIVE_BACK = (
+    update(entries)
+    .where(_FENCE)
+    .values(lease_expires_at=_NOW, attempts=entries.c.attempts - 1, updated_at=_NOW)
+    .returning(entries.c.state)
+)
 _RECORD_HITS = (
     update(entries)
     .where(entries.c.key_hash == bindparam("p_h"))
@@ -348,14 +355,18 @@ class Store:
 
         return self.db.run(work, write=True)
 
-    def release_failed(self, claim: Claim, error: str, max_attempts: int) -> str | None:
+    def release_failed(
+        self, claim: Claim, error: str, max_attempts: int, *, failed: bool = True
+    ) -> str | None:
         """The tuner raised: give the key back (lease expired now) for another attempt, or
         mark it failed once it has had max_attempts. Returns the new state (None: claim lost).
+        ``failed=False``: the claim was not needed after all; it is given back and does
+        not count as an attempt.
         """
 
         def work(conn: Connection) -> str | None:
             row = conn.execute(
-                _RELEASE_FAILED,
+                _RELEASE_FAILED if failed else _GIVE_BACK,
                 self._fence(claim, error=error[:4000], max_attempts=max_attempts),
             ).first()
             if row is not None:
