@@ -298,7 +298,7 @@ class TuneCache:
         if not self._ensure_available():
             return
         try:
-            self._store.release_failed(claim, error, self.settings.max_attempts,
+            self._store.release(claim, error, self.settings.max_attempts,
                                        failed=failed)
         except StoreError as e:
             self._disable(e)
@@ -497,7 +497,7 @@ class TuneCache:
         except BaseException as e:
             heartbeat.release(claim)
             try:
-                state = self._store.release_failed(
+                state = self._store.release(
                     claim, f"{type(e).__name__}: {e}", self.settings.max_attempts
                 )
                 logger.warning("tunecache: tuning %s raised %s; key is now %s",

@@ -1936,74 +1936,101 @@ def _splitting_single_field(orig: Callable[..., Any]) -> Callable[..., Any]:
                               min_val: Any = None, max_val: Any = None) -> Any:
         if _TRITON is None or getattr(_fusion_local, "prefetching", False):
             return orig(fn, init_val, min_val, max_val)
-        low = 1 if min_val is None else min_val
-        high = 2**30 if max_val is None else max_val
-
-        def clamp(value: Any) -> Any:
-            return min(max(value, low), high)
-
-        measured: dict[Any, Any] = {}  # by this rank, ahead of the search
-        seen: dict[Any, Any] = {}  # every timing the search was given
-
-        def measure_unless_busy(value: Any, wanted: Callable[[], bool] | None = None) -> Any:
-            """Measure ``value`` into ``measured``; the key of its fusion benchmark if a
-            peer is measuring it instead; None if it raised or is no longer wanted."""
-            _fusion_local.prefetching = True
-            _fusion_local.left_to_peer = None
-            _fusion_local.wanted = wanted
-            try:
-                timing = fn(value)
-            except _PeerMeasuring:
-                pass
-            except _NoLongerWanted:
-                triton_stats._add(split_values_stopped=1)
-                return None
-            except Exception:  # noqa: BLE001 - Inductor's own call raises it, if it asks
-                return None
-            finally:
-                _fusion_local.prefetching = False
-                _fusion_local.wanted = None
-            # Checked apart from the exception, in case code between fn and the
-            # benchmark turned it into a timing.
-            if _fusion_local.left_to_peer is not None:
-                return _fusion_local.left_to_peer
-            measured[value] = timing
-            return None
-
-        def peers_value_beats(key: Mapping[str, Any], best: Any) -> bool:
-            """Whether the peer's timing of ``key`` may still beat ``best``."""
-            try:
-                answer = _TRITON.cache().lookup(key) if _TRITON is not None else None
-            except Exception:  # noqa: BLE001 - not known: go on measuring
-                return True
-            ms = None if answer is None else fusion_ms_from_entry(answer.timings)
-            return ms is None or ms < best
-
-        def later_round(value: Any) -> Any:
-            if value not in measured:
-                busy = measure_unless_busy(value)
-                if busy is not None and value != init_val:
-                    best = min(seen.values(), default=None)  # the timing to beat
-                    ahead = value
-                    for _ in range(SPLIT_STEPS_AHEAD if best is not None else 0):
-                        further = clamp(ahead // 2 if value < init_val else ahead * 2)
-                        if further == ahead or further in measured:
-                            break
-                        ahead = further
-                        if measure_unless_busy(
-                                ahead, lambda: peers_value_beats(busy, best)) is None:
-                            if ahead in measured:
-                                triton_stats._add(split_values_ahead=1)
-                            break
-            seen[value] = measured[value] if value in measured else fn(value)
-            return seen[value]
-
-        for value in dict.fromkeys(clamp(v) for v in (init_val // 2, init_val, init_val * 2)):
-            if measure_unless_busy(value) is not None:
-                triton_stats._add(fusion_left_to_peer=1)
-        return orig(later_round, init_val, min_val, max_val)
+        search = _SplitSizeSearch(fn, init_val, min_val, max_val)
+        search.first_round()
+        return orig(search.timing, init_val, min_val, max_val)
 
     return autotune_single_field
+
+
+class _SplitSizeSearch:
+    """The timings one split-size search runs on (:func:`_splitting_single_field`):
+    ``fn`` measures a value (a fusion benchmark, through the shared cache)."""
+
+    def __init__(self, fn: Callable[[Any], Any], init_val: Any, min_val: Any,
+                 max_val: Any) -> None:
+        self.fn = fn
+        self.init = init_val
+        self.low = 1 if min_val is None else min_val
+        self.high = 2**30 if max_val is None else max_val
+        self.measured: dict[Any, Any] = {}  # by this rank, before the search asked
+        self.seen: dict[Any, Any] = {}  # every timing the search was given
+
+    def _clamp(self, value: Any) -> Any:
+        return min(max(value, self.low), self.high)
+
+    def first_round(self) -> None:
+        for value in dict.fromkeys(self._clamp(v)
+                                   for v in (self.init // 2, self.init, self.init * 2)):
+            if self._measure_unless_busy(value) is not None:
+                triton_stats._add(fusion_left_to_peer=1)
+
+    def timing(self, value: Any) -> Any:
+        """The timing of ``value``, for Inductor's search."""
+        if value not in self.measured:
+            busy = self._measure_unless_busy(value)
+            if busy is not None and value != self.init:
+                self._measure_ahead(value, busy)
+        self.seen[value] = self.measured[value] if value in self.measured else self.fn(value)
+        return self.seen[value]
+
+    def _measure_ahead(self, value: Any, busy: Mapping[str, Any]) -> None:
+        """While a peer measures ``value`` (its benchmark's key ``busy``), measure the
+        search's next value in the same direction, the first that is free."""
+        best = min(self.seen.values(), default=None)  # the timing value must beat
+        if best is None:
+            return
+
+        def wanted() -> bool:
+            return _peers_timing_may_beat(busy, best)
+
+        ahead = value
+        for _ in range(SPLIT_STEPS_AHEAD):
+            further = self._clamp(ahead // 2 if value < self.init else ahead * 2)
+            if further == ahead or further in self.measured:
+                return
+            ahead = further
+            if self._measure_unless_busy(ahead, wanted) is None:
+                if ahead in self.measured:
+                    triton_stats._add(split_values_ahead=1)
+                return
+
+    def _measure_unless_busy(self, value: Any,
+                             wanted: Callable[[], bool] | None = None) -> Any:
+        """Measure ``value`` into ``measured``; the key of its fusion benchmark if a peer
+        is measuring it instead; None if it raised or was stopped as no longer wanted."""
+        _fusion_local.prefetching = True
+        _fusion_local.left_to_peer = None
+        _fusion_local.wanted = wanted
+        try:
+            timing = self.fn(value)
+        except _PeerMeasuring:
+            pass
+        except _NoLongerWanted:
+            triton_stats._add(split_values_stopped=1)
+            return None
+        except Exception:  # noqa: BLE001 - Inductor's own call raises it, if it asks
+            return None
+        finally:
+            _fusion_local.prefetching = False
+            _fusion_local.wanted = None
+        # Checked apart from the exception, in case code between fn and the benchmark
+        # turned it into a timing.
+        if _fusion_local.left_to_peer is not None:
+            return _fusion_local.left_to_peer
+        self.measured[value] = timing
+        return None
+
+
+def _peers_timing_may_beat(key: Mapping[str, Any], best: float) -> bool:
+    """Whether the fusion benchmark ``key`` a peer is measuring may still time below
+    ``best`` (True while its timing is not in, or cannot be read)."""
+    try:
+        answer = _TRITON.cache().lookup(key) if _TRITON is not None else None
+    except Exception:  # noqa: BLE001 - not known: go on measuring
+        return True
+    ms = None if answer is None else fusion_ms_from_entry(answer.timings)
+    return ms is None or ms < best
 
 
 def _stopping_unwanted(orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -355,13 +355,13 @@ class Store:
 
         return self.db.run(work, write=True)
 
-    def release_failed(
+    def release(
         self, claim: Claim, error: str, max_attempts: int, *, failed: bool = True
     ) -> str | None:
-        """The tuner raised: give the key back (lease expired now) for another attempt, or
-        mark it failed once it has had max_attempts. Returns the new state (None: claim lost).
-        ``failed=False``: the claim was not needed after all; it is given back and does
-        not count as an attempt.
+        """Give the key back (lease expired now) for another attempt, or mark it failed
+        once it has had max_attempts (the tuner raised). ``failed=False``: the claim was
+        not needed after all, and does not count as an attempt. Returns the new state
+        (None: claim lost).
         """
 
         def work(conn: Connection) -> str | None:
