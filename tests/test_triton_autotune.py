@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -667,8 +667,9 @@ def fusion(tmp_path, monkeypatch):
     measured: list[str] = []  # modules whose benchmark started
     completed: list[str] = []  # and those that ran to the end
     # ms: a number, or f(module file); the module's kernel is tuned in .steps
-    # coordinate-descent benchmarks of .seconds each
-    timing = SimpleNamespace(ms=0.25, seconds=0.0, steps=1)
+    # coordinate-descent benchmarks of .seconds each; after_first_step(module file), if
+    # set, runs after the first
+    timing = SimpleNamespace(ms=0.25, seconds=0.0, steps=1, after_first_step=None)
     tuner = SimpleNamespace(lookup_in_cache=lambda config: None,
                             cache_benchmark_result=lambda config, timing: None)
 
@@ -676,6 +677,8 @@ def fusion(tmp_path, monkeypatch):
         measured.append(mod.__file__)
         for step in range(timing.steps):
             CoordescTuner.call_func(tuner, lambda _: time.sleep(timing.seconds), step)
+            if step == 0 and timing.after_first_step is not None:
+                timing.after_first_step(mod.__file__)
         ms = timing.ms(mod.__file__) if callable(timing.ms) else timing.ms
         completed.append(mod.__file__)
         return ms, mod.__file__
@@ -786,11 +789,11 @@ def test_while_a_peer_measures_a_split_size_the_next_one_is_measured_here(
     # rank measures 128, which the search asks for next if 64 improves on 32.
     fusion.timing.ms = _timing_by_size
     claim = fusion.peer.claim(_fusion_key(64))
-    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": peers_ms}))
-    peer.start()
+    # The peer's 64 comes in as this rank ends its measurement of 128.
+    fusion.timing.after_first_step = _when_measuring(
+        128, lambda: fusion.peer.publish(claim, {"ms": peers_ms}))
     assert _split_size_search(fusion.benchmark, 0) == best
-    peer.join()
-    assert _sizes(fusion.measured) == [8, 16, 32, 128]  # 128 once, asked for or not
+    assert _sizes(fusion.completed) == [8, 16, 32, 128]  # 128 once, asked for or not
     assert tc_inductor.triton_stats.split_values_ahead == 1
 
 
@@ -799,21 +802,23 @@ def _sizes(files: list[str]) -> list[int]:
             for f in files]
 
 
+def _when_measuring(size: int, peer_publishes: Callable[[], Any]) -> Callable[[str], None]:
+    """An after_first_step hook: the peer publishes while this rank measures ``size``."""
+    def hook(file: str) -> None:
+        if _sizes([file]) == [size]:
+            peer_publishes()
+    return hook
+
+
 def test_a_split_size_measured_ahead_stops_once_the_search_will_not_ask_for_it(fusion):
     fusion.timing.ms = _timing_by_size
     claim = fusion.peer.claim(_fusion_key(64))
-    # 128's kernel takes 20 coordinate-descent benchmarks of 0.1 s; the peer's 64 comes
-    # in 0.5 s into it, no better than 32: the search ends at 32.
-    fusion.timing.seconds, fusion.timing.steps = 0.0, 20
-    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
-    peer.start()
-
-    def benchmark(index: int, size: int) -> Any:
-        fusion.timing.seconds = 0.1 if size == 128 else 0.0
-        return fusion.benchmark(index, size)
-
-    assert _split_size_search(benchmark, 0) == 32
-    peer.join()
+    # The kernel of each module takes 20 coordinate-descent benchmarks. The peer's 64
+    # comes in after the first of 128's, no better than 32: the search ends at 32.
+    fusion.timing.steps = 20
+    fusion.timing.after_first_step = _when_measuring(
+        128, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
+    assert _split_size_search(fusion.benchmark, 0) == 32
     assert _sizes(fusion.measured) == [8, 16, 32, 128]
     assert _sizes(fusion.completed) == [8, 16, 32]  # 128 was stopped
     stats = tc_inductor.triton_stats
