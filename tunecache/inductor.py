@@ -1981,8 +1981,15 @@ class _SplitSizeSearch:
         if best is None:
             return
 
+        peers: list[float] = []  # the peer's timing once in: read (and counted) once
+
         def wanted() -> bool:
-            return _peers_timing_may_beat(busy, best)
+            if not peers:
+                ms = _peers_timing(busy)
+                if ms is None:
+                    return True
+                peers.append(ms)
+            return peers[0] < best
 
         ahead = value
         for _ in range(SPLIT_STEPS_AHEAD):
@@ -2022,15 +2029,14 @@ class _SplitSizeSearch:
         return None
 
 
-def _peers_timing_may_beat(key: Mapping[str, Any], best: float) -> bool:
-    """Whether the fusion benchmark ``key`` a peer is measuring may still time below
-    ``best`` (True while its timing is not in, or cannot be read)."""
+def _peers_timing(key: Mapping[str, Any]) -> float | None:
+    """The stored timing of the fusion benchmark ``key`` a peer is measuring; None while it
+    is not in, or cannot be read."""
     try:
         answer = _TRITON.cache().lookup(key) if _TRITON is not None else None
     except Exception:  # noqa: BLE001 - not known: go on measuring
-        return True
-    ms = None if answer is None else fusion_ms_from_entry(answer.timings)
-    return ms is None or ms < best
+        return None
+    return None if answer is None else fusion_ms_from_entry(answer.timings)
 
 
 def _stopping_unwanted(orig: Callable[..., Any]) -> Callable[..., Any]:
