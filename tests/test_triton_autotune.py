@@ -771,14 +771,11 @@ def _timing_by_size(file: str, best: int = 32) -> float:
 def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fusion):
     fusion.timing.ms = _timing_by_size
     claim = fusion.peer.claim(_fusion_key(16))  # the peer measures the start value
-    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
-    peer.start()
+    fusion.timing.after_first_step = _when_measuring(
+        32, lambda: fusion.peer.publish(claim, {"ms": 2.0}))
     best = _split_size_search(fusion.benchmark, 0)
-    peer.join()
-    sizes = sorted(int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
-                   for f in fusion.measured)
     # First round 8, 16, 32: 16 left to the peer; then 32's neighbour 64.
-    assert sizes == [8, 32, 64] and best == 32
+    assert _sizes(fusion.measured) == [8, 32, 64] and best == 32
     assert tc_inductor.triton_stats.fusion_left_to_peer == 1
 
 
@@ -1062,8 +1059,8 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
 
     fusion.timing.ms = _timing_by_size
     claim = fusion.peer.claim(_fusion_key(16))  # the peer finds 16 best of all
-    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 0.5}))
-    peer.start()
+    fusion.timing.after_first_step = _when_measuring(
+        32, lambda: fusion.peer.publish(claim, {"ms": 0.5}))
 
     def swallowing(value: int) -> float:
         try:
@@ -1072,7 +1069,6 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
             return math.inf
 
     best = CoordescTuner.autotune_single_field(swallowing, 16, 8)
-    peer.join()
     assert best == 16  # an inf for 16 would have moved the search to 8, then 32
     assert len(fusion.measured) == 2  # 8 and 32: 16 is the peer's
     assert tc_inductor.triton_stats.fusion_left_to_peer == 1
