@@ -298,8 +298,7 @@ class TuneCache:
         if not self._ensure_available():
             return
         try:
-            self._store.release(claim, error, self.settings.max_attempts,
-                                       failed=failed)
+            self._store.release(claim, error, self.settings.max_attempts, failed=failed)
         except StoreError as e:
             self._disable(e)
 

@@ -1981,15 +1981,13 @@ class _SplitSizeSearch:
         if best is None:
             return
 
-        peers: list[float] = []  # the peer's timing once in: read (and counted) once
+        peers_ms: float | None = None  # the peer's timing once in: read (and counted) once
 
         def wanted() -> bool:
-            if not peers:
-                ms = _peers_timing(busy)
-                if ms is None:
-                    return True
-                peers.append(ms)
-            return peers[0] < best
+            nonlocal peers_ms
+            if peers_ms is None:
+                peers_ms = _peers_timing(busy)
+            return peers_ms is None or peers_ms < best
 
         ahead = value
         for _ in range(SPLIT_STEPS_AHEAD):
