@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select
+
 import tunecache
+from tunecache.store.schema import entries
 
 
 def keys(n: int, **extra: Any) -> list[dict[str, Any]]:
@@ -28,9 +31,14 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
     """All processes ask for the same keys at once; report what each tuned."""
     cache = tunecache.open(url, lease_seconds=10)
     tuned_here: list[int] = []
+    claims_held: list[int] = []
+    mine = entries.c.owner.like(f"%:{os.getpid()}:%")
 
     def tune(key: dict[str, Any]) -> dict[str, float]:
         tuned_here.append(key["i"])
+        with cache.store.db.engine.connect() as conn:
+            claims_held.append(conn.execute(
+                select(func.count()).where(mine, entries.c.state == "claimed")).scalar_one())
         time.sleep(tune_seconds)
         return timings_for(key)
 
@@ -40,6 +48,7 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
     queue.put({
         "pid": os.getpid(),
         "tuned": tuned_here,
+        "claims_held": claims_held,
         "sources": [r.source for r in results],
         "results": [(r.key_hash, r.best, sorted(r.timings.items())) for r in results],
     })

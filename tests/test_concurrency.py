@@ -3,7 +3,6 @@ PostgreSQL server, SIGKILL and SIGSTOP. No mocks."""
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -58,8 +57,9 @@ def test_16_processes_200_keys_each_key_tuned_once_and_all_agree(db_url):
     tuned = [i for r in reports for i in r["tuned"]]
     assert sorted(tuned) == list(range(n_keys)), "every key tuned exactly once"
     assert all(r["results"] == reports[0]["results"] for r in reports), "same results everywhere"
-    # Equal work splits evenly: one key claimed at a time from the front of the list.
-    assert max(len(r["tuned"]) for r in reports) <= math.ceil(n_keys / n_procs) + 1
+    # Equal work splits evenly because a process claims one key at a time: it never holds
+    # keys back from idle peers. (How many each tunes also depends on the OS scheduler.)
+    assert {n for r in reports for n in r["claims_held"]} == {1}
     assert sum(r["sources"].count("tuned") for r in reports) == n_keys
 
 
