@@ -147,3 +147,22 @@ def test_auto_vacuum_skips_big_files(sqlite_url, monkeypatch):
     assert "run `tunecache prune --vacuum ...` when no job runs" in out["vacuum"]["why"]
     forced = run_json("prune", "--db", sqlite_url, "--failed", "--vacuum")
     assert forced["vacuum"] == {"ran": True, "why": "asked", "seconds": forced["vacuum"]["seconds"]}
+
+
+def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
+    """The prune's big page cache is per batch: a library caller's connection, back in
+    the pool, does not keep 256 MiB of pages for the rest of its process."""
+    from tunecache import maintenance
+    from tunecache.store import Database
+
+    populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(20)])
+    db = Database(resolve_db_url(sqlite_url))
+    pragmas = ("PRAGMA cache_size", "PRAGMA secure_delete")
+    read = lambda: db.run(lambda c: [c.exec_driver_sql(p).scalar() for p in pragmas],  # noqa: E731
+                          write=True)
+    before = read()
+    report = maintenance.prune(db, maintenance.PruneSpec(only={"torch": ["2.12.0"]}),
+                               batch=8, vacuum="never")
+    assert report["deleted"] == 20 and report["batches"] == 3
+    assert read() == before
+    db.dispose()

@@ -310,7 +310,7 @@ def test_loads_never_wait_for_a_peers_claim_and_the_first_publish_wins(enabled, 
         assert not isinstance(claim, tunecache.Result)
         t0 = time.monotonic()
         cfgs, cache, info = load(kernel_file(tmp_path, 1), meta(name="k_peer"))
-        assert time.monotonic() - t0 < 2.0  # no wait for the peer (the lease is 600 s)
+        assert time.monotonic() - t0 < 30  # no wait for the peer (its lease is 600 s)
         assert info["autotune_cache_state"] == "miss"
         cache.save(cfgs[0], 1_000_000)  # our own tuning: not stored over the peer's claim
         assert tc_inductor.triton_stats.unpublished == 1

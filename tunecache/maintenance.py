@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import time
+from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
 
 from sqlalchemy import Connection
@@ -375,15 +376,13 @@ def prune(
     while top is not None:
         def one_batch(conn: Connection) -> tuple[Any, int, int, float]:
             locked = time.perf_counter()  # the write lock is ours from here (SQLite)
-            if db.is_sqlite:
-                for pragma in admin.SQLITE_PRUNE_PRAGMAS:
-                    conn.execute(pragma)
-            select_batch = admin.select_prune_batch(condition, size, walk)
-            ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
-            if not ends:
-                return None, 0, 0, locked
-            result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
-            return ends[-1], result.rowcount, len(ends), locked
+            with admin.sqlite_prune_pragmas(conn) if db.is_sqlite else nullcontext():
+                select_batch = admin.select_prune_batch(condition, size, walk)
+                ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
+                if not ends:
+                    return None, 0, 0, locked
+                result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
+                return ends[-1], result.rowcount, len(ends), locked
 
         last, n, selected, locked = db.run(one_batch, write=True)
         held = time.perf_counter() - locked  # until the commit is done

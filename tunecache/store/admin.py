@@ -13,9 +13,11 @@ between.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from sqlalchemy import (
+    Connection,
     ColumnElement,
     Integer,
     column,
@@ -53,7 +55,7 @@ __all__ = [
     "prune_condition",
     "select_pruned",
     "count_pruned",
-    "SQLITE_PRUNE_PRAGMAS",
+    "sqlite_prune_pragmas",
     "prune_walk_column",
     "select_prune_batch",
     "select_walk_end",
@@ -319,8 +321,24 @@ def delete_pruned_range(condition: ColumnElement[bool], walk: ColumnElement[Any]
 # from 1.13 to 0.98 s against 64 MiB. secure_delete (on in Debian's and other
 # distributions' builds) zeroes every freed page, i.e. writes and journals pages a delete
 # would otherwise only unlink; FAST still zeroes what is rewritten anyway. Tuning timings
-# are no secret.
-SQLITE_PRUNE_PRAGMAS = (text("PRAGMA cache_size=-262144"), text("PRAGMA secure_delete=FAST"))
+# are no secret. Both are per connection, and the connection goes back to the pool, where
+# a library caller's later transactions would keep a 256 MiB cache: each batch puts the
+# connection's own values back.
+_SQLITE_PRUNE_PRAGMAS = {"cache_size": "-262144", "secure_delete": "FAST"}
+
+
+@contextmanager
+def sqlite_prune_pragmas(conn: Connection) -> Iterator[None]:
+    """Run a prune batch with the page cache and secure_delete above, then restore them."""
+    before = {name: conn.execute(text(f"PRAGMA {name}")).scalar_one()
+              for name in _SQLITE_PRUNE_PRAGMAS}
+    for name, value in _SQLITE_PRUNE_PRAGMAS.items():
+        conn.execute(text(f"PRAGMA {name}={value}"))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            conn.execute(text(f"PRAGMA {name}={int(value)}"))
 
 
 def select_done_timings_page(after: str, limit: int) -> Select[Any]:
