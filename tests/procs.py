@@ -36,9 +36,8 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
 
     def tune(key: dict[str, Any]) -> dict[str, float]:
         tuned_here.append(key["i"])
-        with cache.store.db.engine.connect() as conn:
-            claims_held.append(conn.execute(
-                select(func.count()).where(mine, entries.c.state == "claimed")).scalar_one())
+        held = select(func.count()).where(mine, entries.c.state == "claimed")
+        claims_held.append(cache.store.db.run(lambda conn: conn.execute(held).scalar_one()))
         time.sleep(tune_seconds)
         return timings_for(key)
 

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from queue import Empty
 
 import pytest
 from sqlalchemy import select
@@ -26,7 +27,15 @@ def _gather(target, n: int, args: tuple, timeout: float = 300) -> list[dict]:
     workers = [ctx.Process(target=target, args=(*args, barrier, queue)) for _ in range(n)]
     for w in workers:
         w.start()
-    out = [queue.get(timeout=timeout) for _ in workers]
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        try:
+            out.append(queue.get(timeout=1))
+        except Empty:
+            died = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            assert not died, f"a worker died before reporting (exit codes {died})"
+            assert time.monotonic() < deadline, "the workers did not report in time"
     for w in workers:
         w.join(timeout=30)
         assert w.exitcode == 0
