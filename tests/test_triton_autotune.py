@@ -656,12 +656,16 @@ def test_a_hit_keeps_its_stored_reduction_config(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ fusion benchmarks
 
+# What CoordescTuner.call_func needs of its tuner, with nothing cached.
+_CACHELESS_TUNER = SimpleNamespace(lookup_in_cache=lambda config: None,
+                                   cache_benchmark_result=lambda config, timing: None)
+
+
 @pytest.fixture
 def fusion(tmp_path, monkeypatch):
     """tunecache enabled over a faked TritonScheduling.benchmark_codegened_module: the
     modules it measured are in .measured, and it times each at .ms."""
     from torch._inductor.codegen.triton import TritonScheduling
-
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
 
     measured: list[str] = []  # modules whose benchmark started
@@ -670,13 +674,12 @@ def fusion(tmp_path, monkeypatch):
     # coordinate-descent benchmarks of .seconds each; after_first_step(module file), if
     # set, runs after the first
     timing = SimpleNamespace(ms=0.25, seconds=0.0, steps=1, after_first_step=None)
-    tuner = SimpleNamespace(lookup_in_cache=lambda config: None,
-                            cache_benchmark_result=lambda config, timing: None)
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
         measured.append(mod.__file__)
         for step in range(timing.steps):
-            CoordescTuner.call_func(tuner, lambda _: time.sleep(timing.seconds), step)
+            CoordescTuner.call_func(_CACHELESS_TUNER, lambda _: time.sleep(timing.seconds),
+                                    step)
             if step == 0 and timing.after_first_step is not None:
                 timing.after_first_step(mod.__file__)
         ms = timing.ms(mod.__file__) if callable(timing.ms) else timing.ms
@@ -762,10 +765,14 @@ def _split_size_search(benchmark: Any, index: int) -> int:
         lambda value: benchmark(index, value)[0], 16, 8)
 
 
+def _size(file: str) -> int:
+    """The split size a benchmark harness (:func:`benchmark_harness`) measures."""
+    return int(re.search(r"rand_strided\(\((\d+),\)", Path(file).read_text()).group(1))
+
+
 def _timing_by_size(file: str, best: int = 32) -> float:
     """A parabola-like curve over the split size (the module's size)."""
-    size = int(re.search(r"rand_strided\(\((\d+),\)", Path(file).read_text()).group(1))
-    return 1.0 + abs(math.log2(size) - math.log2(best))
+    return 1.0 + abs(math.log2(_size(file)) - math.log2(best))
 
 
 def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fusion):
@@ -795,8 +802,7 @@ def test_while_a_peer_measures_a_split_size_the_next_one_is_measured_here(
 
 
 def _sizes(files: list[str]) -> list[int]:
-    return [int(re.search(r"rand_strided\(\((\d+),", Path(f).read_text()).group(1))
-            for f in files]
+    return [_size(f) for f in files]
 
 
 def _when_measuring(size: int, peer_publishes: Callable[[], Any]) -> Callable[[str], None]:
@@ -1107,14 +1113,11 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
 
     measured: list[int] = []
-    tuner = SimpleNamespace(lookup_in_cache=lambda config: None,
-                            cache_benchmark_result=lambda config, timing: None)
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
-        source = Path(mod.__file__).read_text()
-        measured.append(int(re.search(r"rand_strided\(\((\d+),", source).group(1)))
+        measured.append(_size(mod.__file__))
         for step in range(5):  # the kernel's coordinate descent
-            CoordescTuner.call_func(tuner, lambda _: time.sleep(0.1), step)
+            CoordescTuner.call_func(_CACHELESS_TUNER, lambda _: time.sleep(0.1), step)
         return _timing_by_size(mod.__file__, best=128) + index / 1000, mod.__file__
 
     TritonScheduling.benchmark_codegened_module = inductors_own
