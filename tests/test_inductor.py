@@ -387,6 +387,51 @@ def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqli
         inductor_config._pre_fusion_custom_pass = None
 
 
+def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(sqlite_url):
+    """torch 2.11 accepts only a ``CustomGraphPass`` as ``_pre_fusion_custom_pass`` (and
+    reads its uuid); 2.13 only a ``CustomSchedulerPass``. Failing either made Inductor
+    bypass its FX graph and AOTAutograd caches on every compile (issue 13, item 1: seen on
+    2xH200 with torch 2.11)."""
+    import pickle
+
+    from torch._inductor.custom_graph_pass import CustomGraphPass, CustomSchedulerPass
+
+    try:
+        tc_inductor.enable(db=sqlite_url)
+        ours = inductor_config._pre_fusion_custom_pass
+        assert isinstance(ours, CustomGraphPass), "torch 2.11's FX graph cache would bypass"
+        assert isinstance(ours, CustomSchedulerPass), "torch 2.13's FX graph cache would bypass"
+        assert pickle.loads(pickle.dumps(ours.uuid())) == ("tunecache-pre-fusion-v1", None)
+    finally:
+        tc_inductor.disable()
+
+
+def test_second_job_hits_inductor_graph_and_autograd_caches_with_every_hook_installed(tmp_path):
+    """Two jobs in turn on one node (one TORCHINDUCTOR_CACHE_DIR), tunecache on with the
+    Triton hooks too: the second loads the forward and backward graphs from Inductor's
+    own caches, and nothing is bypassed."""
+    env = _env(tmp_path, str(tmp_path / "tune.db"), TUNECACHE_TRITON_CONFIGS="1")
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run(
+            [sys.executable, str(TESTS / "graph_cache_worker.py"), "--out", str(out)],
+            env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        runs.append(json.loads(out.read_text()))
+    first, second = runs
+    assert first["enabled"] and second["enabled"]
+    for run in runs:
+        assert run["inductor"].get("fxgraph_cache_bypass", 0) == 0, run
+        assert run["aot_autograd"].get("autograd_cache_bypass", 0) == 0, run
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 2  # forward and backward
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 2, second
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second
+    assert second["aot_autograd"].get("autograd_cache_hit", 0) >= 1, second
+
+
 def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, caplog):
     inductor_config.distributed_max_autotune_gemm = True
     try:

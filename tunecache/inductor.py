@@ -57,9 +57,10 @@ Deferred path (GPU default, ``benchmark_epilogue_fusion=True``)
     benchmarks only the keys it claimed and waits for its peers only at the end. Ranks
     that compile different graphs cannot hang: a rank waits only for keys that a peer
     has claimed, and a claimer tunes every key it claims before it waits; an expired
-    claim is taken over by the core. Our pass is a ``CustomSchedulerPass`` with a stable
-    ``uuid()`` so the FX graph cache keeps working (a raw callable would make Inductor
-    bypass it, torch/_inductor/codecache.py); if the pass we chain is a raw callable we
+    claim is taken over by the core. Our pass is a ``CustomSchedulerPass`` (torch 2.13)
+    and a ``CustomGraphPass`` (what torch 2.11's cache checks) with a stable ``uuid()``,
+    so the FX graph and AOTAutograd caches keep working (anything else makes Inductor
+    bypass them, torch/_inductor/codecache.py); if the pass we chain is a raw callable we
     stay a raw callable too, so Inductor still bypasses as it would have.
 
 Keys and candidate identities
@@ -794,11 +795,24 @@ def _ms(value: Any) -> float:
     return ms if math.isfinite(ms) and ms >= 0 else math.inf
 
 
-def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
-    """Our scheduler pass, chained after ``prev`` (see the module docstring)."""
+def _scheduler_pass_bases() -> tuple[type, ...]:
+    """The classes Inductor's FX graph cache accepts for ``_pre_fusion_custom_pass``.
+
+    torch 2.13 checks ``isinstance(pass, CustomSchedulerPass)``; torch 2.11, before
+    pytorch/pytorch#179050 added that class, checks ``CustomGraphPass`` and reads its
+    ``uuid()`` (codecache.py, ``_check_can_cache``). Anything else is a bypass of the FX
+    graph cache, and with it of the AOTAutograd cache, on every compile. Deriving from
+    each of them that exists satisfies either check.
+    """
     from torch._inductor import custom_graph_pass
 
-    base = getattr(custom_graph_pass, "CustomSchedulerPass", None)
+    names = ("CustomSchedulerPass", "CustomGraphPass")
+    return tuple(getattr(custom_graph_pass, n) for n in names if hasattr(custom_graph_pass, n))
+
+
+def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
+    """Our scheduler pass, chained after ``prev`` (see the module docstring)."""
+    bases = _scheduler_pass_bases()
 
     def run(nodes: list[Any]) -> list[Any]:
         if prev is not None:
@@ -812,8 +826,7 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
                 hooks.warn_once("tuning the graph's deferred GEMMs", e)
         return nodes
 
-    raw_prev = prev is not None and (base is None or not isinstance(prev, base))
-    if base is None or raw_prev:
+    if not bases or (prev is not None and not isinstance(prev, bases)):
         # A raw callable makes Inductor bypass the FX graph cache; stay raw so it still
         # does (torch/_inductor/codecache.py, _pre_fusion_custom_pass check).
         def tunecache_pre_fusion_pass(nodes: list[Any]) -> list[Any]:
@@ -822,10 +835,10 @@ def _make_pre_fusion_pass(hooks: _Hooks, prev: Any) -> Any:
         tunecache_pre_fusion_pass.tunecache_prev = prev  # type: ignore[attr-defined]
         return tunecache_pre_fusion_pass
 
-    class TuneCachePreFusionPass(base):  # type: ignore[misc, valid-type]
+    class TuneCachePreFusionPass(*bases):  # type: ignore[misc]
         tunecache_prev = prev
 
-        def __call__(self, nodes: list[Any]) -> list[Any]:
+        def __call__(self, nodes: list[Any]) -> list[Any]:  # type: ignore[override]
             return run(nodes)
 
         def uuid(self) -> Any:
