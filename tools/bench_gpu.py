@@ -6,9 +6,10 @@
     torchrun --nproc-per-node 2 tools/bench_gpu.py --mode default --out bench.jsonl
     python tools/bench_gpu.py --tiny --device cpu --mode tunecache --out /tmp/b.jsonl   # smoke test
 
-The model is a 2-layer llama-like block (hidden 4096, MLP 14336, 32 query heads and 8 KV
-heads of 128, i.e. KV dim 1024; 8192 tokens; bf16), forward + backward: about ten
-distinct GEMM keys. Modes:
+The model (``--model block``) is a 2-layer llama-like block (hidden 4096, MLP 14336, 32
+query heads and 8 KV heads of 128, i.e. KV dim 1024; 8192 tokens; bf16), forward +
+backward: about ten distinct GEMM keys. ``--model mlp`` is a structure without norms or
+attention: ``--layers`` residual MLPs ``x + down(gelu(up(x)))``. Modes:
 
 ``default``               torch.compile without max-autotune
 ``plain``                 max-autotune (every rank benchmarks every GEMM)
@@ -17,7 +18,9 @@ distinct GEMM keys. Modes:
 
 Every rank uses a fresh TORCHINDUCTOR_CACHE_DIR unless ``--keep-inductor-cache DIR`` is
 given (then DIR/rank<N>), and the FX graph and AOTAutograd caches are off, so every run
-lowers and autotunes for real. Compile seconds = the first forward+backward (synchronised).
+lowers and autotunes for real; ``--inductor-caches`` leaves them on (a job restarted on
+the same node). Every line reports Inductor's own cache counters
+(``torch._dynamo.utils.counters``: fxgraph_cache_*, autograd_cache_*). Compile seconds = the first forward+backward (synchronised).
 GEMM benchmarks are counted by tunecache.inductor's wrapper around Inductor's benchmark
 callable; in the plain and inductor-distributed modes the same wrapper runs in count-only
 mode (no cache), so the numbers are comparable. Each rank appends one JSON line to
@@ -48,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (CPU smoke test)")
+    p.add_argument("--model", choices=("block", "mlp"), default="block")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=4096)
@@ -60,6 +64,8 @@ def parse_args() -> argparse.Namespace:
                    help="torch.compile mode for the max-autotune modes")
     p.add_argument("--keep-inductor-cache", metavar="DIR", default=None,
                    help="use DIR/rank<N> as TORCHINDUCTOR_CACHE_DIR instead of a fresh one")
+    p.add_argument("--inductor-caches", action="store_true",
+                   help="leave Inductor's FX graph and AOTAutograd caches on")
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
                    help="process group backend (default: nccl when every rank has a GPU)")
     p.add_argument("--tag", default="", help="free text copied into every JSON line")
@@ -79,8 +85,9 @@ def setup_env(args: argparse.Namespace, rank: int) -> str:
         cache_dir = tempfile.mkdtemp(prefix=f"inductor-{args.mode}-rank{rank}-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     # An FX graph or AOTAutograd cache hit skips lowering, and with it every GEMM lookup.
-    os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-    os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+    caches = "1" if args.inductor_caches else "0"
+    os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = caches
+    os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = caches
     if args.mode != "tunecache":
         # The autoload hook must not turn tunecache on in the comparison modes.
         os.environ["TUNECACHE_MODE"] = "off"
@@ -90,6 +97,18 @@ def setup_env(args: argparse.Namespace, rank: int) -> str:
 def build_model(args: argparse.Namespace, torch: Any) -> Any:
     nn = torch.nn
     F = torch.nn.functional
+    if args.model == "mlp":
+        class Residual(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.up = nn.Linear(args.hidden, args.mlp)
+                self.down = nn.Linear(args.mlp, args.hidden)
+
+            def forward(self, x: Any) -> Any:
+                return x + self.down(F.gelu(self.up(x)))
+
+        return nn.Sequential(*[Residual() for _ in range(args.layers)])
+
     head_dim = args.hidden // args.heads
     kv_dim = args.kv_heads * head_dim
 
@@ -138,6 +157,15 @@ def compile_time_breakdown(torch: Any) -> dict[str, float] | str:
     if isinstance(metrics, dict):
         return {k: round(sum(v), 3) for k, v in sorted(metrics.items(), key=lambda kv: -sum(kv[1]))}
     return str(utils.compile_times(repr="str", aggregate=True))
+
+
+def inductor_cache_counters(torch: Any) -> dict[str, int]:
+    """Inductor's own FX graph and AOTAutograd cache counters (hit, miss, bypass ...)."""
+    counters = torch._dynamo.utils.counters
+    found = {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
+    found.update((k, v) for k, v in counters["aot_autograd"].items()
+                 if k.startswith("autograd_cache"))
+    return dict(sorted(found.items()))
 
 
 def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
@@ -251,6 +279,9 @@ def main() -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "tiny": args.tiny,
+        "model": args.model,
+        "layers": args.layers,
+        "inductor_caches": args.inductor_caches,
         "compile_mode": mode,
         "tunecache_enabled": enabled,
         "tunecache_db": os.environ.get("TUNECACHE_DB") if args.mode == "tunecache" else None,
@@ -272,6 +303,7 @@ def main() -> int:
             for e in stats["events"] if e["source"] != "memo" or e.get("missing")
         ],
         "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
+        "inductor_cache_counters": inductor_cache_counters(torch),
         "compile_times": compile_time_breakdown(torch),
     }
 
@@ -297,6 +329,8 @@ def main() -> int:
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
+                "model": args.model,
+                "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))
@@ -306,6 +340,14 @@ def main() -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _summed(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def _keys_benchmarked(everyone: list[dict[str, Any]]) -> dict[str, int]:

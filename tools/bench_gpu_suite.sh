@@ -9,6 +9,9 @@
 #   default                torch.compile without max-autotune
 #   tunecache-cold         max-autotune + tunecache on an empty database ($DB)
 #   tunecache-warm         the same database, fresh Inductor caches: a new node, a later job
+#   plain-node             plain, with Inductor's FX graph and AOTAutograd caches on in one
+#                          cache directory per suite: name it twice for a restart on one node
+#   tunecache-node         the same with tunecache on its own database ($out/node.db)
 #   age-db                 $DB becomes a copy of $AGE_FROM with its GEMM keys recorded
 #                          under $WARM_FROM_TORCH (tools/age_db.py)
 #   warm-command           `tunecache warm` re-tunes the keys in $DB recorded under
@@ -35,8 +38,10 @@ export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
     python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
 } >>"$out/env.txt" 2>&1
 
-bench() {  # tag, then bench_gpu.py arguments
-    local tag=$1; shift
+declare -A runs
+bench() {  # tag, then bench_gpu.py arguments; a step's second run is tagged STEP-2
+    runs[$1]=$(( ${runs[$1]:-0} + 1 ))
+    local tag=$1; (( runs[$1] > 1 )) && tag="$1-${runs[$1]}"; shift
     local left=$(( deadline - $(date +%s) ))
     if (( left < 30 )); then echo "skip $tag: past the deadline" | tee -a "$out/$tag.log"; return; fi
     echo "== $tag (limit ${left}s)"
@@ -50,6 +55,10 @@ for step in "$@"; do
         plain|inductor-distributed|default) bench "$step" --mode "$step" ;;
         tunecache-cold) rm -f "$db"; TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
         tunecache-warm) TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+        plain-node) bench "$step" --mode plain --inductor-caches --keep-inductor-cache "$out/node-plain" ;;
+        tunecache-node)
+            TUNECACHE_DB=$out/node.db bench "$step" --mode tunecache --inductor-caches \
+                --keep-inductor-cache "$out/node-tunecache" ;;
         age-db)
             rm -f "$db"
             python3 "$here/tools/age_db.py" "${AGE_FROM:?}" "$db" --torch "${WARM_FROM_TORCH:?}" \
