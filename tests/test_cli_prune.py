@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
+from pathlib import Path
 
-from sqlalchemy import create_engine, update
+import pytest
+from sqlalchemy import column, create_engine, func, select, update
 
+import tunecache
 from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 from tunecache.settings import resolve_db_url
 from tunecache.store.schema import entries
@@ -131,6 +135,12 @@ def test_prune_bad_arguments(db_url):
         assert result.stderr.splitlines()[-1] == (
             f"Error: Invalid value for '--older-than': {value!r} is not a duration "
             "(use 3600s, 90m, 12h, 30d or 2w)")
+    for value in ("30", "0", "1.5"):
+        result = run("prune", "--db", db_url, "--older-than", value)
+        assert result.exit_code == 2, value
+        assert result.stderr.splitlines()[-1] == (
+            f"Error: Invalid value for '--older-than': {value!r} has no unit: use s, m, h, d "
+            f"or w ({value}d is {value} days, {value}s {value} seconds)")
     nothing = run("prune", "--db", db_url)
     assert nothing.exit_code == 2
     assert nothing.stderr.startswith("Error: nothing selected: give --older-than")
@@ -166,3 +176,103 @@ def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
     assert report["deleted"] == 20 and report["batches"] == 3
     assert read() == before
     db.dispose()
+
+
+def test_readonly_mode_refuses_every_command_that_writes(db_url, tmp_path, monkeypatch):
+    """TUNECACHE_MODE=readonly: prune, import, merge and upgrade refuse in one line and
+    change nothing (prune deleted 50 rows before); reading commands still work, and the
+    library functions refuse too."""
+    from tunecache import maintenance
+    from tunecache.store import Database
+
+    populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    export = tmp_path / "x.jsonl"
+    assert run("export", "--db", db_url, "-o", str(export)).exit_code == 0
+    src = tmp_path / "src.db"
+    populate(str(src), [gemm_key("bmm", 0)])
+    display = Database(resolve_db_url(db_url)).display_url
+
+    monkeypatch.setenv("TUNECACHE_MODE", "readonly")
+    for command in (["prune", "--older-than", "0s"], ["prune", "--failed", "--invalid"],
+                    ["import", str(export)], ["merge", str(src)], ["upgrade"]):
+        result = run(*command, "--db", db_url)
+        assert result.exit_code == 1, command
+        assert result.stderr == (
+            f"Error: tunecache database {display}: {command[0]} writes to the database, and "
+            "TUNECACHE_MODE=readonly forbids writes; run it with TUNECACHE_MODE=readwrite\n")
+    assert run_json("prune", "--db", db_url, "--older-than", "0s", "--dry-run")[
+        "would_delete"] == 3
+    assert run_json("stats", "--db", db_url)["entries"]["total"] == 3
+
+    db = Database(resolve_db_url(db_url), readonly=True)
+    try:
+        with pytest.raises(maintenance.ReadonlyModeError):
+            maintenance.prune(db, maintenance.PruneSpec(older_than=0.0))
+        with pytest.raises(maintenance.ReadonlyModeError):
+            maintenance.import_records(db, [])
+    finally:
+        db.dispose()
+    monkeypatch.delenv("TUNECACHE_MODE")
+    assert len(run_json("ls", "--db", db_url)) == 3
+
+
+# A writer that never sees the stop file gives up after this many keys (exit 3), so a
+# prune that chases its inserts fails the test instead of hanging it.
+WRITER_CAP = 20_000
+ROWID = column("rowid")
+
+
+def _publish_until(url: str, stop: Path, first: int) -> None:
+    """A running job: publishes new keys, one by one, until the test says stop."""
+    with tunecache.open(url) as cache:
+        for i in range(first, first + WRITER_CAP):
+            if stop.exists():
+                return
+            cache.get_or_tune(gemm_key("mm", i, torch="later"), lambda: {"aten": 1.0})
+    raise SystemExit(3)
+
+
+def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tmp_path):
+    """`--older-than 0s` matches every row a running job inserts meanwhile too; the prune
+    deletes up to the last rowid it read at its start, then returns, while the writers
+    still publish (it chased their inserts until they stopped: 16-19 s on 300 keys)."""
+    from tunecache import maintenance
+    from tunecache.store import Database
+
+    populate(sqlite_url, [gemm_key("mm", i) for i in range(300)])
+    stop = tmp_path / "stop"
+    ctx = mp.get_context("fork")
+    writers = [ctx.Process(target=_publish_until, args=(sqlite_url, stop, 10**6 * (n + 1)))
+               for n in range(2)]
+    db = Database(resolve_db_url(sqlite_url))
+    newer: list[str] = []
+
+    def after_a_batch(_n: int) -> None:
+        if newer:
+            return
+        # The prune read its end before its first batch: rows inserted from here on are
+        # past it. Wait until the writers have put a few there.
+        mark = db.run(lambda c: c.execute(select(func.max(ROWID)).select_from(entries))
+                      .scalar_one())
+        past = select(entries.c.key_hash).where(ROWID > mark)
+        while len(newer) < 20:
+            assert any(w.is_alive() for w in writers), "the writers died"
+            time.sleep(0.02)
+            newer[:] = db.run(lambda c: c.execute(past).scalars().all())
+
+    for w in writers:
+        w.start()
+    try:
+        report = maintenance.prune(db, maintenance.PruneSpec(older_than=0.0), batch=50,
+                                   progress=after_a_batch, vacuum="never")
+    finally:
+        stop.touch()
+        for w in writers:
+            w.join()
+    # Stopped by the test, not by their cap: the prune returned while they published.
+    assert [w.exitcode for w in writers] == [0, 0]
+    left = set(db.run(lambda c: c.execute(select(entries.c.key_hash)).scalars().all()))
+    db.dispose()
+    assert len(newer) >= 20 and set(newer) <= left
+    assert report["deleted"] >= 300
+    assert run_json("ls", "--db", sqlite_url, "--torch", "2.13.0") == []  # the 300 went

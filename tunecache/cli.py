@@ -37,6 +37,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 BY_OP_SHOWN = 20
 # The kinds of entries tunecache writes, for --kind's help (any kind is accepted).
 KINDS = "gemm, triton_config, fusion_benchmark"
+# tunecache.maintenance.CONFLICT_POLICIES, spelled here because importing maintenance
+# imports SQLAlchemy and Alembic (0.5 s), and every command, --help included, would pay
+# for it at start-up (test_cli_start.py checks that the two agree).
+CONFLICT_POLICIES = ("keep", "replace", "faster")
 
 
 # -- errors, in one place ---------------------------------------------------------------
@@ -115,14 +119,18 @@ class _Duration(click.ParamType):
     name = "DURATION"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        from .maintenance import parse_duration
+        from .maintenance import DURATION_HELP, parse_duration
 
         if isinstance(value, (int, float)):
             return float(value)
         try:
             return parse_duration(value)
         except ConfigError:
-            self.fail(f"{value!r} is not a duration (use 3600s, 90m, 12h, 30d or 2w)", param, ctx)
+            text = str(value).strip()
+            if text.replace(".", "", 1).isdigit():
+                self.fail(f"{value!r} has no unit: use s, m, h, d or w ({text}d is {text} "
+                          f"days, {text}s {text} seconds)", param, ctx)
+            self.fail(f"{value!r} is not a duration (use {DURATION_HELP})", param, ctx)
 
 
 @contextlib.contextmanager
@@ -193,10 +201,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = 
         click.echo((indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip())
 
 
-def _open(out: Out, *, create: bool = False) -> Any:
+def _open(out: Out, *, create: bool = False, writes: str | None = None) -> Any:
     from .maintenance import open_database
 
-    return open_database(out.settings, create=create)
+    return open_database(out.settings, create=create, writes=writes)
 
 
 # -- the group -------------------------------------------------------------------------
@@ -289,8 +297,8 @@ def stats(out: Out) -> None:
 
 @cli.command()
 @click.option("--older-than", type=_Duration(), default=None,
-              help="Entries not used for this long (last use, else last update): "
-                   "30d, 12h, 90m, 3600s, 2w.")
+              help="Entries not used for this long (last use, else last update), with "
+                   "a unit: 30d, 12h, 90m, 3600s, 2w.")
 @click.option("--keep-torch", multiple=True, metavar="VERSION",
               help="Keep only entries of these torch versions (repeatable).")
 @click.option("--keep-triton", multiple=True, metavar="VERSION",
@@ -310,7 +318,7 @@ def stats(out: Out) -> None:
 @click.option("--expired-claims", is_flag=True,
               help="Drop claims whose lease has passed (their owner is gone).")
 @click.option("--invalid", is_flag=True,
-              help="Drop done entries whose timings fail validation.")
+              help="Drop done entries whose key or timings fail validation.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
 @click.option("--vacuum/--no-vacuum", default=None,
               help="SQLite: VACUUM after deleting (default: only when a quarter of the "
@@ -350,7 +358,7 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         raise _BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
                            "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                            "--expired-claims or --invalid")
-    db = _open(out)
+    db = _open(out, writes=None if dry_run else "prune")
     try:
         with _progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step):
             report = maintenance.prune(
@@ -446,8 +454,6 @@ _CONFLICT_HELP = (
 
 
 def _conflict_option(fn: F) -> F:
-    from .maintenance import CONFLICT_POLICIES
-
     return click.option("--on-conflict", type=click.Choice(CONFLICT_POLICIES), default="keep",
                         show_default=True, help=_CONFLICT_HELP)(fn)
 
@@ -490,7 +496,7 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
     """
     from . import maintenance
 
-    db = _open(out, create=True)
+    db = _open(out, create=True, writes=None if dry_run else "import")
     try:
         with _progress("importing", not out.as_json) as (_total, step):
             report = maintenance.import_records(
@@ -523,12 +529,12 @@ def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_confli
     if into is not None:
         out.db = into
     src_settings = Settings.from_env(db=src_db)
-    src = Database(src_settings.db_url, src_settings.lock_timeout)
+    src = Database(src_settings.db_url, src_settings.lock_timeout, readonly=True)
     if src.sqlite_path and not os.path.exists(src.sqlite_path):
         raise _BadArgument(f"SRC_DB {src.display_url}: no such database file")
     try:
         ensure_schema(src, may_migrate=False)
-        target = _open(out, create=True)
+        target = _open(out, create=True, writes=None if dry_run else "merge")
         try:
             with _progress("merging", not out.as_json) as (total, step):
                 report = maintenance.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
@@ -630,8 +636,11 @@ def show(out: Out, key_hash_prefix: str) -> None:
         click.echo(f"created      {_when(entry['created_at'])}")
         click.echo(f"updated      {_when(entry['updated_at'])}")
         click.echo(f"last used    {_when(entry['last_used_at'])}")
-        click.echo("key:")
-        click.echo(json.dumps(entry["key"], indent=2, sort_keys=True))
+        if entry["key_error"]:
+            click.echo(f"key: INVALID ({entry['key_error']})")
+        else:
+            click.echo("key:")
+            click.echo(json.dumps(entry["key"], indent=2, sort_keys=True))
         if entry["timings_error"]:
             click.echo(f"timings: INVALID ({entry['timings_error']})")
         elif entry["timings"]:

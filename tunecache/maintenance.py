@@ -46,6 +46,7 @@ __all__ = [
     "CONFLICT_POLICIES",
     "ExportFormatError",
     "EntryNotFoundError",
+    "ReadonlyModeError",
     "open_database",
     "parse_duration",
     "stats",
@@ -99,6 +100,44 @@ def _noop(_n: int) -> None:
     pass
 
 
+# What a deeply nested JSON text gets: json's C scanner recurses once per level and raises
+# RecursionError, not ValueError (a 200 KB '[[[...]]]' line, under every size limit, took
+# `tunecache import` down with a traceback). Everything here that parses JSON from a file
+# or a column goes through these two, so such a text is one more invalid entry.
+_TOO_DEEP = "nested too deeply"
+
+
+def _loads(text: str | bytes) -> Any:
+    """json.loads, with a RecursionError turned into the ValueError of any other bad JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+def _timings(raw: Any, key_hash_: str) -> dict[str, float]:
+    """validate_timings, with a RecursionError turned into InvalidEntryError."""
+    try:
+        return validate_timings(raw, key_hash_)
+    except RecursionError:
+        raise InvalidEntryError(key_hash_, f"timings are {_TOO_DEEP}") from None
+
+
+def _stored_key(key_json: Any) -> dict[str, Any]:
+    """A stored key column, parsed; ValueError(reason) when it is not a key."""
+    if not isinstance(key_json, str):
+        raise ValueError("key is not text")
+    if len(key_json) > MAX_KEY_BYTES:
+        raise ValueError(f"key larger than {MAX_KEY_BYTES} bytes")
+    try:
+        key = _loads(key_json)
+    except ValueError as e:
+        raise ValueError(f"key is not valid JSON ({e})") from None
+    if not isinstance(key, dict):
+        raise ValueError("key is not a JSON object")
+    return key
+
+
 class ExportFormatError(TuneCacheError):
     """An import file is not a tunecache export this tunecache can read."""
 
@@ -126,35 +165,76 @@ class EntryNotFoundError(TuneCacheError):
         return f"{self.prefix}: {self.reason}"
 
 
+class ReadonlyModeError(TuneCacheError):
+    """A command that writes, asked of a process in readonly mode (TUNECACHE_MODE)."""
+
+    def __init__(self, url: str, action: str) -> None:
+        super().__init__(url, action)
+        self.url = url
+        self.action = action
+
+    def __str__(self) -> str:
+        return (f"tunecache database {self.url}: {self.action} writes to the database, and "
+                "TUNECACHE_MODE=readonly forbids writes; run it with TUNECACHE_MODE=readwrite")
+
+
 # -- opening -----------------------------------------------------------------------------
 
 
-def open_database(settings: Settings, *, create: bool = False) -> Database:
+def open_database(settings: Settings, *, create: bool = False,
+                  writes: str | None = None) -> Database:
     """A :class:`Database` at the head schema (migrating when the mode allows it).
 
     ``create=False`` refuses a SQLite path that does not exist, instead of creating an
     empty database there, because a typo in --db would otherwise report an empty cache.
+    ``create=True`` creates the file, but never its directory: a mistyped directory
+    would otherwise be created and filled silently (and `stats` on the intended path
+    would then find nothing).
+
+    In readonly mode the connection itself refuses writes, as a job's does; ``writes``
+    names what the caller is about to write, refused up front in one line.
     """
-    db = Database(settings.db_url, settings.lock_timeout)
+    readonly = settings.mode == "readonly"
+    db = Database(settings.db_url, settings.lock_timeout, readonly=readonly)
+    if writes and readonly:
+        raise ReadonlyModeError(db.display_url, writes)
     path = db.sqlite_path
-    if path and not create and not os.path.exists(path):
-        raise StoreUnavailableError(
-            db.display_url,
-            "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
-        )
+    if path and not os.path.exists(path):
+        directory = os.path.dirname(path) or "."
+        if not create:
+            raise StoreUnavailableError(
+                db.display_url,
+                "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
+            )
+        if not os.path.isdir(directory):
+            raise StoreUnavailableError(
+                db.display_url,
+                f"directory {directory} does not exist; check --db, or create it first",
+            )
     ensure_schema(db, may_migrate=settings.mode == "readwrite")
     return db
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+def _refuse_readonly(db: Database, action: str) -> None:
+    if db.readonly:
+        raise ReadonlyModeError(db.display_url, action)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DURATION_HELP = "3600s, 90m, 12h, 30d or 2w"
 
 
 def parse_duration(text: str, name: str = "--older-than") -> float:
-    """'90', '90s', '15m', '12h', '30d', '2w' -> seconds."""
+    """'90s', '15m', '12h', '30d', '2w' -> seconds.
+
+    The unit is required: a bare '30' meant 30 seconds, which an operator who meant 30
+    days only finds out when every entry is gone.
+    """
     match = _DURATION.match(text or "")
     if not match:
-        raise ConfigError(name, text, "a duration such as 3600s, 90m, 12h, 30d or 2w")
+        raise ConfigError(name, text, f"a duration with a unit (s, m, h, d or w), such as "
+                          f"{DURATION_HELP}")
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
@@ -297,7 +377,8 @@ _LISTING_KEYS = ("key_hash", "state", "kind", "op", "device", "torch", "triton",
 
 
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
-    """(key_hash, reason) of done entries whose timings fail validation, page by page."""
+    """(key_hash, reason) of done entries whose key or timings fail validation, page by
+    page (the reasons `export` and `merge` skip them for)."""
     after = ""
     while True:
         page = db.run(lambda c: c.execute(admin.select_done_timings_page(after, PAGE)).all())
@@ -305,9 +386,12 @@ def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
             return
         for row in page:
             try:
-                validate_timings(row.timings_json, row.key_hash)
+                _stored_key(row.key_json)
+                _timings(row.timings_json, row.key_hash)
             except InvalidEntryError as e:
                 yield row.key_hash, e.reason
+            except ValueError as e:
+                yield row.key_hash, str(e)
         after = page[-1].key_hash
 
 
@@ -345,6 +429,8 @@ def prune(
             "at least one of --older-than, --keep-*/--torch/--triton/--device/--op, "
             "--failed, --expired-claims, --invalid",
         )
+    if not dry_run:
+        _refuse_readonly(db, "prune")
     started = time.perf_counter()
     condition = admin.prune_condition(
         older_than=spec.older_than, env=spec.env if spec.env else None,
@@ -378,7 +464,7 @@ def prune(
             locked = time.perf_counter()  # the write lock is ours from here (SQLite)
             with admin.sqlite_prune_pragmas(conn) if db.is_sqlite else nullcontext():
                 select_batch = admin.select_prune_batch(condition, size, walk)
-                ends = conn.execute(select_batch, {"p_after": after}).scalars().all()
+                ends = conn.execute(select_batch, {"p_after": after, "p_top": top}).scalars().all()
                 if not ends:
                     return None, 0, 0, locked
                 result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
@@ -558,8 +644,8 @@ def export(
             break
         for row in page:
             try:
-                timings = validate_timings(row.timings_json, row.key_hash)
-                key = json.loads(row.key_json)
+                timings = _timings(row.timings_json, row.key_hash)
+                key = _stored_key(row.key_json)
             except (InvalidEntryError, ValueError) as e:
                 # A bad row is left behind (and reported), never shipped to other clusters.
                 skipped.append({"key_hash": row.key_hash,
@@ -614,13 +700,15 @@ def _validated(where: str, record: Any) -> _Incoming:
         h, key_json = key_hash(key)
     except (TypeError, ValueError) as e:
         raise ValueError(f"bad key: {e}") from None
+    except RecursionError:
+        raise ValueError(f"bad key: {_TOO_DEEP}") from None
     supplied = record.get("key_hash")
     if supplied is not None and supplied != h:
         raise ValueError(f'"key_hash" does not match the key (the key hashes to {h[:16]})')
     if "timings" not in record:
         raise ValueError('"timings" is missing')
     try:
-        timings = validate_timings(record["timings"], h)
+        timings = _timings(record["timings"], h)
     except InvalidEntryError as e:
         raise ValueError(e.reason) from None
     tune_seconds = record.get("tune_seconds")
@@ -649,7 +737,7 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
         number += 1
         if raw.strip():
             try:
-                header = json.loads(raw)
+                header = _loads(raw)
             except ValueError:
                 header = None
             break
@@ -667,9 +755,12 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
             yield f"line {number}", ValueError("line too long")
             continue
         try:
-            yield f"line {number}", json.loads(raw)
+            record = _loads(raw)
+        except json.JSONDecodeError as e:
+            record = ValueError(f"not JSON ({e.msg} at column {e.colno})")
         except ValueError as e:
-            yield f"line {number}", ValueError(f"not JSON ({e.msg} at column {e.colno})")
+            record = ValueError(f"not JSON ({e})")
+        yield f"line {number}", record
 
 
 def _fastest(timings: Mapping[str, float]) -> float:
@@ -697,6 +788,8 @@ def import_records(
     """
     if on_conflict not in CONFLICT_POLICIES:
         raise ConfigError("--on-conflict", on_conflict, " or ".join(CONFLICT_POLICIES))
+    if not dry_run:
+        _refuse_readonly(db, "import")
     progress = progress or _noop
     owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
     insert_done = admin.insert_done(db.dialect, owner)
@@ -728,7 +821,7 @@ def import_records(
                         continue
                     if on_conflict == "faster":
                         try:
-                            old = _fastest(validate_timings(row.timings_json, row.key_hash))
+                            old = _fastest(_timings(row.timings_json, row.key_hash))
                         except InvalidEntryError:
                             old = math.inf  # an invalid stored entry loses to any result
                         if not _fastest(inc.timings) < old:
@@ -792,11 +885,14 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
         for row in page:
             where = f"entry {row.key_hash[:16]}"
             try:
-                record = {"key": json.loads(row.key_json), "key_hash": row.key_hash,
-                          "timings": json.loads(row.timings_json or "null"),
+                record = {"key": _stored_key(row.key_json), "key_hash": row.key_hash,
+                          "timings": _timings(row.timings_json, row.key_hash),
                           "tune_seconds": row.tune_seconds}
+            except InvalidEntryError as e:
+                yield where, ValueError(e.reason)
+                continue
             except ValueError as e:
-                yield where, ValueError(f"not JSON ({e})")
+                yield where, e
                 continue
             yield where, record
         after = page[-1].key_hash
@@ -814,6 +910,8 @@ def merge(
     """Import every done entry of ``src`` into ``into`` (validated like an import file)."""
     if src.url == into.url:
         raise ConfigError("SRC_DB", src.display_url, "a database other than the target")
+    if not dry_run:
+        _refuse_readonly(into, "merge")
     if on_total:
         on_total(int(src.run(lambda c: c.execute(admin.count_done(None)).scalar_one())))
     report = import_records(into, _source_records(src), on_conflict=on_conflict,
@@ -847,21 +945,22 @@ def show(db: Database, prefix: str) -> dict[str, Any]:
         raise EntryNotFoundError(prefix, "more than one entry's key hash starts with it; "
                                  "give more digits")
     r = rows[0]
+    key_error = None
     try:
-        key: Any = json.loads(r.key_json)
-    except ValueError:
-        key = r.key_json
+        key: Any = _stored_key(r.key_json)
+    except ValueError as e:
+        key, key_error = None, str(e)
     timings: list[dict[str, Any]] = []
     timings_error = None
     if r.timings_json is not None:
         try:
-            parsed = validate_timings(r.timings_json, r.key_hash)
+            parsed = _timings(r.timings_json, r.key_hash)
             timings = [{"candidate": k, "ms": None if v == math.inf else v}
                        for k, v in sorted(parsed.items(), key=lambda kv: (kv[1], kv[0]))]
         except InvalidEntryError as e:
             timings_error = e.reason
     return {
-        "key_hash": r.key_hash, "key": key, "state": r.state, "kind": r.kind, "op": r.op,
+        "key_hash": r.key_hash, "key": key, "key_error": key_error, "state": r.state, "kind": r.kind, "op": r.op,
         "device": r.device, "torch": r.torch_version, "triton": r.triton_version,
         "timings": timings, "timings_error": timings_error, "best": r.best,
         "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
@@ -874,6 +973,8 @@ def show(db: Database, prefix: str) -> dict[str, Any]:
 def upgrade(settings: Settings) -> dict[str, Any]:
     """Run the migrations now (`tunecache upgrade`)."""
     db = Database(settings.db_url, settings.lock_timeout)
+    if settings.mode == "readonly":
+        raise ReadonlyModeError(db.display_url, "upgrade")
     try:
         before = db.run(current_revision)
         ensure_schema(db, may_migrate=True)

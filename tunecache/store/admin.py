@@ -285,14 +285,18 @@ def prune_walk_column(dialect: str) -> ColumnElement[Any]:
 
 def select_prune_batch(condition: ColumnElement[bool], batch: int,
                        walk: ColumnElement[Any]) -> Select[Any]:
-    """Where the next batch of at most ``batch`` rows to delete after ``p_after`` ends.
+    """Where the next batch of at most ``batch`` rows to delete in (``p_after``, ``p_top``]
+    ends.
 
     Walking an order (keyset) matters: a plain ``LIMIT`` subquery would rescan every kept
-    row in front of the first match on each batch, quadratic in the table size.
+    row in front of the first match on each batch, quadratic in the table size. The walk
+    stops at ``p_top``, the end read when the prune started: on SQLite new rows get the
+    next rowids, and a prune that walked on (``--older-than 0s`` matches them too) chased
+    running jobs' inserts until they stopped (16-19 s on 300 keys with 8 writers).
     """
     return (
         select(walk)
-        .where(condition, walk > bindparam("p_after"))
+        .where(condition, walk > bindparam("p_after"), walk <= bindparam("p_top"))
         .order_by(walk)
         .limit(batch)
     )
@@ -342,8 +346,9 @@ def sqlite_prune_pragmas(conn: Connection) -> Iterator[None]:
 
 
 def select_done_timings_page(after: str, limit: int) -> Select[Any]:
+    """A page of done entries' key and timings columns, for prune --invalid."""
     return (
-        select(entries.c.key_hash, entries.c.timings_json)
+        select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json)
         .where(entries.c.state == "done", entries.c.key_hash > after)
         .order_by(entries.c.key_hash)
         .limit(limit)
