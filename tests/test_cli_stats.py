@@ -161,3 +161,19 @@ def test_ls_and_prune_select_by_kind(db_url):
     assert dry["would_delete"] == 3
     assert run_json("prune", "--db", db_url, "--kind", "triton_config")["deleted"] == 3
     assert sorted(r["kind"] for r in run_json("ls", "--db", db_url)) == ["gemm", "gemm"]
+
+
+def test_stats_says_what_each_hit_count_counts(db_url):
+    """The entries' counters lose a pruned entry's hits, the processes' reports keep them:
+    both are shown, each saying what it counts (it read "hits 6 on entries" beside
+    "usage 2 flushes: 8 hits", with nothing to tell why they differ)."""
+    populate(db_url, [gemm_key("mm", i) for i in range(3)], hits=2)
+    populate(db_url, [gemm_key("bmm", 0, torch="2.12.0")], hits=2)
+    assert run_json("prune", "--db", db_url, "--torch", "2.12.0")["deleted"] == 1
+    data = run_json("stats", "--db", db_url)
+    assert (data["hits"], data["usage"]["hits"], data["usage"]["reports"]) == (6, 8, 2)
+    lines = run("stats", "--db", db_url).stdout.splitlines()
+    assert lines[2].startswith("hits      6 results served by the stored entries (cache hits "
+                               "and peers' results); tuning stored ")
+    assert lines[3].startswith("processes 2 reported: 8 cache hits, 0 peers' results, 4 tuned, "
+                               "0 tuned without the database; saved ")

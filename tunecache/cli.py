@@ -249,12 +249,17 @@ def stats(out: Out) -> None:
         states = data["entries"]["by_state"]
         click.echo(f"entries   {data['entries']['total']} (done {states['done']}, "
                    f"claimed {states['claimed']}, failed {states['failed']})")
-        click.echo(f"hits      {data['hits']} on entries; tuning stored {_dur(data['tune_seconds'])}; "
-                   f"saved by hits {_dur(data['seconds_saved'])}")
+        # Two counts that differ on purpose: the entries' counters add up the results
+        # each stored entry served (cache hits and waits for a peer's result), and go
+        # when the entry is pruned; the processes' reports split hits from peers' results
+        # and keep counting pruned entries.
+        click.echo(f"hits      {data['hits']} results served by the stored entries (cache hits "
+                   f"and peers' results); tuning stored {_dur(data['tune_seconds'])}, "
+                   f"saved {_dur(data['seconds_saved'])}")
         u = data["usage"]
-        click.echo(f"usage     {u['flushes']} flushes: {u['hits']} hits, {u['tuned']} tuned, "
-                   f"{u['peer']} from peers, {u['local']} local; saved {_dur(u['seconds_saved'])}, "
-                   f"tuning {_dur(u['seconds_tuning'])}")
+        click.echo(f"processes {u['reports']} reported: {u['hits']} cache hits, {u['peer']} "
+                   f"peers' results, {u['tuned']} tuned, {u['local']} tuned without the "
+                   f"database; saved {_dur(u['seconds_saved'])}, tuning {_dur(u['seconds_tuning'])}")
         claims = data["claims"]
         click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
         click.echo(f"failed    {data['failed']['count']} keys")

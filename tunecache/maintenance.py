@@ -309,7 +309,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
         "tune_seconds": tune_seconds,
         "seconds_saved": saved,
         "usage": {
-            "flushes": int(usage.flushes),
+            "reports": int(usage.reports),
             "hits": int(usage.hits),
             "tuned": int(usage.tuned),
             "peer": int(usage.peer),

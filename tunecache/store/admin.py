@@ -93,7 +93,7 @@ STATS_GROUPS = select(
 ).group_by(*_STATS_GROUP)
 
 USAGE_TOTALS = select(
-    func.count().label("flushes"),
+    func.count().label("reports"),
     func.coalesce(func.sum(usage.c.hits), 0).label("hits"),
     func.coalesce(func.sum(usage.c.tuned), 0).label("tuned"),
     func.coalesce(func.sum(usage.c.peer), 0).label("peer"),
