@@ -114,3 +114,22 @@ def test_filesystem_of_reads_mounts(tmp_path):
 def test_real_lock_probe(tmp_path):
     works, message = doctor._lock_works(str(tmp_path / "probe"))
     assert works is True, message
+
+
+def test_doctor_does_not_ask_for_group_permissions_on_the_default_database(tmp_path,
+                                                                            monkeypatch):
+    """The embedded default ($XDG_CACHE_HOME/tunecache/tunecache.db) is one user's cache in
+    a private directory: no group-sharing warning there; a shared path still gets one."""
+    monkeypatch.delenv("TUNECACHE_DB", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert run("upgrade").exit_code == 0
+    os.chmod(tmp_path / "cache" / "tunecache", 0o700)
+    code, checks, _ = _checks()
+    assert code == 0
+    assert checks["permissions"]["status"] == "ok"
+    assert checks["permissions"]["message"].startswith("this user's default database")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    assert run("upgrade", "--db", str(shared / "tune.db")).exit_code == 0
+    _, checks, _ = _checks("--db", str(shared / "tune.db"))
+    assert checks["permissions"]["status"] == "warn"

@@ -177,3 +177,28 @@ def test_stats_says_what_each_hit_count_counts(db_url):
                                "and peers' results); tuning stored ")
     assert lines[3].startswith("processes 2 reported: 8 cache hits, 0 peers' results, 4 tuned, "
                                "0 tuned without the database; saved ")
+
+
+def test_ls_marks_a_cut_winner_with_an_ellipsis_and_survives_garbage_columns(sqlite_url):
+    import tunecache
+    from sqlalchemy import create_engine
+
+    from tunecache.settings import resolve_db_url
+
+    long_name = "triton_mm_" + "x" * 60
+    with tunecache.open(sqlite_url) as cache:
+        cache.get_or_tune(gemm_key("mm", 0), lambda: {long_name: 0.5, "aten": 1.0})
+        odd = cache.get_or_tune(gemm_key("mm", 1), lambda: {"aten": 1.0})  # garbled below
+    # SQLite keeps whatever a writer puts in a column: text where a number belongs.
+    engine = create_engine(resolve_db_url(sqlite_url))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE tunecache_entries SET tune_seconds = 'slow', "
+                             "last_used_at = 'x' WHERE key_hash = ?", (odd.key_hash,))
+    engine.dispose()
+    result = run("ls", "--db", sqlite_url)
+    assert result.exit_code == 0
+    assert f" {long_name[:39]}\u2026 " in result.stdout
+    assert long_name[:40] not in result.stdout
+    [odd_line] = [line for line in result.stdout.splitlines()
+                  if line.startswith(odd.key_hash[:12])]
+    assert odd_line.split()[5:7] == ["aten", "?"]

@@ -167,3 +167,42 @@ def test_merge(db_url, tmp_path):
     assert same.exit_code == 2 and "a database other than the target" in same.stderr
     missing = run("merge", str(tmp_path / "nope.db"), "--into", db_url)
     assert missing.exit_code == 2 and "no such database file" in missing.stderr
+
+
+def test_import_and_merge_create_a_database_file_but_never_its_directory(sqlite_url,
+                                                                          tmp_path):
+    """A mistyped directory is an error, as `stats` reports it, not a new tree of
+    directories that quietly receives the import."""
+    populate(sqlite_url, [gemm_key("mm", 0)])
+    path = tmp_path / "x.jsonl"
+    assert run("export", "--db", sqlite_url, "-o", str(path)).exit_code == 0
+    missing = tmp_path / "typo" / "tune.db"
+    for command in (["import", str(path), "--db", str(missing)],
+                    ["merge", sqlite_url, "--into", str(missing)]):
+        result = run(*command)
+        assert result.exit_code == 1, command
+        assert result.stderr == (f"Error: tunecache database sqlite:///{missing}: directory "
+                                 f"{missing.parent} does not exist; check --db, or create it "
+                                 "first (`tunecache doctor` checks the setup)\n")
+    assert not missing.parent.exists()
+    assert run("stats", "--db", str(missing)).exit_code == 1
+    fresh = tmp_path / "fresh.db"  # in a directory that exists: created
+    assert run_json("import", str(path), "--db", str(fresh))["inserted"] == 1
+
+
+def test_best_only_export_keeps_every_candidate_so_consumers_get_a_full_hit(sqlite_url,
+                                                                             tmp_path):
+    """--best-only writes the losers' timings as null on purpose. Dropping them would look
+    smaller, but a candidate missing from a stored entry is benchmarked as new
+    (tunecache.inductor: "a stored entry tunes only the missing ones, under the derived
+    key extra_candidates"), so a consumer of such a file would re-tune every loser of
+    every GEMM. With nulls it reads a full hit and picks the same winner."""
+    populate(sqlite_url, [gemm_key("mm", i) for i in range(3)])
+    out = tmp_path / "best.jsonl"
+    assert run("export", "--db", sqlite_url, "--best-only", "-o", str(out)).exit_code == 0
+    target = tmp_path / "consumer.db"
+    assert run_json("import", str(out), "--db", str(target))["inserted"] == 3
+    with tunecache.open(str(target), mode="readonly") as consumer:
+        hit = consumer.lookup(gemm_key("mm", 2))
+    assert hit is not None and hit.best == "aten"
+    assert hit.timings == {"aten": 1.5, "triton": float("inf")}

@@ -162,10 +162,26 @@ def _progress(label: str, show: bool = True) -> Iterator[tuple[Callable[[int], N
 # -- formatting ------------------------------------------------------------------------
 
 
-def _dur(seconds: float | None) -> str:
+def _clip(value: Any, width: int) -> str:
+    """``value`` as text in at most ``width`` characters, an ellipsis marking a cut."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def _number(value: Any) -> float | None:
+    """A column read from shared storage as a finite number, or None: SQLite keeps
+    whatever a writer put in a column, whatever its declared type."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _dur(seconds: Any) -> str:
     if seconds is None:
         return "-"
-    s = float(seconds)
+    s = _number(seconds)
+    if s is None:
+        return "?"
     if s < 60:
         return f"{s:.1f}s"
     if s < 3600:
@@ -186,11 +202,15 @@ def _bytes(n: int | None) -> str:
     return f"{size:.1f} TiB"
 
 
-def _when(ts: float | None) -> str:
+def _when(ts: Any) -> str:
     if ts is None:
         return "-"
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S UTC")
+    seconds = _number(ts)
+    try:
+        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):  # None, or out of range
+        return "?"
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> None:
@@ -606,7 +626,7 @@ def ls_(out: Out, op: tuple[str, ...], kind: tuple[str, ...], state: tuple[str, 
     def human() -> None:
         _table(("key", "state", "op", "device", "torch", "best", "tune", "hits", "updated"),
                [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
-                 (r["best"] or "")[:40], _dur(r["tune_seconds"]), r["hits"],
+                 _clip(r["best"], 40), _dur(r["tune_seconds"]), r["hits"],
                  _when(r["updated_at"])) for r in rows], indent="")
 
     out.emit(rows, human)

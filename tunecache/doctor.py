@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from .errors import SchemaTooNewError, TuneCacheError
-from .settings import Settings
+from .settings import Settings, default_db_path
 from .store import Database
 from .store.migrate import known_revisions, current_revision, head_revision
 
@@ -311,6 +311,13 @@ class _Doctor:
         if exists and not os.access(path, os.R_OK | os.W_OK):
             self.add("permissions", "fail", f"this user cannot read and write {path}",
                      f"chmod g+rw {path} and add this user to its group")
+            return
+        if os.path.realpath(path) == os.path.realpath(default_db_path()):
+            # The embedded default lives in this user's own cache directory: a cache of
+            # one user, whose directory is private on purpose. Group modes are for a
+            # shared TUNECACHE_DB.
+            self.add("permissions", "ok", "this user's default database (group sharing not "
+                     "checked: set TUNECACHE_DB to a shared path to share a cache)")
             return
         # Other users of the cluster's group write the same file and create the journal.
         if not dst.st_mode & stat.S_IWGRP:
