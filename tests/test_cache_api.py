@@ -102,14 +102,41 @@ def test_keys_that_are_not_json_are_refused_with_a_clear_error(db_url):
             cache.get_or_tune(["not", "a", "mapping"], lambda: {"a": 1.0})  # type: ignore[arg-type]
 
 
+def _claim_with_a_clock_an_hour_ahead(url: str) -> None:
+    """Leave a claim on {"i": 1}, taken by a process whose clock (time.time) is an hour
+    ahead of the database server's (and of this host's)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, time\n"
+        "real = time.time\n"
+        "time.time = lambda: real() + 3600.0\n"
+        "import tunecache\n"
+        "claim = tunecache.open(sys.argv[1]).claim({'i': 1}, lease_seconds=60)\n"
+        "assert type(claim).__name__ == 'Claim', claim\n"
+        "os._exit(0)  # no close: the claim stays as written\n"
+    )
+    subprocess.run([sys.executable, "-c", script, url], check=True, timeout=120)
+
+
 def test_postgresql_time_comes_from_the_database(pg_url):
-    with tunecache.open(pg_url) as cache:
-        cache.get_or_tune({"i": 1}, lambda: {"a": 1.0})
-        db = cache.store.db
-        created, server_now = db.run(lambda c: c.execute(text(
-            "SELECT created_at, extract(epoch from clock_timestamp()) FROM tunecache_entries"
-        )).one())
-    assert 0 <= float(server_now) - created < 60
+    """Stamps and leases come from the server's clock, whatever the client's says. Stamps
+    taken from the client's time.time() fail this by an hour; comparing created_at with
+    the server's clock alone, as this test did, could not fail: the test server shares
+    this host's clock."""
+    from tunecache.settings import resolve_db_url
+
+    _claim_with_a_clock_an_hour_ahead(pg_url)
+    db = Database(resolve_db_url(pg_url))
+    row = db.run(lambda c: c.execute(text(
+        "SELECT created_at, updated_at, lease_expires_at, "
+        "extract(epoch from clock_timestamp()) AS now FROM tunecache_entries"
+    )).one())
+    db.dispose()
+    now = float(row.now)
+    assert 0 <= now - row.created_at < 60 and 0 <= now - row.updated_at < 60
+    assert 0 < row.lease_expires_at - now <= 60
 
 
 def test_a_key_whose_candidates_all_failed_is_a_result_not_an_error(db_url):
