@@ -11,6 +11,17 @@ SQLite notes (https://www.sqlite.org/lockingv3.html, https://www.sqlite.org/wal.
   Transactional DDL" in the pysqlite dialect docs).
 - synchronous=FULL: a host that loses power must not leave a torn entry behind.
 
+PostgreSQL notes (https://www.postgresql.org/docs/15/runtime-config-client.html):
+- Every session bounds its waits by the lock timeout: ``lock_timeout``, a ``statement_timeout``
+  above it (a stalled server), and ``idle_in_transaction_session_timeout`` at half of it, so
+  that the server itself ends the transaction of a client frozen mid-claim (SIGSTOP, a
+  debugger) before the peers queued on its row lock give up (issue 13, item 5). They are set
+  on connect, not as startup ``options``, which PgBouncer refuses.
+- No connection pool: a connection is opened per transaction and closed at its end. Ranks
+  and compile workers that each kept one for their life exhausted ``max_connections`` at
+  cluster scale; a refused connection ("too many clients", a CONNECTION LIMIT) is waited
+  out like a lock, within the lock timeout (issue 13, item 13).
+
 Engines do not survive fork(): the pool's sockets and file handles would be shared with the
 parent. :class:`Database` notices a new pid and builds a fresh engine in the child.
 """
@@ -28,10 +39,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from ..errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
-__all__ = ["Database"]
+__all__ = ["Database", "PG_ROOM_TO_LISTEN"]
 
 logger = logging.getLogger("tunecache")
 
@@ -42,6 +54,29 @@ _SQLITE_RETRY = ("database is locked", "database table is locked", "database sch
 _SQLITE_BUSY_SECONDS = 0.05
 _MAX_RETRY_DELAY = 0.02
 _PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock_not_available
+# A connection refused for want of a slot (SQLSTATE 53300): max_connections, the slots
+# reserved for superusers, or a database's or role's CONNECTION LIMIT. psycopg reports a
+# failed connect without a SQLSTATE, so the server's messages are matched too
+# (src/backend/postmaster/postmaster.c, src/backend/utils/init/postinit.c).
+_PG_FULL_MESSAGES = ("too many clients", "too many connections", "connection slots are reserved")
+# Every refused connect costs the server a fork: retry those less eagerly than lock waits.
+_MAX_CONNECT_RETRY_DELAY = 0.5
+# Whether the server has connection slots to spare for a waiter's LISTEN connection: under
+# half of each limit in use (max_connections less its reserved slots, the database's and
+# the role's CONNECTION LIMIT). Waiters that each held one left none for the processes
+# whose results they waited for.
+PG_ROOM_TO_LISTEN = """
+SELECT 2 * (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+         <= current_setting('max_connections')::int
+            - current_setting('superuser_reserved_connections')::int
+            - coalesce(current_setting('reserved_connections', true), '0')::int
+   AND (d.datconnlimit < 0
+        OR 2 * (SELECT count(*) FROM pg_stat_activity WHERE datid = d.oid) <= d.datconnlimit)
+   AND (r.rolconnlimit < 0
+        OR 2 * (SELECT count(*) FROM pg_stat_activity WHERE usesysid = r.oid) <= r.rolconnlimit)
+FROM pg_database d, pg_roles r
+WHERE d.datname = current_database() AND r.rolname = current_user
+"""
 
 
 def _redacted(url: str) -> str:
@@ -111,16 +146,37 @@ class Database:
             event.listen(engine, "connect", _sqlite_on_connect)
             event.listen(engine, "begin", _sqlite_on_begin)
             return engine
-        return create_engine(
+        engine = create_engine(
             self.url,
-            pool_size=2,
-            max_overflow=4,
+            poolclass=NullPool,
             connect_args={
                 "connect_timeout": max(1, int(min(self.lock_timeout, 10))),
                 "application_name": "tunecache",
-                **({"options": "-c default_transaction_read_only=on"} if self.readonly else {}),
             },
         )
+        event.listen(engine, "connect", self._pg_on_connect)
+        return engine
+
+    def _pg_on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        # One round trip. Session settings outlive only a committed transaction, so this
+        # runs in autocommit (SQLAlchemy's "Setting a Default Schema for New Connections"
+        # recipe). PostgreSQL reads 0 ms as "no timeout": hence at least 1.
+        ms = max(1, round(self.lock_timeout * 1000))
+        settings = {
+            "lock_timeout": ms,
+            "statement_timeout": 2 * ms,  # above lock_timeout, or lock_timeout never fires
+            "idle_in_transaction_session_timeout": max(1, ms // 2),
+        }
+        sql = "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings)
+        params = [v for name, value in settings.items() for v in (name, str(value))]
+        if self.readonly:
+            sql += ", set_config('default_transaction_read_only', 'on', false)"
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        try:
+            dbapi_connection.execute(sql, params)
+        finally:
+            dbapi_connection.autocommit = autocommit
 
     def dispose(self) -> None:
         if self._engine is not None and self._pid == os.getpid():
@@ -160,20 +216,26 @@ class Database:
                         return work(conn)
             except exc.DBAPIError as e:
                 # No pre-ping (a round trip per checkout): a connection the server dropped
-                # is noticed on use, and the whole transaction is simply run again.
+                # (restarted, or ended an idle transaction) is noticed on use, and the
+                # whole transaction is simply run again.
                 if e.connection_invalidated and not reconnected:
                     reconnected = True
                     continue
-                if not self._retryable(e):
+                full = self._server_full(e)
+                if not full and not self._retryable(e):
                     raise self._translate(e) from e
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise StoreTimeoutError(
                         self.display_url,
+                        f"no free connection slot after {self.lock_timeout:g}s (raise the "
+                        "server's limits or TUNECACHE_LOCK_TIMEOUT; see the README)"
+                        if full else
                         f"still locked after {self.lock_timeout:g}s "
                         "(raise TUNECACHE_LOCK_TIMEOUT, or look for a stuck process)",
                     ) from e
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, _MAX_RETRY_DELAY)
+                time.sleep(min(left, delay * (0.5 + random.random())))
+                delay = min(delay * 2, _MAX_CONNECT_RETRY_DELAY if full else _MAX_RETRY_DELAY)
             except exc.SQLAlchemyError as e:
                 raise StoreError(self.display_url, f"{type(e).__name__}: {e}") from e
 
@@ -183,6 +245,13 @@ class Database:
                 s in str(e.orig) for s in _SQLITE_RETRY
             )
         return getattr(e.orig, "sqlstate", None) in _PG_RETRY_SQLSTATES
+
+    def _server_full(self, e: exc.DBAPIError) -> bool:
+        if self.is_sqlite:
+            return False
+        return getattr(e.orig, "sqlstate", None) == "53300" or any(
+            m in str(e.orig) for m in _PG_FULL_MESSAGES
+        )
 
     def _translate(self, e: exc.DBAPIError) -> StoreError:
         first_line = str(e.orig).strip().splitlines()[0] if str(e.orig).strip() else repr(e.orig)

@@ -1,0 +1,203 @@
+"""PostgreSQL's limits: a lock held by a frozen or foreign session, and a server with fewer
+connection slots than processes (issue 13, items 5 and 13). Real processes, the real server."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from queue import Empty
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+import tunecache
+from conftest import PG_ADMIN_URL
+
+ctx = mp.get_context("fork")
+
+KEY = {"kind": "test", "op": "mm", "i": 0}
+
+
+def _timings(key: dict[str, Any]) -> dict[str, float]:
+    return {"aten": 1.0 + int(key["i"]) % 3 * 0.1, "triton": 1.15}
+
+
+def _admin() -> psycopg.Connection:
+    return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+
+
+def _report(queue: Any, result: tunecache.Result, started: float) -> None:
+    queue.put({"pid": os.getpid(), "source": result.source, "timings": result.timings,
+               "seconds": time.monotonic() - started})
+
+
+def _freeze_inside_claim(url: str, lock_timeout: float, frozen: Path, queue: Any) -> None:
+    """Claim KEY and stop this process (SIGSTOP) inside the claim's transaction, right after
+    the INSERT that claims it, before the COMMIT; the test resumes it later."""
+    cache = tunecache.open(url, lock_timeout=lock_timeout)
+
+    def stop_after_claim_insert(_conn, _cursor, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO TUNECACHE_ENTRIES"):
+            frozen.write_text(str(os.getpid()))  # not the queue: its feeder thread stops too
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    event.listen(cache.store.db.engine, "after_cursor_execute", stop_after_claim_insert)
+    started = time.monotonic()
+    _report(queue, cache.get_or_tune(KEY, lambda: {"frozen_owner": 0.5}), started)
+    cache.close()
+
+
+def _get(url: str, lock_timeout: float, queue: Any) -> None:
+    cache = tunecache.open(url, lock_timeout=lock_timeout)
+    started = time.monotonic()
+    _report(queue, cache.get_or_tune(KEY, lambda: _timings(KEY)), started)
+    cache.close()
+
+
+def _next(queue: Any, timeout: float) -> dict[str, Any] | None:
+    try:
+        return queue.get(timeout=timeout)
+    except Empty:
+        return None
+
+
+def test_peer_of_a_process_frozen_inside_its_claim_transaction_is_not_blocked(pg_url, tmp_path):
+    # Before: the peer's claim waited on the frozen transaction's row lock until the owner
+    # was resumed, whatever TUNECACHE_LOCK_TIMEOUT said. Now the server ends the frozen
+    # session (idle in transaction past half the lock timeout), the peer claims the key,
+    # and the owner, once resumed, takes the peer's result instead of tuning its own.
+    lock_timeout = 6.0
+    tunecache.open(pg_url).lookup(KEY)  # migrate before the race
+    queue = ctx.Queue()
+    frozen = tmp_path / "frozen"
+    owner = ctx.Process(target=_freeze_inside_claim, args=(pg_url, lock_timeout, frozen, queue))
+    owner.start()
+    peer = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (frozen.exists() and frozen.read_text() == str(owner.pid)):
+            assert time.monotonic() < deadline, "the owner never reached its claim"
+            time.sleep(0.02)
+        peer = ctx.Process(target=_get, args=(pg_url, lock_timeout, queue))
+        peer.start()
+        # Generous: a claim may wait lock_timeout for a lock, then fall back; far below
+        # "forever", which is what the peer waited before.
+        got = _next(queue, 10 * lock_timeout + 30)
+        assert got is not None, "the peer stayed blocked behind the frozen owner"
+        assert got["pid"] == peer.pid
+        assert got["source"] == "tuned" and got["timings"] == _timings(KEY)
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    resumed = _next(queue, 60)
+    assert resumed is not None and resumed["pid"] == owner.pid
+    assert resumed["source"] == "hit" and resumed["timings"] == _timings(KEY)
+    for p in (owner, peer):
+        p.join(timeout=30)
+        assert p.exitcode == 0
+
+
+def test_claim_behind_a_foreign_lock_falls_back_after_the_lock_timeout(pg_url, caplog):
+    # A session that is not tunecache's (an operator's psql, say) holds the table in an
+    # open transaction: no timeout of ours can end it, so the claim gives up after
+    # TUNECACHE_LOCK_TIMEOUT, warns once, and tunes locally.
+    lock_timeout = 2.0
+    cache = tunecache.open(pg_url, lock_timeout=lock_timeout)
+    cache.lookup(KEY)  # migrate, and check the schema, before the lock is taken
+    outcome: list[tunecache.Result] = []
+    with psycopg.connect(pg_url, connect_timeout=5) as holder:
+        holder.execute("LOCK TABLE tunecache_entries IN ACCESS EXCLUSIVE MODE")
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            worker = threading.Thread(
+                target=lambda: outcome.append(cache.get_or_tune(KEY, lambda: _timings(KEY))),
+                daemon=True,
+            )
+            worker.start()
+            worker.join(timeout=10 * lock_timeout + 30)
+            stuck = worker.is_alive()
+        holder.rollback()
+    worker.join(timeout=60)
+    assert not stuck, "the claim waited on the lock past TUNECACHE_LOCK_TIMEOUT"
+    assert outcome[0].source == "local" and outcome[0].timings == _timings(KEY)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tunecache"]
+    assert len(warnings) == 1 and "TUNECACHE_LOCK_TIMEOUT" in warnings[0], warnings
+    cache.close()
+
+
+@pytest.fixture
+def limited_pg_url(pg_url) -> Iterator[str]:
+    """pg_url owned by a new non-superuser role, at CONNECTION LIMIT 8 (superusers are
+    exempt from a database's limit), migrated beforehand."""
+    database = make_url(pg_url).database
+    role = f"tunecache_limited_{uuid.uuid4().hex[:8]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'ALTER DATABASE "{database}" OWNER TO "{role}"')
+    url = make_url(pg_url).set(username=role).render_as_string(hide_password=False)
+    cache = tunecache.open(url)
+    cache.lookup(KEY)
+    cache.close()
+    with _admin() as admin:
+        admin.execute(f'ALTER DATABASE "{database}" CONNECTION LIMIT 8')
+    try:
+        yield url
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def _share(url: str, n_keys: int, barrier: Any, queue: Any) -> None:
+    cache = tunecache.open(url, lease_seconds=10)
+    tuned: list[int] = []
+
+    def tune(key: dict[str, Any]) -> dict[str, float]:
+        tuned.append(key["i"])
+        time.sleep(0.05)
+        return _timings(key)
+
+    barrier.wait()
+    results = cache.get_or_tune_many([{**KEY, "i": i} for i in range(n_keys)], tune)
+    queue.put({"pid": os.getpid(), "tuned": tuned, "sources": [r.source for r in results],
+               "results": [(r.key_hash, sorted(r.timings.items())) for r in results]})
+    cache.close()
+
+
+@pytest.mark.slow
+def test_40_processes_on_8_connection_slots_tune_each_key_once_and_share_every_result(
+    limited_pg_url,
+):
+    # Before: each process held pooled connections for its life; those past the limit got
+    # "too many connections", tuned every key locally and kept their own winners.
+    n_procs, n_keys = 40, 20
+    barrier, queue = ctx.Barrier(n_procs), ctx.Queue()
+    workers = [ctx.Process(target=_share, args=(limited_pg_url, n_keys, barrier, queue))
+               for _ in range(n_procs)]
+    for w in workers:
+        w.start()
+    reports: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 300
+    while len(reports) < n_procs:
+        got = _next(queue, 1)
+        if got is not None:
+            reports.append(got)
+            continue
+        died = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+        assert not died, f"a worker died before reporting (exit codes {died})"
+        assert time.monotonic() < deadline, "the workers did not report in time"
+    for w in workers:
+        w.join(timeout=30)
+        assert w.exitcode == 0
+
+    assert sorted(i for r in reports for i in r["tuned"]) == list(range(n_keys))
+    assert all(set(r["sources"]) <= {"tuned", "peer", "hit"} for r in reports), \
+        [r["sources"] for r in reports if "local" in r["sources"]][:3]
+    assert all(r["results"] == reports[0]["results"] for r in reports)
