@@ -626,46 +626,54 @@ class _Heartbeat:
 
 
 class _Listener:
-    """A PostgreSQL connection LISTENing for published keys, to wake waiters early.
+    """LISTENs for published keys while a waiter sleeps, to wake it early.
 
-    Polling stays the source of truth: a notification only cuts a sleep short.
+    Polling stays the source of truth: a notification only cuts a sleep short. So the
+    connection is opened for one wait and closed at its end, and only while the server has
+    slots to spare: at cluster scale, waiters that each held one for their life left no
+    slot for the processes whose results they waited for (issue 13).
     """
 
-    def __init__(self, url: str) -> None:
-        self.pid = os.getpid()
-        self._conn: Any = None
-        try:
-            import psycopg
-            from sqlalchemy.engine import make_url
+    # Shorter sleeps are not worth a connection.
+    _MIN_SECONDS = 0.1
+    # After finding the server crowded, sleep without asking it again for this long.
+    _CROWDED_SECONDS = 5.0
 
-            conninfo = make_url(url).set(drivername="postgresql").render_as_string(
-                hide_password=False
-            )
-            self._conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
-            self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        except Exception as e:  # noqa: BLE001 - any failure here just means polling
-            logger.debug("tunecache: LISTEN unavailable, polling: %s", e)
-            self._conn = None
+    def __init__(self, url: str) -> None:
+        from sqlalchemy.engine import make_url
+
+        self.pid = os.getpid()
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self._quiet_until = 0.0
 
     def wait(self, timeout: float) -> bool:
-        if self._conn is None:
+        """Wait up to ``timeout`` for a notification; False: nothing waited, sleep instead."""
+        if timeout < self._MIN_SECONDS or time.monotonic() < self._quiet_until:
             return False
         try:
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                break
+            import psycopg
+
+            from .store.engine import PG_ROOM_TO_LISTEN
+
+            with psycopg.connect(self._conninfo, autocommit=True,
+                                 connect_timeout=max(2, math.ceil(timeout))) as conn:
+                room = conn.execute(PG_ROOM_TO_LISTEN).fetchone()
+                if not (room and room[0]):
+                    self._quiet_until = time.monotonic() + self._CROWDED_SECONDS
+                    return False
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                for _ in conn.notifies(timeout=timeout, stop_after=1):
+                    break
             return True
-        except Exception as e:  # noqa: BLE001 - fall back to polling
-            logger.debug("tunecache: LISTEN failed, polling: %s", e)
-            self.close()
+        except Exception as e:  # noqa: BLE001 - any failure here just means polling
+            logger.debug("tunecache: LISTEN unavailable, polling: %s", e)
+            self._quiet_until = time.monotonic() + self._CROWDED_SECONDS
             return False
 
     def close(self) -> None:
-        if self._conn is not None and self.pid == os.getpid():
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-        self._conn = None
+        """Nothing is held between waits."""
 
 
 _open_caches: "weakref.WeakSet[TuneCache]" = weakref.WeakSet()
