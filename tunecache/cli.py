@@ -206,9 +206,11 @@ def _when(ts: Any) -> str:
     if ts is None:
         return "-"
     seconds = _number(ts)
+    if seconds is None:
+        return "?"
     try:
-        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError, OSError):  # None, or out of range
+        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):  # out of the platform's range
         return "?"
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -279,7 +281,8 @@ def stats(out: Out) -> None:
         u = data["usage"]
         click.echo(f"processes {u['reports']} reported: {u['hits']} cache hits, {u['peer']} "
                    f"peers' results, {u['tuned']} tuned, {u['local']} tuned without the "
-                   f"database; saved {_dur(u['seconds_saved'])}, tuning {_dur(u['seconds_tuning'])}")
+                   f"database; saved {_dur(u['seconds_saved'])}, "
+                   f"tuning {_dur(u['seconds_tuning'])}")
         claims = data["claims"]
         click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
         click.echo(f"failed    {data['failed']['count']} keys")

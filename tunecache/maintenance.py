@@ -960,8 +960,9 @@ def show(db: Database, prefix: str) -> dict[str, Any]:
         except InvalidEntryError as e:
             timings_error = e.reason
     return {
-        "key_hash": r.key_hash, "key": key, "key_error": key_error, "state": r.state, "kind": r.kind, "op": r.op,
-        "device": r.device, "torch": r.torch_version, "triton": r.triton_version,
+        "key_hash": r.key_hash, "key": key, "key_error": key_error, "state": r.state,
+        "kind": r.kind, "op": r.op, "device": r.device, "torch": r.torch_version,
+        "triton": r.triton_version,
         "timings": timings, "timings_error": timings_error, "best": r.best,
         "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
         "attempts": r.attempts, "lease_expires_at": r.lease_expires_at, "error": r.error,
