@@ -40,3 +40,22 @@ def test_readme_and_prune_help_name_the_same_kinds():
     assert f"# kinds: {cli.KINDS}\n" in README.read_text()
     help_text = " ".join(run("prune", "--help").stdout.split())
     assert f"Only entries of these kinds: {cli.KINDS}" in help_text
+
+
+def test_stats_on_a_current_database_imports_no_alembic(tmp_path):
+    """Every command opens the database and compares its revision with the head; on a
+    database already at head that needs no Alembic (about 0.2 s of a command's start)."""
+    db = tmp_path / "tune.db"
+    assert run("upgrade", "--db", str(db)).exit_code == 0
+    script = (
+        "import sys, json\n"
+        "from tunecache.cli import cli\n"
+        "try:\n"
+        f"    cli(['stats', '--db', {str(db)!r}], prog_name='tunecache')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(json.dumps('alembic' in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert json.loads(done.stdout.splitlines()[-1]) is False

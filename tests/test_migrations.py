@@ -122,3 +122,9 @@ def test_0003_drops_the_last_used_index_and_downgrade_restores_it(db_url):
     assert db.run(current_revision) == head_revision()
     assert "ix_tunecache_entries_last_used_at" not in _indexes(db)
     db.dispose()
+
+
+def test_head_read_from_the_scripts_without_alembic_is_alembics_head():
+    from tunecache.store.migrate import _linear_head, _scripts
+
+    assert _linear_head() == _scripts().get_current_head()

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 
 from ..errors import SchemaOutOfDateError, SchemaTooNewError
 from .engine import Database
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 __all__ = ["ensure_schema", "current_revision", "head_revision", "known_revisions", "VERSION_TABLE"]
 
@@ -32,6 +34,9 @@ logger = logging.getLogger("tunecache")
 VERSION_TABLE = "tunecache_alembic_version"
 # Any constant will do; it only has to be the same in every tunecache.
 _PG_MIGRATION_LOCK = 0x74756E65
+# A script's own assignments, as Alembic's template writes them (migrations/script.py.mako).
+_ASSIGNMENT = re.compile(r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(?:[\"']([^\"']+)[\"']|None)",
+                         re.MULTILINE)
 
 
 def _script_location() -> str:
@@ -45,6 +50,8 @@ def _script_location() -> str:
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", _script_location())
     return cfg
@@ -52,11 +59,30 @@ def _config() -> Config:
 
 @lru_cache(maxsize=1)
 def _scripts() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config())
 
 
+@lru_cache(maxsize=1)
+def _linear_head() -> str | None:
+    """The head of a linear history, read from the scripts without importing Alembic.
+
+    Importing Alembic costs about as much as the rest of a CLI command's start (issue 13,
+    item 19), and every open only compares the database's revision with the head. Anything
+    but one unbranched chain returns None, and Alembic decides.
+    """
+    parents: dict[str, str | None] = {}
+    for script in Path(_script_location(), "versions").glob("*.py"):
+        found = dict((m[1], m[2] or None) for m in _ASSIGNMENT.finditer(script.read_text()))
+        if "revision" in found and found["revision"] is not None:
+            parents[found["revision"]] = found.get("down_revision")
+    heads = set(parents) - set(parents.values())
+    return heads.pop() if len(heads) == 1 else None
+
+
 def head_revision() -> str:
-    head = _scripts().get_current_head()
+    head = _linear_head() or _scripts().get_current_head()
     assert head is not None, "tunecache ships at least one migration"
     return head
 
@@ -66,9 +92,18 @@ def known_revisions() -> set[str]:
 
 
 def current_revision(conn: Connection) -> str | None:
-    return MigrationContext.configure(
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(rows) == 1:
+        return str(rows[0])
+    from alembic.runtime.migration import MigrationContext
+
+    # None, or several heads (a branched history): Alembic's own answer, or its error.
+    revision: Any = MigrationContext.configure(
         conn, opts={"version_table": VERSION_TABLE}
     ).get_current_revision()
+    return revision
 
 
 def _check(url: str, revision: str | None) -> bool:
@@ -99,6 +134,8 @@ def ensure_schema(db: Database, *, may_migrate: bool = True) -> bool:
             return False
         logger.info("tunecache: migrating %s from %s to %s", db.display_url, revision,
                     head_revision())
+        from alembic import command
+
         cfg = _config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
