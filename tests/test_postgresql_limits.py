@@ -156,7 +156,9 @@ def limited_pg_url(pg_url) -> Iterator[str]:
 
 
 def _share(url: str, n_keys: int, barrier: Any, queue: Any) -> None:
-    cache = tunecache.open(url, lease_seconds=10)
+    # The lock timeout bounds a wait for a connection slot too; on 2 loaded cores, 40
+    # processes have waited up to 8 s for one of 8 slots: 30 s leaves a wide margin.
+    cache = tunecache.open(url, lease_seconds=60, lock_timeout=30)
     tuned: list[int] = []
 
     def tune(key: dict[str, Any]) -> dict[str, float]:
