@@ -20,6 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 import tunecache
+from tunecache.store import Claim
 from conftest import PG_ADMIN_URL
 
 ctx = mp.get_context("fork")
@@ -130,6 +131,35 @@ def test_claim_behind_a_foreign_lock_falls_back_after_the_lock_timeout(pg_url, c
     warnings = [r.getMessage() for r in caplog.records if r.name == "tunecache"]
     assert len(warnings) == 1 and "TUNECACHE_LOCK_TIMEOUT" in warnings[0], warnings
     cache.close()
+
+
+def _connections(url: str) -> int:
+    """Sessions on the database of ``url``, not counting the one that asks."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        (n,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
+    return n
+
+
+def test_processes_hold_no_connection_between_calls_not_even_after_waiting(pg_url):
+    # Before: a pooled connection per process for its life, and a waiter's LISTEN
+    # connection from its first wait to the end of the process.
+    owner, waiter = tunecache.open(pg_url), tunecache.open(pg_url)
+    assert owner.lookup(KEY) is None
+    claim = owner.claim(KEY)
+    assert isinstance(claim, Claim)
+    got: list[tunecache.Result] = []
+    thread = threading.Thread(target=lambda: got.append(
+        waiter.get_or_tune(KEY, lambda: pytest.fail("the owner's claim is live"))))
+    thread.start()
+    time.sleep(1.0)  # let the waiter sleep on LISTEN (whether it did is not asserted)
+    assert owner.publish(claim, _timings(KEY)) is not None
+    thread.join(timeout=60)
+    assert got and got[0].source in ("peer", "hit") and got[0].timings == _timings(KEY)
+    assert _connections(pg_url) == 0
+    owner.close()
+    waiter.close()
 
 
 @pytest.fixture
