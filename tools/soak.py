@@ -200,9 +200,12 @@ class PrivatePostgres:
                 "-l", os.path.join(self.dir, "server.log"), "-w", "-t", "60", *args]
 
     def start(self) -> None:
-        subprocess.run([*self.as_user, f"{self.bin}/initdb", "-D", self.data, "-A", "trust",
-                        "-U", "postgres", "--no-sync"], check=True, capture_output=True)
-        subprocess.run(self._pg_ctl("start"), check=True, capture_output=True)
+        for argv in ([*self.as_user, f"{self.bin}/initdb", "-D", self.data, "-A", "trust",
+                      "-U", "postgres", "--no-sync"], self._pg_ctl("start")):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode:
+                why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+                raise SystemExit(f"soak: {' '.join(argv[:4])} ... failed: {why[0]}")
 
     def restart_command(self, mode: str) -> list[str]:
         return self._pg_ctl("-m", mode, "restart")
@@ -269,13 +272,15 @@ class OutageProbe(threading.Thread):
 
 
 def terminate_backends(url: str, rng: random.Random) -> int:
-    """pg_terminate_backend on about half the client connections of the soak's database."""
+    """pg_terminate_backend on about half of tunecache's connections to the soak's database
+    (whatever else uses that database is left alone)."""
     import psycopg
 
     with psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=2) as conn:
         pids = [row[0] for row in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+            "AND application_name LIKE 'tunecache%' "
             "AND application_name <> 'tunecache-soak-probe'")]
         chosen = rng.sample(pids, (len(pids) + 1) // 2)
         for pid in chosen:
@@ -597,7 +602,6 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
             restart_cmd = lambda mode: ["sh", "-c", pg_restart_cmd]  # noqa: E731
     else:
         server = PrivatePostgres()
-        server.start()
         url, restart_cmd = server.url, server.restart_command
     logdir = os.path.join(workdir, f"logs-{backend}")
     os.makedirs(logdir)
@@ -613,6 +617,8 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
     driver = Driver(opts, url, logdir, env, restart_cmd)
     probe = OutageProbe(url)
     try:
+        if server is not None:
+            server.start()
         tunecache.open(url).close()  # migrate before the crowd arrives
         probe.start()
         driver.run()
@@ -674,7 +680,9 @@ def main() -> int:
                         help="seconds between PostgreSQL restarts (default 30)")
     parser.add_argument("--seed", type=int, default=None, help="the chaos's random seed")
     parser.add_argument("--pg-url", default=None,
-                        help="an existing server's database instead of a private cluster")
+                        help="an existing server's database instead of a private cluster "
+                        "(one the soak may have to itself: it terminates tunecache's "
+                        "connections to it)")
     parser.add_argument("--pg-restart-cmd", default=None,
                         help="shell command that restarts the --pg-url server")
     parser.add_argument("--keep", action="store_true", help="keep the logs and SQLite file")
