@@ -1008,13 +1008,14 @@ def test_triton_sharing_is_off_unless_asked_for(tmp_path):
 
 
 def _coordesc_proc(tmp: Path, index: int, *, kernels: int, tune_seconds: float,
-                   barrier: bool) -> subprocess.Popen[str]:
+                   barrier: bool, lease: float = 2.0) -> subprocess.Popen[str]:
+    # The short default lease: a killed or stopped rank's claim expires soon.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{index}")
     return subprocess.Popen(
         [sys.executable, __file__, "coordesc", str(tmp / "tune.db"), str(tmp), str(index),
-         str(kernels), str(tune_seconds), "barrier" if barrier else "alone"],
+         str(kernels), str(tune_seconds), "barrier" if barrier else "alone", str(lease)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -1066,9 +1067,10 @@ def test_a_rank_stopped_past_its_lease_adopts_the_peers_result_when_it_resumes(t
 def test_two_processes_split_coordinate_descent_and_end_on_the_same_configs(tmp_path):
     # Two ranks run the same 8 kernels in the same order, step after step. Each rank's
     # fake coordinate descent finds a different config, so a kernel tuned by both, or
-    # not adopted, would show.
-    ranks = [_coordesc_proc(tmp_path, i, kernels=8, tune_seconds=0.3, barrier=True)
-             for i in (0, 1)]
+    # not adopted, would show. No claim may expire here: on a loaded machine a 2 s lease
+    # can pass between a rank's claim and its publish, and its peer would tune it too.
+    ranks = [_coordesc_proc(tmp_path, i, kernels=8, tune_seconds=0.3, barrier=True,
+                            lease=60.0) for i in (0, 1)]
     a, b = (_result(r) for r in ranks)
     assert sorted(a["tuned"] + b["tuned"]) == list(range(8))  # each kernel tuned once
     assert a["tuned"] and b["tuned"]  # and the work was split
@@ -1181,11 +1183,11 @@ def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
 
 
 def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: float,
-                   barrier: bool) -> None:
+                   barrier: bool, lease: float) -> None:
     """One rank of the real-process tests: ``kernels`` kernels run step after step until
     each runs a config found by coordinate descent, with a fake coordinate descent that takes ``tune_seconds`` and finds a rank-specific config
-    (so a kernel tuned twice, or not adopted, shows). It marks tmp/tuning-<index> when it
-    starts tuning."""
+    (so a kernel tuned twice, or not adopted, shows), under claims of ``lease`` seconds.
+    It marks tmp/tuning-<index> when it starts tuning."""
     tuned: list[int] = []
     benchmarked: list[int] = []
 
@@ -1211,7 +1213,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     th.CachingAutotuner.autotune_to_one_config = autotune_to_one_config
     th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
     ac.Config = TritonConfig
-    tc_inductor.TRITON_LEASE_SECONDS = 2.0  # a killed or stopped peer's claim expires soon
+    tc_inductor.TRITON_LEASE_SECONDS = lease
     cache = tunecache.open(db, triton_configs=True)
     tc_inductor.enable(cache)
     loaded = []
@@ -1257,6 +1259,7 @@ if __name__ == "__main__":
         _split_size_rank(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "coordesc":
         _coordesc_rank(sys.argv[2], sys.argv[3], int(sys.argv[4]), kernels=int(sys.argv[5]),
-                       tune_seconds=float(sys.argv[6]), barrier=sys.argv[7] == "barrier")
+                       tune_seconds=float(sys.argv[6]), barrier=sys.argv[7] == "barrier",
+                       lease=float(sys.argv[8]))
     else:
         _rank_main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
