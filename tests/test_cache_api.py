@@ -102,6 +102,16 @@ def test_keys_that_are_not_json_are_refused_with_a_clear_error(db_url):
             cache.get_or_tune(["not", "a", "mapping"], lambda: {"a": 1.0})  # type: ignore[arg-type]
 
 
+def test_key_nested_too_deeply_for_json_is_refused_with_a_clear_error(db_url):
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with tunecache.open(db_url) as cache:
+        with pytest.raises(ValueError, match="nested too deeply") as error:
+            cache.get_or_tune({"shape": deep}, lambda: {"a": 1.0})
+    assert "\n" not in str(error.value)
+
+
 def _claim_with_a_clock_an_hour_ahead(url: str) -> None:
     """Leave a claim on {"i": 1}, taken by a process whose clock (time.time) is an hour
     ahead of the database server's (and of this host's)."""

@@ -87,7 +87,10 @@ def test_malformed_tunecache_db_is_a_one_line_config_error(monkeypatch):
         "{not json",
         "{}",
         '{"' + "x" * 5000 + '": 1.0}',
+        # 200 KB, under the size limit, nested past what the JSON parser recurses into.
+        '{"x":' + "[" * 100_000 + "]" * 100_000 + "}",
     ],
+    ids=["negative", "text", "list", "not-json", "empty", "long-name", "deep"],
 )
 def test_hostile_entry_is_not_trusted_and_not_overwritten(db_url, caplog, timings_json):
     cache = tunecache.open(db_url)

@@ -43,6 +43,10 @@ def canonical_json(value: Any) -> str:
         )
     except (TypeError, ValueError) as e:
         raise TypeError(f"a tunecache key must be JSON-able (no NaN/inf): {e}") from None
+    except RecursionError:
+        # json's C encoder recurses once per level, so a deep value fails at a depth that
+        # depends on the caller's stack: bad input, reported as such (issue 13, item 6).
+        raise ValueError("a tunecache key is nested too deeply to encode as JSON") from None
     return text
 
 
@@ -90,6 +94,9 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
             raw = json.loads(raw)
         except ValueError:
             raise InvalidEntryError(key, "timings are not valid JSON") from None
+        except RecursionError:
+            # Under the size limit, '[' * 100000 still exhausts the parser's recursion.
+            raise InvalidEntryError(key, "timings are nested too deeply") from None
     if not isinstance(raw, Mapping):
         raise InvalidEntryError(key, "timings are not a JSON object")
     if not raw:
