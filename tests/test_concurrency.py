@@ -74,13 +74,15 @@ def test_16_processes_200_keys_each_key_tuned_once_and_all_agree(db_url):
 
 def test_killed_owner_key_is_taken_over_after_its_lease(db_url, tmp_path):
     ready = tmp_path / "ready"
-    owner = ctx.Process(target=procs.hold_claim_forever, args=(db_url, 1.0, ready))
+    # Leases of 2 s and more: the lock timeout is at most half the lease (Settings), and
+    # PostgreSQL sessions time out statements after it, which a loaded machine can reach.
+    owner = ctx.Process(target=procs.hold_claim_forever, args=(db_url, 2.0, ready))
     owner.start()
     _wait_for(ready)
     os.kill(owner.pid, signal.SIGKILL)
     owner.join()
 
-    cache = tunecache.open(db_url, lease_seconds=1.0)
+    cache = tunecache.open(db_url, lease_seconds=2.0)
     started = time.monotonic()
     result = cache.get_or_tune({"kind": "test", "op": "mm", "i": 0}, lambda: {"new_owner": 2.0})
     cache.close()
@@ -94,12 +96,12 @@ def test_killed_owner_key_is_taken_over_after_its_lease(db_url, tmp_path):
 def test_frozen_owner_late_publish_is_rejected_and_it_uses_the_new_result(db_url, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
     queue = ctx.Queue()
-    owner = ctx.Process(target=procs.publish_after_stop, args=(db_url, 1.0, ready, go, queue))
+    owner = ctx.Process(target=procs.publish_after_stop, args=(db_url, 2.0, ready, go, queue))
     owner.start()
     _wait_for(ready)
     os.kill(owner.pid, signal.SIGSTOP)  # heartbeat thread frozen with it
     try:
-        cache = tunecache.open(db_url, lease_seconds=1.0)
+        cache = tunecache.open(db_url, lease_seconds=2.0)
         taken = cache.get_or_tune({"kind": "test", "op": "mm", "i": 0},
                                   lambda: {"new_owner_kernel": 0.7})
         cache.close()
@@ -118,12 +120,12 @@ def test_frozen_owner_late_publish_is_rejected_and_it_uses_the_new_result(db_url
 
 def test_poison_key_that_kills_its_tuner_ends_failed_and_waiters_get_that_answer(db_url):
     for _ in range(2):
-        crasher = ctx.Process(target=procs.crash_while_tuning, args=(db_url, 0.5, 2))
+        crasher = ctx.Process(target=procs.crash_while_tuning, args=(db_url, 2.0, 2))
         crasher.start()
         crasher.join(timeout=60)
         assert crasher.exitcode == 17
 
-    cache = tunecache.open(db_url, lease_seconds=0.5, max_attempts=2)
+    cache = tunecache.open(db_url, lease_seconds=2.0, max_attempts=2)
     with pytest.raises(tunecache.KeyFailedError) as failed:
         cache.get_or_tune({"kind": "test", "op": "mm", "poison": True},
                           lambda: pytest.fail("a failed key is not tuned again"))

@@ -57,3 +57,27 @@ def test_keyword_settings_override_the_environment():
 def test_unknown_keyword_setting_is_a_type_error():
     with pytest.raises(TypeError, match="lease"):
         Settings.from_env({}, lease=3)
+
+
+def test_lock_timeout_defaults_to_half_the_lease_and_at_most_15_seconds():
+    assert Settings.from_env({}).lock_timeout == 15.0
+    assert Settings.from_env({"TUNECACHE_LEASE_SECONDS": "2"}).lock_timeout == 1.0
+    assert Settings.from_env({"TUNECACHE_LEASE_SECONDS": "600"}).lock_timeout == 15.0
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TUNECACHE_LEASE_SECONDS": "2", "TUNECACHE_LOCK_TIMEOUT": "30"},
+        {"TUNECACHE_LOCK_TIMEOUT": "16"},  # the default lease, 30 s
+    ],
+)
+def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
+    # A heartbeat waits up to the lock timeout for its renewal (a writer stalled inside a
+    # transaction holds every other back), so a live owner keeps its claim through every
+    # stall the lock timeout tolerates only if lease/3 + lock_timeout < lease.
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env(env)
+    message = str(error.value)
+    assert "TUNECACHE_LEASE_SECONDS" in message and "TUNECACHE_LOCK_TIMEOUT" in message
+    assert "\n" not in message

@@ -86,6 +86,8 @@ def _positive_int(name: str, raw: str | int) -> int:
     return value
 
 
+_DEFAULT_LOCK_TIMEOUT = 15.0
+
 # Spellings of a true TUNECACHE_* flag (tunecache._autoload reads one before any Settings).
 TRUE_VALUES = ("1", "true", "yes", "on")
 
@@ -113,8 +115,9 @@ class Settings:
     # How long a process waits for keys its peers are tuning before it tunes them itself.
     wait_timeout: float = 900.0
     # How long one database operation may wait for a lock (SQLite busy timeout) or a
-    # connection (PostgreSQL) before the store counts as unavailable.
-    lock_timeout: float = 30.0
+    # connection (PostgreSQL) before the store counts as unavailable. None: the default,
+    # half the lease and at most _DEFAULT_LOCK_TIMEOUT (a float once constructed).
+    lock_timeout: float | None = None
     # Claims of one key that may end without a result (tuner raised, process died) before
     # the key is marked failed and waiters get that answer.
     max_attempts: int = 3
@@ -136,8 +139,26 @@ class Settings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError("TUNECACHE_MODE", self.mode, " or ".join(MODES))
-        for name in ("lease_seconds", "wait_timeout", "lock_timeout"):
+        for name in ("lease_seconds", "wait_timeout"):
             object.__setattr__(self, name, _positive_float(self._ENV[name], getattr(self, name)))
+        # A heartbeat renews every lease/3 and may wait up to lock_timeout for the lock (a
+        # writer stalled inside a transaction, e.g. a frozen process, holds every other
+        # writer back), so a live owner keeps its claim through every stall the lock
+        # timeout tolerates only if lease/3 + lock_timeout < lease. Half the lease leaves
+        # lease/6 for the renewal itself (issue 13, item 12).
+        most = self.lease_seconds / 2
+        if self.lock_timeout is None:
+            object.__setattr__(self, "lock_timeout", min(_DEFAULT_LOCK_TIMEOUT, most))
+        else:
+            lock = _positive_float(self._ENV["lock_timeout"], self.lock_timeout)
+            if lock > most:
+                raise ConfigError(
+                    self._ENV["lease_seconds"], self.lease_seconds,
+                    f"at least twice TUNECACHE_LOCK_TIMEOUT={lock:g}, or a live owner can "
+                    "lose its claim while its heartbeat waits for a lock; raise the lease "
+                    "or lower TUNECACHE_LOCK_TIMEOUT",
+                )
+            object.__setattr__(self, "lock_timeout", lock)
         object.__setattr__(
             self, "max_attempts", _positive_int(self._ENV["max_attempts"], self.max_attempts)
         )
