@@ -443,9 +443,7 @@ class Driver:
     def _finish(self) -> None:
         """Let the last calls end (bounded by the worst case of a wait: no progress for
         the wait timeout, then a lock timeout), then kill whatever is left."""
-        if self.restarting is not None:
-            self.restarting[0].wait(timeout=120)
-            self._restart_progress()
+        self._end_restart()
         bound = time.time() + float(self.env["TUNECACHE_WAIT_TIMEOUT"]) \
             + 2 * float(self.env["TUNECACHE_LOCK_TIMEOUT"]) + 60
         for p in self.procs:
@@ -464,8 +462,17 @@ class Driver:
                 os.kill(p.pid, signal.SIGCONT)
                 p.kill()
                 p.wait()
+        self._end_restart()
+
+    def _end_restart(self) -> None:
+        """Wait for a restart under way (pg_ctl -w gives up after 60 s), then record it."""
         if self.restarting is not None:
-            self.restarting[0].wait(timeout=120)
+            try:
+                self.restarting[0].wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.restarting[0].kill()
+                self.restarting[0].wait()
+            self._restart_progress()
 
 
 # -- what happened ---------------------------------------------------------------------------
