@@ -143,7 +143,7 @@ def _connections(url: str) -> int:
 
 
 def test_processes_hold_no_connection_between_calls_not_even_after_waiting(pg_url):
-    # Before: a pooled connection per process for its life, and a waiter's LISTEN
+    # Before: pooled connections per process for its life, and a waiter's LISTEN
     # connection from its first wait to the end of the process.
     owner, waiter = tunecache.open(pg_url), tunecache.open(pg_url)
     assert owner.lookup(KEY) is None
@@ -157,7 +157,11 @@ def test_processes_hold_no_connection_between_calls_not_even_after_waiting(pg_ur
     assert owner.publish(claim, _timings(KEY)) is not None
     thread.join(timeout=60)
     assert got and got[0].source in ("peer", "hit") and got[0].timings == _timings(KEY)
-    assert _connections(pg_url) == 0
+    # A connection outlives a transaction by a tenth of a second (a burst of lookups).
+    deadline = time.monotonic() + 30
+    while _connections(pg_url):
+        assert time.monotonic() < deadline, "connections still held after the calls"
+        time.sleep(0.1)
     owner.close()
     waiter.close()
 
@@ -186,8 +190,8 @@ def limited_pg_url(pg_url) -> Iterator[str]:
 
 
 def _share(url: str, n_keys: int, barrier: Any, queue: Any) -> None:
-    # The lock timeout bounds a wait for a connection slot too; on 2 loaded cores, 40
-    # processes have waited up to 8 s for one of 8 slots: 30 s leaves a wide margin.
+    # The lock timeout bounds a wait for a connection slot too; on 2 loaded cores, a
+    # transaction of 40 processes has waited seconds for one of 8 slots: 30 s is a margin.
     cache = tunecache.open(url, lease_seconds=60, lock_timeout=30)
     tuned: list[int] = []
 

@@ -17,10 +17,12 @@ PostgreSQL notes (https://www.postgresql.org/docs/15/runtime-config-client.html)
   that the server itself ends the transaction of a client frozen mid-claim (SIGSTOP, a
   debugger) before the peers queued on its row lock give up (issue 13, item 5). They are set
   on connect, not as startup ``options``, which PgBouncer refuses.
-- No connection pool: a connection is opened per transaction and closed at its end. Ranks
-  and compile workers that each kept one for their life exhausted ``max_connections`` at
-  cluster scale; a refused connection ("too many clients", a CONNECTION LIMIT) is waited
-  out like a lock, within the lock timeout (issue 13, item 13).
+- A connection is held only while a process works: it is kept after a transaction only
+  until the next one, if that comes within _PG_IDLE_SECONDS (a burst of lookups), and then
+  closed by a thread; a process that had to wait for a slot gives its connection back at
+  once. Ranks and compile workers that each kept one for their life exhausted
+  ``max_connections`` at cluster scale; a refused connection ("too many clients", a
+  CONNECTION LIMIT) is waited out like a lock, within the lock timeout (issue 13, item 13).
 
 Engines do not survive fork(): the pool's sockets and file handles would be shared with the
 parent. :class:`Database` notices a new pid and builds a fresh engine in the child.
@@ -34,12 +36,12 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 
 from ..errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
@@ -62,9 +64,15 @@ _PG_FULL_MESSAGES = ("too many clients", "too many connections", "connection slo
 # Every refused connect costs the server a fork: retry those less eagerly than lock waits,
 # and at one steady, jittered pace, since with a backoff that grows, newcomers' quick
 # retries took the freed slots from the processes that had waited longest. 40 processes on
-# 8 slots, 2 loaded cores: the slowest transaction took 9-14 s with the backoff, 4-8 s at
-# this pace, which also halves the refused connects.
+# 8 slots, 2 loaded cores, a connection per transaction: the slowest transaction took
+# 9-14 s with the backoff, 4-8 s at this pace, which also halved the refused connects.
 _CONNECT_RETRY_SECONDS = 0.25
+# A connection idle this long is closed. A connect costs 2-8 ms on this 2-core VM (fork of
+# a backend, settings), 20x a lookup on an open connection; kept through a burst, it
+# costs at most a few % of the time between two transactions further apart than this.
+_PG_IDLE_SECONDS = 0.1
+# After a refused connect, connections are closed at once for this long.
+_CROWDED_SECONDS = 10.0
 # Whether the server has connection slots to spare for a waiter's LISTEN connection: under
 # half of each limit in use (max_connections less its reserved slots, the database's and
 # the role's CONNECTION LIMIT). Waiters that each held one left none for the processes
@@ -99,6 +107,8 @@ class Database:
         self.lock_timeout = lock_timeout
         self.dialect = make_url(url).get_backend_name()
         self._engine: Engine | None = None
+        self._idle: _IdleCloser | None = None
+        self._crowded_until = 0.0
         self._pid = -1
         self._lock = threading.Lock()
 
@@ -152,13 +162,17 @@ class Database:
             return engine
         engine = create_engine(
             self.url,
-            poolclass=NullPool,
+            # One connection kept between transactions, closed when idle; threads of a
+            # process that run transactions at once each open their own, never wait.
+            pool_size=1,
+            max_overflow=-1,
             connect_args={
                 "connect_timeout": max(1, int(min(self.lock_timeout, 10))),
                 "application_name": "tunecache",
             },
         )
         event.listen(engine, "connect", self._pg_on_connect)
+        self._idle = _IdleCloser(engine)
         return engine
 
     def _pg_on_connect(self, dbapi_connection: Any, _record: Any) -> None:
@@ -186,6 +200,9 @@ class Database:
         if self._engine is not None and self._pid == os.getpid():
             self._engine.dispose()
         self._engine = None
+        if self._idle is not None:
+            self._idle.stop()
+        self._idle = None
 
     @contextmanager
     def _connection(self, write: bool) -> Iterator[Connection]:
@@ -199,6 +216,11 @@ class Database:
             yield conn
         finally:
             conn.close()
+            if self._idle is not None:
+                if time.monotonic() < self._crowded_until:
+                    self.engine.pool.dispose()  # closes the idle connection, now
+                else:
+                    self._idle.used()
 
     def run(self, work: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``work(conn)`` in one transaction, committed on return, rolled back on error.
@@ -226,6 +248,8 @@ class Database:
                     reconnected = True
                     continue
                 full = self._server_full(e)
+                if full:
+                    self._crowded_until = time.monotonic() + _CROWDED_SECONDS
                 if not full and not self._retryable(e):
                     raise self._translate(e) from e
                 left = deadline - time.monotonic()
@@ -268,6 +292,44 @@ class Database:
         ):
             return StoreUnavailableError(self.display_url, first_line)
         return StoreError(self.display_url, first_line)
+
+
+class _IdleCloser:
+    """Closes an engine's pooled connection once it has been idle _PG_IDLE_SECONDS."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = weakref.ref(engine)
+        self._last_used = 0.0
+        self._stopped = False
+        self._used = threading.Event()
+        threading.Thread(target=self._run, name="tunecache-idle-connection",
+                         daemon=True).start()
+
+    def used(self) -> None:
+        """A connection was just returned to the pool."""
+        self._last_used = time.monotonic()
+        self._used.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._used.set()
+
+    def _run(self) -> None:
+        # Wakes once per idle period, not per transaction; ends when stopped, or within a
+        # minute of its engine becoming garbage (a Database never disposed).
+        while not self._stopped:
+            if not self._used.wait(timeout=60.0):
+                if self._engine() is None:
+                    return
+                continue
+            self._used.clear()
+            while (idle := time.monotonic() - self._last_used) < _PG_IDLE_SECONDS:
+                time.sleep(_PG_IDLE_SECONDS - idle)
+            engine = self._engine()
+            if engine is None:
+                return
+            engine.pool.dispose()  # closes idle connections only, never one in use
+            del engine
 
 
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
