@@ -16,7 +16,7 @@ PostgreSQL notes (https://www.postgresql.org/docs/15/runtime-config-client.html)
   above it (a stalled server), and ``idle_in_transaction_session_timeout`` at half of it, so
   that the server itself ends the transaction of a client frozen mid-claim (SIGSTOP, a
   debugger) before the peers queued on its row lock give up (issue 13, item 5). They are set
-  on connect, not as startup ``options``, which PgBouncer refuses.
+  on connect, not as startup ``options``, in which PgBouncer refuses them.
 - A connection is held only while a process works: it is kept after a transaction only
   until the next one, if that comes within _PG_IDLE_SECONDS (a burst of lookups), and then
   closed by a thread; a process that had to wait for a slot gives its connection back at
@@ -257,7 +257,8 @@ class Database:
                     raise StoreTimeoutError(
                         self.display_url,
                         f"no free connection slot after {self.lock_timeout:g}s (raise the "
-                        "server's limits or TUNECACHE_LOCK_TIMEOUT; README: PostgreSQL for a cluster)"
+                        "server's limits or TUNECACHE_LOCK_TIMEOUT; see the README's "
+                        "'PostgreSQL for a cluster')"
                         if full else
                         f"still locked after {self.lock_timeout:g}s "
                         "(raise TUNECACHE_LOCK_TIMEOUT, or look for a stuck process)",
