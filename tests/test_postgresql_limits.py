@@ -237,3 +237,21 @@ def test_40_processes_on_8_connection_slots_tune_each_key_once_and_share_every_r
     assert all(set(r["sources"]) <= {"tuned", "peer", "hit"} for r in reports), \
         [r["sources"] for r in reports if "local" in r["sources"]][:3]
     assert all(r["results"] == reports[0]["results"] for r in reports)
+
+
+def test_no_free_connection_slot_within_the_lock_timeout_tunes_locally_with_one_warning(
+    limited_pg_url, caplog
+):
+    # Before: the first refused connect was the end of the cache for that process.
+    lock_timeout = 2.0
+    with _admin() as admin:
+        admin.execute(f'ALTER DATABASE "{make_url(limited_pg_url).database}" CONNECTION LIMIT 0')
+    cache = tunecache.open(limited_pg_url, lock_timeout=lock_timeout)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        result = cache.get_or_tune(KEY, lambda: _timings(KEY))
+    assert time.monotonic() - started >= lock_timeout  # it waited for a slot first
+    assert result.source == "local" and result.timings == _timings(KEY)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tunecache"]
+    assert len(warnings) == 1 and "no free connection slot" in warnings[0], warnings
+    cache.close()
