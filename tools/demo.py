@@ -3,15 +3,17 @@
     python tools/demo.py            # the real default database ($XDG_CACHE_HOME/tunecache)
     python tools/demo.py --fresh    # a throw-away XDG_CACHE_HOME, so job 1 starts cold
 
-Job 1 starts ``--procs`` processes at once (think: ranks of one job) that each compile a
-bmm and a frozen nn.Linear with ``torch.compile(mode="max-autotune-no-cudagraphs")``.
+Every job starts ``--procs`` processes at once (think: ranks of one job) that each compile
+a bmm and a frozen nn.Linear with ``torch.compile(mode="max-autotune-no-cudagraphs")``.
 On CPU both really autotune (ATen vs the C++ template; mkl vs the C++ GEMM template).
-Job 2 is "a later job": the same processes again, each with a fresh
-TORCHINDUCTOR_CACHE_DIR (as on a new node), so only tunecache can help it. The demo
-prints what each process tuned and reused, benchmarks per job, and compile seconds.
+Job 0 is the baseline: the same job with tunecache off (only a counter around Inductor's
+benchmark). Job 1 is the first job with tunecache; job 2 is "a later job", the same again.
+The demo prints what each process tuned and reused, and compares the jobs only on what it
+measured in this run: compile seconds, GEMM benchmarks and the seconds they took.
 
-Every process has its own TORCHINDUCTOR_CACHE_DIR and the FX graph and AOTAutograd
-caches off, so each GEMM really reaches the autotuner; TUNECACHE_DB is removed from the
+Every process has its own fresh TORCHINDUCTOR_CACHE_DIR (as on a new node) and the FX
+graph and AOTAutograd caches off, so each GEMM really reaches the autotuner, and only
+tunecache can carry anything from one job to the next. TUNECACHE_DB is removed from the
 children's environment so that they use the default database (unless --db is given).
 """
 
@@ -32,15 +34,22 @@ REPO = Path(__file__).resolve().parent.parent
 KEYS_PER_PROCESS = 2  # bmm + packed_linear
 
 
-def worker(out: str, start_at: float) -> int:
+def worker(out: str, ready: str, go: str, tunecache_on: bool) -> int:
     """One process of a job: compile, then write what tunecache did as JSON."""
     import torch
     import torch._inductor.config as inductor_config
 
     from tunecache import inductor as tc_inductor
 
-    tc_inductor.enable()
-    time.sleep(max(0.0, start_at - time.time()))
+    # Off, only the counter runs: Inductor's benchmarks are timed the same way in every job.
+    tc_inductor.enable(count_only=not tunecache_on)
+    # Start together, once every process of the job has imported torch.
+    Path(ready).touch()
+    deadline = time.monotonic() + 600
+    while not Path(go).exists():
+        if time.monotonic() > deadline:
+            return 1  # the demo that started this process is gone
+        time.sleep(0.01)
     torch.manual_seed(0)
     t_all = time.perf_counter()
     with torch.no_grad():
@@ -57,23 +66,36 @@ def worker(out: str, start_at: float) -> int:
     return 0
 
 
-def run_job(name: str, procs: int, tmp: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    start_at = time.time() + 10  # every process has imported torch by then
+def run_job(name: str, procs: int, tmp: Path, env: dict[str, str],
+            tunecache_on: bool) -> list[dict[str, Any]]:
+    go = tmp / f"{name}-go"
     children = []
     for i in range(procs):
-        out = tmp / f"{name}-{i}.json"
+        out, ready = tmp / f"{name}-{i}.json", tmp / f"{name}-{i}.ready"
         cache_dir = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-{i}-", dir=tmp))
         child_env = {
             **env,
             "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+            # No pools of compile workers, which import torch again in every process:
+            # the job's processes already fill the cores (and the demo's run time).
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
         }
+        if not tunecache_on:  # nor its entry point, should --db have set TUNECACHE_DB
+            child_env["TUNECACHE_MODE"] = "off"
         log = open(tmp / f"{name}-{i}.log", "w")  # noqa: SIM115 - closed with the child
-        cmd = [sys.executable, __file__, "--worker", str(out), "--start-at", str(start_at)]
-        children.append((subprocess.Popen(cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT), out, log))
+        cmd = [sys.executable, __file__, "--worker", str(out), "--ready", str(ready),
+               "--go", str(go)] + ([] if tunecache_on else ["--off"])
+        proc = subprocess.Popen(cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+        children.append((proc, out, ready, log))
+    while not all(ready.exists() for _, _, ready, _ in children):
+        if any(proc.poll() is not None for proc, _, _, _ in children):
+            break  # a child failed before starting: reported below
+        time.sleep(0.05)
+    go.touch()
     results = []
-    for i, (proc, out, log) in enumerate(children):
+    for i, (proc, out, _, log) in enumerate(children):
         rc = proc.wait()
         log.close()
         if rc != 0:
@@ -82,19 +104,30 @@ def run_job(name: str, procs: int, tmp: Path, env: dict[str, str]) -> list[dict[
     return results
 
 
-def report(name: str, results: list[dict[str, Any]]) -> tuple[float, int]:
+def report(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     print(f"\n{name}: {len(results)} processes compiling at once")
     for i, r in enumerate(results):
         s = r["stats"]
-        parts = [f"{e['op']}: {e['source']}" for e in s["events"] if e["source"] != "memo"]
+        parts = [f"{e['op']}: {e['source']}" for e in s["events"]
+                 if e["source"] not in ("memo", "counted")]
         print(
             f"  process {i}: compile {r['compile_seconds']:6.1f}s, "
-            f"{s['benchmarks']} GEMM benchmark(s) ({s['benchmark_seconds']:.1f}s)  [{', '.join(parts)}]"
+            f"{s['benchmarks']} GEMM benchmark(s) ({s['benchmark_seconds']:.1f}s)"
+            + (f"  [{', '.join(parts)}]" if parts else "")
         )
-    benchmarks = sum(r["stats"]["benchmarks"] for r in results)
-    mean = statistics.mean(r["compile_seconds"] for r in results)
-    print(f"  -> {benchmarks} benchmark(s) in the job; mean compile {mean:.1f}s")
-    return mean, benchmarks
+    compile_s = [r["compile_seconds"] for r in results]
+    return {
+        "mean": statistics.mean(compile_s), "low": min(compile_s), "high": max(compile_s),
+        "benchmarks": sum(r["stats"]["benchmarks"] for r in results),
+        "benchmark_seconds": sum(r["stats"]["benchmark_seconds"] for r in results),
+    }
+
+
+def against(job: dict[str, Any], off: dict[str, Any]) -> str:
+    """``job``'s compile seconds against the tunecache-off job's, both measured here."""
+    diff = job["mean"] - off["mean"]
+    return (f"{abs(diff):.1f}s {'less' if diff < 0 else 'more'} compile per process "
+            f"({diff / off['mean']:+.0%})")
 
 
 def main() -> int:
@@ -103,10 +136,12 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="use a temporary XDG_CACHE_HOME")
     parser.add_argument("--db", default=None, help="a TUNECACHE_DB to use instead of the default")
     parser.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--ready", help=argparse.SUPPRESS)
+    parser.add_argument("--go", help=argparse.SUPPRESS)
+    parser.add_argument("--off", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.start_at)
+        return worker(args.worker, args.ready, args.go, tunecache_on=not args.off)
 
     tmp = Path(tempfile.mkdtemp(prefix="tunecache-demo-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
@@ -121,19 +156,27 @@ def main() -> int:
 
     db_url = Settings.from_env(env).db_url  # what the children will resolve
     print(f"tunecache demo: database {db_url}; logs and results in {tmp}")
-    print(f"{args.procs} processes per job x {KEYS_PER_PROCESS} GEMM keys (bmm, frozen Linear)")
+    print(f"{args.procs} processes per job x {KEYS_PER_PROCESS} GEMM keys (bmm, frozen Linear), "
+          "fresh Inductor caches in every job")
 
     t0 = time.perf_counter()
-    cold_mean, cold_bench = report("job 1 (first job)", run_job("job1", args.procs, tmp, env))
-    warm_mean, warm_bench = report("job 2 (a later job, fresh Inductor caches)", run_job("job2", args.procs, tmp, env))
+    jobs = [
+        ("job 0 (tunecache off)", "job0", False),
+        ("job 1 (tunecache on, first job)", "job1", True),
+        ("job 2 (tunecache on, a later job)", "job2", True),
+    ]
+    measured = [(title, report(title, run_job(name, args.procs, tmp, env, on)))
+                for title, name, on in jobs]
+    off = measured[0][1]
 
-    without = 2 * args.procs * KEYS_PER_PROCESS
-    print("\nsummary")
-    print(f"  GEMM benchmarks: {cold_bench + warm_bench} with tunecache; {without} without "
-          f"(every process of both jobs benchmarks every key)")
-    print(f"  mean compile seconds per process: job 1 {cold_mean:.1f}s, job 2 {warm_mean:.1f}s "
-          f"(saved {cold_mean - warm_mean:.1f}s per process in job 2)")
-    if cold_bench == 0:
+    print("\nsummary (every figure measured in this run)")
+    print(f"  {'':34} {'compile s per process':>24} {'GEMM benchmarks':>16} {'benchmark s':>12}")
+    for title, m in measured:
+        spread = f"{m['mean']:.1f} ({m['low']:.1f}-{m['high']:.1f})"
+        print(f"  {title:34} {spread:>24} {m['benchmarks']:>16} {m['benchmark_seconds']:>12.1f}")
+    for title, m in measured[1:]:
+        print(f"  {title.split(' (')[0]} against job 0: {against(m, off)}")
+    if measured[1][1]["benchmarks"] == 0:
         print("  note: job 1 was already warm: the database held these keys from an earlier run "
               "(use --fresh for a cold start)")
     print(f"  demo wall time {time.perf_counter() - t0:.0f}s")
