@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 import tunecache
+from tunecache.store import Claim
 from tunecache.store.schema import entries
 
 
@@ -104,3 +105,72 @@ def open_and_report(url: str, barrier: Any, queue: Any) -> None:
         queue.put({"migrated": migrated, "revision": db.run(current_revision)})
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
         queue.put({"error": repr(e)})
+
+
+class _Warnings(logging.Handler):
+    """Collects the tunecache logger's warnings in a worker, to report them to the test."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def cheap_then_slow_keys(url: str, lease: float, n_cheap: int, n_slow: int, slow_seconds: float,
+                         barrier: Any, queue: Any) -> None:
+    """Instant keys first (so claims are batched), then slow ones; report what we tuned."""
+    warnings = _Warnings()
+    logging.getLogger("tunecache").addHandler(warnings)
+    cache = tunecache.open(url, lease_seconds=lease)
+    tuned_here: list[int] = []
+
+    def tune(key: dict[str, Any]) -> dict[str, float]:
+        tuned_here.append(key["i"])
+        if key["i"] >= n_cheap:
+            time.sleep(slow_seconds)
+        return timings_for(key)
+
+    cache.lookup({"warm": "up"})
+    barrier.wait()
+    results = cache.get_or_tune_many(keys(n_cheap + n_slow), tune)
+    queue.put({
+        "tuned": tuned_here,
+        "sources": [r.source for r in results],
+        "results": [(r.key_hash, r.best, sorted(r.timings.items())) for r in results],
+        "warnings": warnings.messages,
+    })
+    cache.close()
+
+
+def publish_once_key_is_done(url: str, mine: dict[str, Any], other: dict[str, Any],
+                             ready: Path) -> None:
+    """Claim ``mine`` and publish it only after a peer has published ``other``."""
+    cache = tunecache.open(url)
+    claim = cache.claim(mine)
+    assert isinstance(claim, Claim), claim
+    ready.write_text(str(os.getpid()))
+    while cache.lookup(other) is None:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the peer is waiting by now, whatever its clock said
+    cache.publish(claim, {"peer_kernel": 0.5})
+    cache.close()
+
+
+def owner_tunes_until(url: str, lease: float, key: dict[str, Any], started: Path, go: Path,
+                      queue: Any) -> None:
+    """Claim ``key`` and tune it until ``go`` appears (only the heartbeat keeps the claim)."""
+    warnings = _Warnings()
+    logging.getLogger("tunecache").addHandler(warnings)
+    cache = tunecache.open(url, lease_seconds=lease)
+
+    def tune() -> dict[str, float]:
+        started.write_text(str(os.getpid()))
+        while not go.exists():
+            time.sleep(0.02)
+        return {"owner_kernel": 0.5}
+
+    result = cache.get_or_tune(key, tune)
+    queue.put({"source": result.source, "best": result.best, "warnings": warnings.messages})
+    cache.close()

@@ -212,7 +212,7 @@ class TuneCache:
                 if outcome.claimed:
                     return outcome.claimed[0]
                 row = outcome.seen.get(h)
-                if row is not None and row.state != "claimed":
+                if row is not None and (row.state != "claimed" or row.stranded):
                     return self._claim_answer(row, source)
                 # A peer's live claim: read (no write transaction) until it settles or
                 # its lease passes, then go round again to settle or take it over.
@@ -223,7 +223,7 @@ class TuneCache:
                     self._wait_for_change(min(poll, left))
                     poll = min(poll * 2, 0.5)
                     row = self._store.read([h]).get(h)
-                    if row is None or row.state != "claimed" or row.lease_expired:
+                    if row is None or not row.live_claim:
                         break
                 source = "peer"
         except StoreError as e:
@@ -274,7 +274,7 @@ class TuneCache:
     def in_progress(self, key: Mapping[str, Any]) -> bool:
         """Whether a live claim on ``key`` is held right now (by anyone); only reads."""
         row = self._read_row(key)
-        return row is not None and row.state == "claimed" and not row.lease_expired
+        return row is not None and row.live_claim
 
     def _read_row(self, key: Mapping[str, Any]) -> Entry | None:
         """The stored row of ``key`` (None: absent, or the store is unavailable)."""
@@ -305,6 +305,9 @@ class TuneCache:
     def _claim_answer(self, row: Entry | None, source: Source) -> Result | None:
         """:meth:`claim`'s answer for a row it did not claim (None: tune locally)."""
         if row is None:
+            return None
+        if row.stranded:
+            self._warn_stranded(row)
             return None
         results: dict[str, Result] = {}
         self._settle(row, source, results)
@@ -386,30 +389,52 @@ class TuneCache:
         self, keys: Mapping[str, _Key], tune: Tuner, results: dict[str, Result]
     ) -> None:
         owner = self._owner_id()
+        heartbeat = self._heartbeat_thread()
         todo = list(keys)  # free as far as we know, in the caller's order
         waiting: list[str] = []  # claimed by peers
-        publications: list[Publication] = []
+        # Every claim held is in one of these two lists between steps, and the heartbeat
+        # renews it until the step that publishes or gives it back (issue 13, item 2).
+        publications: list[Publication] = []  # tuned, to publish
+        returned: list[Claim] = []  # claimed but not tuned, to give back
         batch = 1
         idle_since = time.monotonic()
         poll = 0.01
-        while todo or waiting or publications:
-            if todo or publications:
+        while todo or waiting or publications or returned:
+            if todo or publications or returned:
                 window = todo[: _CLAIM_WINDOW + batch]
                 if batch > 1:
                     # Cheap keys: start at a random place, so that processes claiming
                     # batches do not queue behind each other's uncommitted inserts.
-                    # (Fairness is moot when tuning costs nothing.)
+                    # (Fairness is moot when tuning costs nothing.) Claimed in the list's
+                    # order all the same: two PostgreSQL transactions that insert the same
+                    # keys in different orders deadlock, and each deadlock costs its
+                    # detection (deadlock_timeout, 1 s) against the lock timeout.
                     at = random.randrange(len(todo)) if todo else 0
-                    window = (todo[at:] + todo[:at])[: _CLAIM_WINDOW + batch]
+                    chosen = set((todo[at:] + todo[:at])[: _CLAIM_WINDOW + batch])
+                    window = [h for h in todo if h in chosen]
+                heartbeat.release(returned, wait=True)
                 started = time.perf_counter()
-                outcome = self._store.step(
-                    publish=publications,
-                    candidates=[(h, keys[h].json, keys[h].labels) for h in window],
-                    limit=batch,
-                    owner=owner,
-                    lease_seconds=self.settings.lease_seconds,
-                    max_attempts=self.settings.max_attempts,
-                )
+                try:
+                    outcome = self._store.step(
+                        publish=publications,
+                        give_back=returned,
+                        candidates=[(h, keys[h].json, keys[h].labels) for h in window],
+                        limit=batch,
+                        owner=owner,
+                        lease_seconds=self.settings.lease_seconds,
+                        max_attempts=self.settings.max_attempts,
+                    )
+                except StoreError:
+                    # What was tuned here is a result all the same: keep it (as local,
+                    # the store having failed) rather than tune it again (item 4).
+                    for pub in publications:
+                        h = pub.claim.key_hash
+                        results[h] = Result(h, validate_timings(pub.timings_json, h), pub.best,
+                                            "local", pub.tune_seconds)
+                    heartbeat.release(pub.claim for pub in publications)
+                    raise
+                heartbeat.hold(outcome.claimed)
+                heartbeat.release(pub.claim for pub in publications)
                 step_seconds = time.perf_counter() - started
                 for pub, accepted in zip(publications, outcome.published):
                     h = pub.claim.key_hash
@@ -430,13 +455,20 @@ class TuneCache:
                     if h in claimed or row is None or row.lease_expired:
                         continue  # ours now, or still free: a later step claims it
                     todo.remove(h)
-                    if not self._settle(row, "hit", results):
+                    if row.stranded:
+                        self._warn_stranded(row)  # left to the local fallback
+                    elif not self._settle(row, "hit", results):
                         waiting.append(h)
-                publications = []
-                for claim in outcome.claimed:
-                    todo.remove(claim.key_hash)
-                    publications.append(self._tune_claimed(claim, keys[claim.key_hash], tune))
+                for h in claimed:
+                    todo.remove(h)
+                publications, returned = self._tune_batch(outcome.claimed, keys, tune)
+                if returned:
+                    back = {c.key_hash for c in returned} | set(todo)
+                    todo = [h for h in keys if h in back]
                 batch = _next_batch(step_seconds, publications)
+                # The wait timeout counts time spent waiting on peers, not our own
+                # tuning (item 3).
+                idle_since = time.monotonic()
                 continue
             # Only peers' keys are left: watch them.
             rows = self._store.read(waiting)
@@ -446,6 +478,10 @@ class TuneCache:
                 if row is None or row.lease_expired:
                     waiting.remove(h)
                     todo.append(h)  # owner gone (or entry pruned): try to claim it
+                    progressed = True
+                elif row.stranded:
+                    waiting.remove(h)
+                    self._warn_stranded(row)  # left to the local fallback
                     progressed = True
                 elif self._settle(row, "peer", results):
                     waiting.remove(h)
@@ -462,6 +498,49 @@ class TuneCache:
                 return
             self._wait_for_change(poll)
             poll = min(poll * 2, 0.5)
+
+    def _tune_batch(
+        self, claims: Sequence[Claim], keys: Mapping[str, _Key], tune: Tuner
+    ) -> tuple[list[Publication], list[Claim]]:
+        """Tune claimed keys in order: (publications, claims to give back untuned).
+
+        A batch is claimed only while tuning looks free (:func:`_next_batch`); once a key
+        turns out to cost time, the rest go back, so that idle peers take them. If a
+        tuner raises, what was tuned before it is published and the rest given back
+        before the error propagates.
+        """
+        publications: list[Publication] = []
+        for i, claim in enumerate(claims):
+            if publications and publications[-1].tune_seconds >= _CHEAP_TUNE_SECONDS:
+                return publications, list(claims[i:])
+            try:
+                publications.append(self._tune_claimed(claim, keys[claim.key_hash], tune))
+            except BaseException:
+                self._finish(publications, claims[i + 1 :])
+                raise
+        return publications, []
+
+    def _finish(self, publications: Sequence[Publication], rest: Sequence[Claim]) -> None:
+        """Publish and give back what a failed batch leaves, in one step."""
+        heartbeat = self._heartbeat_thread()
+        heartbeat.release(rest, wait=True)
+        try:
+            if (publications or rest) and not self._disabled:
+                self._store.step(
+                    publish=publications, give_back=rest, candidates=[], limit=0,
+                    owner=self._owner_id(), lease_seconds=self.settings.lease_seconds,
+                    max_attempts=self.settings.max_attempts,
+                )
+        except StoreError as e:
+            self._disable(e)
+        finally:
+            heartbeat.release(pub.claim for pub in publications)
+
+    def _warn_stranded(self, row: Entry) -> None:
+        if row.key_hash not in self._warned_keys:
+            self._warned_keys.add(row.key_hash)
+            logger.warning("tunecache: key %s is %s, so no process will finish it; "
+                           "tuning it locally", row.key_hash[:16], row.stranded)
 
     def _settle(self, row: Entry, source: Source, results: dict[str, Result]) -> bool:
         """Record a finished row's result; False while it is still being tuned."""
@@ -488,13 +567,13 @@ class TuneCache:
         return Result(row.key_hash, timings, best_candidate(timings), source, row.tune_seconds)
 
     def _tune_claimed(self, claim: Claim, key: _Key, tune: Tuner) -> Publication:
-        heartbeat = self._heartbeat_thread()
-        heartbeat.hold(claim)
+        """Tune a claimed key (its claim stays held until published); if the tuner
+        raises, give the claim back as a failed attempt."""
         start = time.perf_counter()
         try:
             timings = validate_timings(dict(tune(key.key)), key.hash)
         except BaseException as e:
-            heartbeat.release(claim)
+            self._heartbeat_thread().release([claim], wait=True)
             try:
                 state = self._store.release(
                     claim, f"{type(e).__name__}: {e}", self.settings.max_attempts
@@ -504,7 +583,6 @@ class TuneCache:
             except StoreError as store_error:
                 self._disable(store_error)
             raise
-        heartbeat.release(claim)
         return Publication(
             claim, timings_to_json(timings), best_candidate(timings),
             time.perf_counter() - start,
@@ -592,19 +670,30 @@ class _Heartbeat:
         self._store = store
         self._lease = lease_seconds
         self._claims: dict[str, Claim] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _claims
+        self._renewing = threading.Lock()  # held for a whole renewal
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tunecache-heartbeat",
                                         daemon=True)
         self._thread.start()
 
-    def hold(self, claim: Claim) -> None:
+    def hold(self, claims: Iterable[Claim]) -> None:
         with self._lock:
-            self._claims[claim.key_hash] = claim
+            for claim in claims:
+                self._claims[claim.key_hash] = claim
 
-    def release(self, claim: Claim) -> None:
+    def release(self, claims: Iterable[Claim], *, wait: bool = False) -> None:
+        """Stop renewing ``claims``. ``wait``: also wait out a renewal in flight, which
+        may have read them before; call it before giving claims back, or that renewal
+        would hold off peers for another lease."""
+        claims = list(claims)
         with self._lock:
-            self._claims.pop(claim.key_hash, None)
+            for claim in claims:
+                if self._claims.get(claim.key_hash) == claim:
+                    del self._claims[claim.key_hash]
+        if wait and claims:
+            with self._renewing:
+                pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -612,17 +701,26 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self._lease / 3):
-            with self._lock:
-                claims = list(self._claims.values())
-            if not claims:
-                continue
-            try:
-                lost = self._store.heartbeat(claims, self._lease)
-            except StoreError as e:
-                logger.debug("tunecache: heartbeat failed: %s", e)
-                continue
-            for h in lost:
-                logger.warning("tunecache: lost the claim on %s (lease passed)", h[:16])
+            with self._renewing:
+                with self._lock:
+                    claims = list(self._claims.values())
+                if not claims:
+                    continue
+                try:
+                    lost = self._store.heartbeat(claims, self._lease)
+                except StoreError as e:
+                    logger.debug("tunecache: heartbeat failed: %s", e)
+                    continue
+                with self._lock:
+                    # Renewing a lost claim is pointless; one its owner released in the
+                    # meantime is its owner's to report (a rejected publish warns).
+                    lost_held = [c for c in claims
+                                 if c.key_hash in lost and self._claims.get(c.key_hash) == c]
+                    for claim in lost_held:
+                        del self._claims[claim.key_hash]
+            for claim in lost_held:
+                logger.warning("tunecache: lost the claim on %s (lease passed)",
+                               claim.key_hash[:16])
 
 
 class _Listener:

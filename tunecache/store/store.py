@@ -14,6 +14,7 @@ process, so there it is the host's clock (``tunecache doctor`` reports skew).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from typing import Any, Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from .engine import Database
-from .schema import entries, usage
+from .schema import STATES, entries, usage
 
 __all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication", "NOTIFY_CHANNEL"]
 
@@ -62,24 +63,73 @@ def _db_now_postgresql(element: Any, compiler: Any, **kw: Any) -> str:
     return "extract(epoch from clock_timestamp())::float8"
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _time(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One row, as read. ``now`` is the database's time at the read."""
+    """One row, as read. ``now`` is the database's time at the read.
+
+    Every column is untrusted: SQLite keeps what it cannot convert to a column's type (text
+    in a REAL column), PostgreSQL's floats hold NaN and infinities, and a shared file may
+    have been written by anything. :meth:`from_row` reads a value of the wrong type (or a
+    time that is not finite) as None, and a state that is not text as its repr.
+    """
 
     key_hash: str
     state: str
     owner: str | None
-    token: int
+    token: int | None
     lease_expires_at: float | None
     attempts: int
-    timings_json: str | None
+    timings_json: str | None  # validated by keys.validate_timings where it is used
     tune_seconds: float | None
     error: str | None
     now: float
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> "Entry":
+        (key_hash, state, owner, token, lease, attempts, timings_json, tune_seconds, error,
+         now) = row
+        seconds = _time(tune_seconds)
+        return cls(
+            str(key_hash), state if isinstance(state, str) else repr(state), _text(owner),
+            _integer(token), _time(lease), _integer(attempts) or 0, _text(timings_json),
+            seconds if seconds is not None and seconds >= 0 else None, _text(error),
+            float(now),
+        )
+
+    @property
+    def stranded(self) -> str | None:
+        """Why no process will ever finish this row, or None. A state this tunecache does
+        not know (a newer tunecache's) is not ours to settle; a claim without a numeric
+        lease and token is renewed by no heartbeat and matched by no takeover."""
+        if self.state not in STATES:
+            return f"in state {self.state[:40]!r}, unknown to this tunecache"
+        if self.state == "claimed" and (self.token is None or self.lease_expires_at is None):
+            return "claimed with a lease or token that is not a number"
+        return None
+
     @property
     def lease_expired(self) -> bool:
-        return self.state == "claimed" and (self.lease_expires_at or 0.0) <= self.now
+        """A claim whose owner's lease has passed: anyone may take it over."""
+        return (self.state == "claimed" and not self.stranded
+                and (self.lease_expires_at or 0.0) <= self.now)
+
+    @property
+    def live_claim(self) -> bool:
+        """A claim whose owner still holds its lease."""
+        return self.state == "claimed" and not self.stranded and not self.lease_expired
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +300,7 @@ class Store:
         found: dict[str, Entry] = {}
         for chunk in _chunks(list(hashes)):
             for row in conn.execute(_READ, _params(hashes=list(chunk))):
-                found[row.key_hash] = Entry(*row)
+                found[row.key_hash] = Entry.from_row(row)
         return found
 
     # -- the claim protocol ------------------------------------------------------------
@@ -259,13 +309,15 @@ class Store:
         self,
         *,
         publish: Sequence[Publication],
+        give_back: Sequence[Claim] = (),
         candidates: Sequence[tuple[str, str, Mapping[str, str | None]]],
         limit: int,
         owner: str,
         lease_seconds: float,
         max_attempts: int,
     ) -> StepOutcome:
-        """Publish results, then claim up to ``limit`` free keys of ``candidates`` (in
+        """Publish results, give back claims not tuned (not an attempt, see
+        :meth:`release`), then claim up to ``limit`` free keys of ``candidates`` (in
         their order), in one write transaction: on SQLite every commit is a few fsyncs on
         a shared disk, so a tuned key costs one commit, not two.
 
@@ -274,6 +326,10 @@ class Store:
 
         def work(conn: Connection) -> StepOutcome:
             published = [self._publish(conn, pub) for pub in publish]
+            returned = [
+                conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
+                for claim in give_back
+            ]
             seen = self._read(conn, [c[0] for c in candidates]) if candidates else {}
             claimed: list[Claim] = []
             for key_hash, key_json, labels in candidates:
@@ -292,7 +348,7 @@ class Store:
                 else:
                     # Lost a race (PostgreSQL reads without locks); the row is someone's now.
                     seen.update(self._read(conn, [key_hash]))
-            if any(published):
+            if any(published) or any(returned):
                 self._notify(conn)
             return StepOutcome(published, claimed, seen)
 
@@ -342,15 +398,22 @@ class Store:
         return result.rowcount == 1
 
     def heartbeat(self, claims: Sequence[Claim], lease_seconds: float) -> set[str]:
-        """Extend the leases of live claims; return the key hashes whose claim was lost."""
+        """Extend the leases of claims; return the key hashes of those lost: taken over
+        by a peer (another token or owner) or gone. A claim its owner published or gave
+        back while this ran is not lost, so a renewal racing a publish reports nothing."""
 
         def work(conn: Connection) -> set[str]:
-            return {
-                claim.key_hash
-                for claim in claims
+            missed = [
+                claim for claim in claims
                 if conn.execute(
                     _HEARTBEAT, self._fence(claim, lease_seconds=lease_seconds)
                 ).rowcount != 1
+            ]
+            rows = self._read(conn, [claim.key_hash for claim in missed]) if missed else {}
+            return {
+                claim.key_hash for claim in missed
+                if (row := rows.get(claim.key_hash)) is None
+                or (row.token, row.owner) != (claim.token, claim.owner)
             }
 
         return self.db.run(work, write=True)
