@@ -61,6 +61,21 @@ _PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lo
 # failed connect without a SQLSTATE, so the server's messages are matched too
 # (src/backend/postmaster/postmaster.c, src/backend/utils/init/postinit.c).
 _PG_FULL_MESSAGES = ("too many clients", "too many connections", "connection slots are reserved")
+# A server that restarts (or a backend that an operator ends) refuses or drops connections
+# for a second or two: admin_shutdown, crash_shutdown, cannot_connect_now, and their
+# messages for a failed connect, which carries no SQLSTATE. Waited out within the lock
+# timeout like a lock, or every process that touched the database then tuned locally for
+# the rest of its job (tools/soak.py: 213-291 local results in 2 minutes with a restart
+# every 40 s). A refused or dropped connection counts only once this process has reached
+# the server: a database that was never up is unreachable, and says so at once.
+_PG_RESTART_SQLSTATES = {"57P01", "57P02", "57P03"}
+_PG_RESTART_MESSAGES = ("the database system is starting up",
+                        "the database system is shutting down",
+                        "the database system is not yet accepting connections",
+                        "the database system is in recovery mode",
+                        "terminating connection due to administrator command")
+_PG_GONE_MESSAGES = ("connection refused", "server closed the connection unexpectedly",
+                     "connection is closed", "consuming input failed")
 # Every refused connect costs the server a fork: retry those less eagerly than lock waits,
 # and at one steady, jittered pace, since with a backoff that grows, newcomers' quick
 # retries took the freed slots from the processes that had waited longest. 40 processes on
@@ -109,6 +124,7 @@ class Database:
         self._engine: Engine | None = None
         self._idle: _IdleCloser | None = None
         self._crowded_until = 0.0
+        self._reached = False  # a transaction of this process has completed on the server
         self._pid = -1
         self._lock = threading.Lock()
 
@@ -239,7 +255,9 @@ class Database:
             try:
                 with self._connection(write) as conn:
                     with conn.begin():
-                        return work(conn)
+                        result = work(conn)
+                self._reached = True
+                return result
             except exc.DBAPIError as e:
                 # No pre-ping (a round trip per checkout): a connection the server dropped
                 # (restarted, or ended an idle transaction) is noticed on use, and the
@@ -250,10 +268,17 @@ class Database:
                 full = self._server_full(e)
                 if full:
                     self._crowded_until = time.monotonic() + _CROWDED_SECONDS
-                if not full and not self._retryable(e):
+                restarting = not full and self._server_restarting(e)
+                if not (full or restarting or self._retryable(e)):
                     raise self._translate(e) from e
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    if restarting:
+                        raise StoreUnavailableError(
+                            self.display_url,
+                            f"the server went away and was not back within "
+                            f"{self.lock_timeout:g}s ({self._translate(e).reason})",
+                        ) from e
                     raise StoreTimeoutError(
                         self.display_url,
                         f"no free connection slot after {self.lock_timeout:g}s (raise the "
@@ -263,7 +288,7 @@ class Database:
                         f"still locked after {self.lock_timeout:g}s "
                         "(raise TUNECACHE_LOCK_TIMEOUT, or look for a stuck process)",
                     ) from e
-                if full:
+                if full or restarting:
                     pause = _CONNECT_RETRY_SECONDS * (0.5 + random.random())
                 else:
                     pause = delay * (0.5 + random.random())
@@ -284,6 +309,16 @@ class Database:
             return False
         return getattr(e.orig, "sqlstate", None) == "53300" or any(
             m in str(e.orig) for m in _PG_FULL_MESSAGES
+        )
+
+    def _server_restarting(self, e: exc.DBAPIError) -> bool:
+        if self.is_sqlite:
+            return False
+        if getattr(e.orig, "sqlstate", None) in _PG_RESTART_SQLSTATES:
+            return True
+        text = str(e.orig).lower()
+        return any(m in text for m in _PG_RESTART_MESSAGES) or (
+            self._reached and any(m in text for m in _PG_GONE_MESSAGES)
         )
 
     def _translate(self, e: exc.DBAPIError) -> StoreError:
