@@ -138,7 +138,7 @@ def build(url: str, count: int, chunk: int = 50_000) -> float:
 
 
 def _lookup_worker(url: str, count: int, stop: Any, queue: Any) -> None:
-    cache = tunecache.open(url, lock_timeout=60)
+    cache = tunecache.open(url, lease_seconds=120, lock_timeout=60)
     survivors = [i for i in range(0, count, 97) if i % 50 != 7 and i % 200 != 3
                  and age_days(i) < 40]
     keys = [key_of(i) for i in survivors[:5000]]
@@ -152,7 +152,7 @@ def _lookup_worker(url: str, count: int, stop: Any, queue: Any) -> None:
 
 
 def _writer_worker(url: str, stop: Any, queue: Any) -> None:
-    cache = tunecache.open(url, lock_timeout=60)
+    cache = tunecache.open(url, lease_seconds=120, lock_timeout=60)
     numbers = itertools.count()
 
     def claim_tune_publish() -> bool:
@@ -201,7 +201,7 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
             build_s = build(url, count)
             if sqlite_base and backend == "sqlite":
                 shutil.copyfile(path, sqlite_base)
-        settings = Settings.from_env(db=url, lock_timeout=60)
+        settings = Settings.from_env(db=url, lease_seconds=120, lock_timeout=60)
         db = maintenance.open_database(settings)
         size = maintenance._size(db)["bytes"]
         stats_times = []
