@@ -34,10 +34,28 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "tunecache"]
 
 
-@pytest.mark.parametrize("tune_seconds", ["slow", -5.0, math.inf, math.nan])
-def test_tune_seconds_that_is_not_a_duration_is_ignored(db_url, tune_seconds):
-    if tune_seconds == "slow" and db_url.startswith("postgresql"):
-        pytest.skip("PostgreSQL's float column cannot hold text")
+def _text_in_a_typed_column(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(isinstance(v, str) for k, v in value.items() if k != "state")
+    return isinstance(value, str)
+
+
+def _cases(values: list, ids: list[str]) -> list:
+    """(backend, value) pairs. Text in a typed column exists only on SQLite, which keeps
+    text it cannot read as a number; PostgreSQL's typed columns refuse it."""
+    return [pytest.param(backend, value, id=f"{backend}-{name}")
+            for backend in ("sqlite", "postgresql") for value, name in zip(values, ids)
+            if backend == "sqlite" or not _text_in_a_typed_column(value)]
+
+
+def _db(request, backend: str) -> str:
+    return request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url")
+
+
+@pytest.mark.parametrize("backend,tune_seconds",
+                         _cases(["slow", -5.0, math.inf, math.nan], ["text", "negative", "inf", "nan"]))
+def test_tune_seconds_that_is_not_a_duration_is_ignored(request, backend, tune_seconds):
+    db_url = _db(request, backend)
     with tunecache.open(db_url) as cache:
         cache.get_or_tune(KEY, _tuner)
         _set(cache, tune_seconds=tune_seconds)
@@ -56,22 +74,22 @@ def _claimed_by_a_peer(cache: tunecache.TuneCache) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "columns",
-    [
-        {"state": "pending_v2"},  # as a newer tunecache might write
-        {"lease_expires_at": math.nan},  # NULL on SQLite, NaN on PostgreSQL
-        {"lease_expires_at": math.inf},
-        {"lease_expires_at": "soon"},  # SQLite keeps text it cannot read as a number
-        {"token": "abc"},
-    ],
-    ids=["unknown-state", "nan-lease", "infinite-lease", "text-lease", "text-token"],
+    "backend,columns",
+    _cases(
+        [
+            {"state": "pending_v2"},  # as a newer tunecache might write
+            {"lease_expires_at": math.nan},  # NULL on SQLite, NaN on PostgreSQL
+            {"lease_expires_at": math.inf},
+            {"lease_expires_at": "soon"},
+            {"token": "abc"},
+        ],
+        ["unknown-state", "nan-lease", "infinite-lease", "text-lease", "text-token"],
+    ),
 )
 def test_row_that_nobody_will_finish_is_tuned_locally_at_once_with_one_warning(
-    db_url, caplog, columns
+    request, caplog, backend, columns
 ):
-    if any(isinstance(v, str) for k, v in columns.items() if k != "state") and \
-            db_url.startswith("postgresql"):
-        pytest.skip("PostgreSQL's typed columns cannot hold text")
+    db_url = _db(request, backend)
     # Waiting out the wait timeout would fail the test through its timeout marker.
     with tunecache.open(db_url, wait_timeout=600) as cache:
         _claimed_by_a_peer(cache)
