@@ -62,6 +62,13 @@ def test_a_key_object_is_the_same_key_as_its_mapping_and_is_hashed_once(db_url, 
     assert len(hashed) == 3  # lookup(mapping), Key.of({... 9}), in_progress(mapping): once each
 
 
+def test_a_cache_that_released_its_connections_keeps_working(db_url):
+    with tunecache.open(db_url) as cache:
+        cache.get_or_tune({"op": "mm", "m": 8}, lambda: {"a": 1.0})
+        cache.release_connections()
+        assert cache.lookup({"op": "mm", "m": 8}).timings == {"a": 1.0}
+
+
 def test_readonly_mode_reads_hits_and_never_writes(db_url):
     with tunecache.open(db_url) as writer:
         writer.get_or_tune({"i": 1}, lambda: {"a": 1.0})

@@ -303,6 +303,14 @@ class TuneCache:
         except StoreError as e:
             logger.debug("tunecache: usage not recorded: %s", e)
 
+    def release_connections(self) -> None:
+        """Close the database connections this process holds; the next call opens anew.
+
+        For callers that must not hold a connection between calls far apart (Inductor's
+        compile workers, one lookup per kernel).
+        """
+        self._db.dispose()
+
     def close(self) -> None:
         self.flush_usage()
         if self._heartbeat is not None and self._heartbeat.pid == os.getpid():
