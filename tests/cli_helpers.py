@@ -49,12 +49,11 @@ def _raise(_key: Any) -> dict[str, float]:
 
 def claim_key(url: str, key: dict[str, Any], lease_seconds: float, owner: str = "host:1:abc") -> None:
     """Leave a claim on ``key``, as a tuning (or dead, if the lease is tiny) process does."""
-    from tunecache.keys import key_hash, key_labels
+    from tunecache.keys import Key
 
-    h, j = key_hash(key)
     with tunecache.open(url) as cache:
         cache.lookup(key)  # creates the schema
-        cache.store.step(publish=[], candidates=[(h, j, key_labels(key))], limit=1,
+        cache.store.step(publish=[], candidates=[Key.of(key)], limit=1,
                          owner=owner, lease_seconds=lease_seconds, max_attempts=3)
     if lease_seconds < 1:
         time.sleep(lease_seconds + 0.05)

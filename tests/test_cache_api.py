@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from sqlalchemy import func, select, text
 
 import tunecache
+from tunecache import keys as keys_module
+from tunecache.keys import Key, key_hash
 from tunecache.store import Database
 from tunecache.store.schema import entries, usage
 
@@ -35,6 +38,35 @@ def test_get_or_tune_many_keeps_the_callers_order_and_duplicates(db_url):
         results = cache.get_or_tune_many(keys, lambda key: {f"k{key['i']}": float(key["i"])})
     assert [r.best for r in results] == ["k3", "k1", "k3", "k2"]
     assert results[0] == results[2]
+
+
+def test_a_key_object_is_the_same_key_as_its_mapping_and_is_hashed_once(db_url, monkeypatch):
+    mapping = {"kind": "gemm", "op": "mm", "env": {"device": "H200"}, "m": 8}
+    key = Key.of(mapping)
+    assert Key.of(key) is key and key == Key.of(dict(reversed(list(mapping.items()))))
+    assert (key.hash, key.json) == key_hash(mapping)
+    assert key.labels["op"] == "mm" and key.labels["device"] == "H200"
+    hashed = []
+    real_key_hash = keys_module.key_hash
+    monkeypatch.setattr(keys_module, "key_hash", lambda k: hashed.append(1) or real_key_hash(k))
+    seen = []
+    with tunecache.open(db_url) as cache:
+        first = cache.get_or_tune_many([key], lambda k: seen.append(k) or {"a": 1.0})[0]
+        assert cache.lookup(key) == cache.lookup(mapping) == dataclasses.replace(first,
+                                                                                 source="hit")
+        claimed = cache.claim(Key.of({"op": "mm", "m": 9}))
+        assert cache.in_progress({"op": "mm", "m": 9})
+        assert cache.publish(claimed, {"b": 2.0}).source == "tuned"
+    assert seen == [mapping] and seen[0] is mapping  # the tuner gets the caller's mapping
+    assert first.key_hash == key.hash and first.source == "tuned"
+    assert len(hashed) == 3  # lookup(mapping), Key.of({... 9}), in_progress(mapping): once each
+
+
+def test_a_cache_that_released_its_connections_keeps_working(db_url):
+    with tunecache.open(db_url) as cache:
+        cache.get_or_tune({"op": "mm", "m": 8}, lambda: {"a": 1.0})
+        cache.release_connections()
+        assert cache.lookup({"op": "mm", "m": 8}).timings == {"a": 1.0}
 
 
 def test_readonly_mode_reads_hits_and_never_writes(db_url):

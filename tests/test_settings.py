@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunecache.errors import ConfigError
-from tunecache.settings import Settings, resolve_db_url
+from tunecache.settings import Activation, Settings, activation, resolve_db_url
 
 
 def test_unset_db_is_the_embedded_default_under_xdg_cache_home(tmp_path):
@@ -81,3 +81,24 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
     message = str(error.value)
     assert "TUNECACHE_LEASE_SECONDS" in message and "TUNECACHE_LOCK_TIMEOUT" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, Activation(hook=False, count_only=False, triton=False)),
+        ({"TUNECACHE_DB": "  "}, Activation(hook=False, count_only=False, triton=False)),
+        ({"TUNECACHE_DB": "/t.db"}, Activation(hook=True, count_only=False, triton=False)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_MODE": " OFF "},
+         Activation(hook=False, count_only=False, triton=False)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "Yes"},
+         Activation(hook=True, count_only=False, triton=True)),
+        ({"TUNECACHE_INDUCTOR_COUNT_ONLY": "1", "TUNECACHE_TRITON_CONFIGS": "1"},
+         Activation(hook=True, count_only=True, triton=False)),
+        # the autoload never raises: a bad value is reported when the cache is opened
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "maybe"},
+         Activation(hook=True, count_only=False, triton=False)),
+    ],
+)
+def test_autoload_activation_is_read_from_the_environment(env, expected):
+    assert activation(env) == expected

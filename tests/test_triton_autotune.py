@@ -34,7 +34,7 @@ from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
-from tunecache.coordinator import TuneCache  # noqa: E402
+from tunecache.core import TuneCache  # noqa: E402
 from tunecache.store.store import Claim  # noqa: E402
 
 from triton_fakes import (  # noqa: E402

@@ -22,7 +22,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .coordinator import Result, TuneCache
+    from .core import Result, TuneCache
     from .settings import Settings
 
 __version__ = "0.1.0"
@@ -47,7 +47,7 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = {"TuneCache": "coordinator", "Result": "coordinator", "Settings": "settings"}
+_LAZY = {"TuneCache": "core", "Result": "core", "Settings": "settings"}
 
 
 def __getattr__(name: str) -> Any:
@@ -87,7 +87,7 @@ def open(db: str | None = None, **settings: Any) -> "TuneCache":  # noqa: A001 -
     Keyword arguments override the TUNECACHE_* environment variables (``mode``,
     ``lease_seconds``, ``wait_timeout``, ``lock_timeout``, ``max_attempts``).
     """
-    from .coordinator import TuneCache
+    from .core import TuneCache
     from .settings import Settings
 
     return TuneCache(Settings.from_env(db=db, **settings))

@@ -21,6 +21,9 @@ there makes ``import torch`` itself fail:
 
 ``TUNECACHE_INDUCTOR_COUNT_ONLY=1`` installs only the benchmark counter instead (used by
 tools/bench_gpu.py to count plain max-autotune runs), even without ``TUNECACHE_DB``.
+
+These variables are read through :func:`tunecache.settings.activation`, which imports
+nothing heavy.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import sys
 import threading
 import types
 from typing import Sequence
+
+from .settings import Activation, activation
 
 __all__ = ["torch_backend_entry", "install_import_hook"]
 
@@ -42,14 +46,6 @@ _TARGET = "torch._inductor.select_algorithm"
 _TRITON_TARGET = "torch._inductor.runtime.autotune_cache"
 _lock = threading.Lock()
 _done: set[str] = set()
-
-
-def _wanted() -> bool:
-    if os.environ.get("TUNECACHE_INDUCTOR_COUNT_ONLY") == "1":
-        return True
-    if not os.environ.get("TUNECACHE_DB", "").strip():
-        return False
-    return os.environ.get("TUNECACHE_MODE", "").strip().lower() != "off"
 
 
 def _enable(target: str) -> None:
@@ -73,13 +69,8 @@ def _enable(target: str) -> None:
         )
 
 
-def _targets() -> tuple[str, ...]:
-    from .settings import TRUE_VALUES
-
-    if os.environ.get("TUNECACHE_TRITON_CONFIGS", "").strip().lower() in TRUE_VALUES \
-            and os.environ.get("TUNECACHE_INDUCTOR_COUNT_ONLY") != "1":
-        return (_TARGET, _TRITON_TARGET)
-    return (_TARGET,)
+def _targets(plan: Activation) -> tuple[str, ...]:
+    return (_TARGET, _TRITON_TARGET) if plan.triton else (_TARGET,)
 
 
 class _Loader(importlib.abc.Loader):
@@ -128,7 +119,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install_import_hook() -> None:
     """Enable tunecache once its target modules are imported (now, for those that are)."""
-    targets = _targets()
+    targets = _targets(activation())
     pending = False
     for target in targets:
         if target in sys.modules:
@@ -142,7 +133,7 @@ def install_import_hook() -> None:
 def torch_backend_entry() -> None:
     """Entry point of the ``torch.backends`` group (see the module docstring)."""
     try:
-        if _wanted():
+        if activation().hook:
             install_import_hook()
     except Exception as e:  # noqa: BLE001 - never make `import torch` fail
         log.warning(

@@ -1307,7 +1307,7 @@ class _TritonCache:
         ``("local", None)``: measure without sharing (store down or readonly, a failed or
         refused entry, or a peer's result that never came). ``again``: look once more
         if the peer's claim that the claim found is gone by the time it is checked."""
-        from .coordinator import Result
+        from .core import Result
 
         cache = self.cache()
         answer: Any = cache.lookup(key)
@@ -1376,7 +1376,7 @@ class _TritonCache:
         self._publish(key, value)
 
     def _publish(self, key: dict[str, Any], value: Mapping[str, Any]) -> None:
-        from .coordinator import Result
+        from .core import Result
 
         key_hash, _ = tc_keys.key_hash(key)
         entry = {k: v for k, v in value.items() if k != "time_taken_ms"}

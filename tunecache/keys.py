@@ -1,20 +1,24 @@
-"""Tuning keys and timings: canonical JSON, hashes, validation, the winner.
+"""Tuning keys and their timings: a key's identity, timings validation, the winner.
 
-Everything here is pure and torch-free. Whatever reads an entry from shared storage goes
+A key is computed once into a :class:`Key`, which every layer passes on. Everything here is
+pure and torch-free. Whatever reads an entry from shared storage goes
 through :func:`validate_timings`, because a shared file can hold anything: a half-written
 row from a crashed host, an entry from a buggy tunecache, or one written by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 from .errors import InvalidEntryError
 
 __all__ = [
+    "Key",
+    "KeyLike",
     "canonical_json",
     "key_hash",
     "key_labels",
@@ -76,6 +80,32 @@ def key_labels(key: Mapping[str, Any]) -> dict[str, str | None]:
         "torch_version": _label(env.get("torch")),
         "triton_version": _label(env.get("triton")),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """A tuning key, validated and hashed once: the mapping, its canonical JSON, its
+    sha256 hash and the labels stats and prune group by. Equal keys have equal hashes.
+
+    Build one with :meth:`of`; the mapping is the caller's (a tuner gets it back as is).
+    """
+
+    hash: str
+    json: str = dataclasses.field(repr=False)
+    labels: Mapping[str, str | None] = dataclasses.field(compare=False, repr=False)
+    mapping: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, key: "KeyLike") -> "Key":
+        """The :class:`Key` of a key mapping (a :class:`Key` is returned as it is)."""
+        if isinstance(key, Key):
+            return key
+        h, text = key_hash(key)
+        return cls(h, text, key_labels(key), key)
+
+
+# What the cache's methods accept: a key mapping (the public API) or a Key built before.
+KeyLike = Union[Key, Mapping[str, Any]]
 
 
 def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:

@@ -10,7 +10,7 @@ from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "Mode", "resolve_db_url", "default_db_path"]
+__all__ = ["Settings", "Mode", "Activation", "activation", "resolve_db_url", "default_db_path"]
 
 Mode = Literal["readwrite", "readonly", "off"]
 MODES: tuple[str, ...] = ("readwrite", "readonly", "off")
@@ -88,8 +88,10 @@ def _positive_int(name: str, raw: str | int) -> int:
 
 _DEFAULT_LOCK_TIMEOUT = 15.0
 
-# Spellings of a true TUNECACHE_* flag (tunecache._autoload reads one before any Settings).
+# Spellings of a true TUNECACHE_* flag.
 TRUE_VALUES = ("1", "true", "yes", "on")
+# Not a setting of the cache: tools/bench_gpu.py's switch to count plain max-autotune runs.
+COUNT_ONLY_VAR = "TUNECACHE_INDUCTOR_COUNT_ONLY"
 
 
 def _flag(name: str, raw: str | bool) -> bool:
@@ -194,3 +196,36 @@ class Settings:
     @property
     def is_postgresql(self) -> bool:
         return self.db_url.startswith("postgresql")
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """What the autoload hook (tunecache._autoload) does at ``import torch``.
+
+    Read from the environment without building :class:`Settings`: it runs inside every
+    ``import torch``, so it must cost next to nothing, import nothing and never raise. A
+    bad value is reported later, when the cache is opened.
+    """
+
+    # Install the post-import hook at all: TUNECACHE_DB set and TUNECACHE_MODE not off,
+    # or the benchmark counter asked for.
+    hook: bool
+    # TUNECACHE_INDUCTOR_COUNT_ONLY=1: install only the benchmark counter, no cache.
+    count_only: bool
+    # TUNECACHE_TRITON_CONFIGS on (and not count_only): plug in the Triton autotune cache.
+    triton: bool
+
+
+def activation(environ: Mapping[str, str] | None = None) -> Activation:
+    """The autoload hook's :class:`Activation`, from the environment."""
+    env = os.environ if environ is None else environ
+    var = Settings._ENV
+    count_only = env.get(COUNT_ONLY_VAR) == "1"
+    if count_only:
+        hook = True
+    elif not env.get(var["db_url"], "").strip():
+        hook = False
+    else:
+        hook = env.get(var["mode"], "").strip().lower() != "off"
+    triton = env.get(var["triton_configs"], "").strip().lower() in TRUE_VALUES
+    return Activation(hook, count_only, triton and not count_only)

@@ -45,7 +45,7 @@ from sqlalchemy.engine import make_url
 
 from ..errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
-__all__ = ["Database", "PG_ROOM_TO_LISTEN"]
+__all__ = ["Database"]
 
 logger = logging.getLogger("tunecache")
 
@@ -88,22 +88,6 @@ _CONNECT_RETRY_SECONDS = 0.25
 _PG_IDLE_SECONDS = 0.1
 # After a refused connect, connections are closed at once for this long.
 _CROWDED_SECONDS = 10.0
-# Whether the server has connection slots to spare for a waiter's LISTEN connection: under
-# half of each limit in use (max_connections less its reserved slots, the database's and
-# the role's CONNECTION LIMIT). Waiters that each held one left none for the processes
-# whose results they waited for.
-PG_ROOM_TO_LISTEN = """
-SELECT 2 * (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
-         <= current_setting('max_connections')::int
-            - current_setting('superuser_reserved_connections')::int
-            - coalesce(current_setting('reserved_connections', true), '0')::int
-   AND (d.datconnlimit < 0
-        OR 2 * (SELECT count(*) FROM pg_stat_activity WHERE datid = d.oid) <= d.datconnlimit)
-   AND (r.rolconnlimit < 0
-        OR 2 * (SELECT count(*) FROM pg_stat_activity WHERE usesysid = r.oid) <= r.rolconnlimit)
-FROM pg_database d, pg_roles r
-WHERE d.datname = current_database() AND r.rolname = current_user
-"""
 
 
 def _redacted(url: str) -> str:

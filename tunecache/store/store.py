@@ -28,19 +28,19 @@ from sqlalchemy import (
     func,
     literal,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
+from ..keys import Key
 from .engine import Database
+from .notify import Waiter, notify
 from .schema import STATES, entries, usage
 
-__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication", "NOTIFY_CHANNEL"]
+__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication"]
 
-NOTIFY_CHANNEL = "tunecache_done"
 # IN lists are chunked below SQLite's default limit on bound parameters (999 before 3.32).
 _CHUNK = 500
 
@@ -268,7 +268,6 @@ def _insert_claim_statement(dialect: str) -> Any:
     )
 
 
-_NOTIFY = text(f"NOTIFY {NOTIFY_CHANNEL}")
 _INSERT_CLAIM = {d: _insert_claim_statement(d) for d in ("sqlite", "postgresql")}
 
 
@@ -287,6 +286,7 @@ class Store:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._waiter: Waiter | None = None
 
     # -- reads -------------------------------------------------------------------------
 
@@ -310,7 +310,7 @@ class Store:
         *,
         publish: Sequence[Publication],
         give_back: Sequence[Claim] = (),
-        candidates: Sequence[tuple[str, str, Mapping[str, str | None]]],
+        candidates: Sequence[Key],
         limit: int,
         owner: str,
         lease_seconds: float,
@@ -321,7 +321,7 @@ class Store:
         their order), in one write transaction: on SQLite every commit is a few fsyncs on
         a shared disk, so a tuned key costs one commit, not two.
 
-        ``candidates`` are (key_hash, key_json, labels).
+        ``candidates`` are the keys to claim, hashed by the caller.
         """
 
         def work(conn: Connection) -> StepOutcome:
@@ -330,15 +330,14 @@ class Store:
                 conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
                 for claim in give_back
             ]
-            seen = self._read(conn, [c[0] for c in candidates]) if candidates else {}
+            seen = self._read(conn, [c.hash for c in candidates]) if candidates else {}
             claimed: list[Claim] = []
-            for key_hash, key_json, labels in candidates:
+            for key in candidates:
                 if len(claimed) >= limit:
                     break
-                row = seen.get(key_hash)
+                row = seen.get(key.hash)
                 if row is None:
-                    claim = self._insert_claim(conn, key_hash, key_json, labels, owner,
-                                               lease_seconds)
+                    claim = self._insert_claim(conn, key, owner, lease_seconds)
                 elif row.lease_expired:
                     claim = self._take_over(conn, row, owner, lease_seconds, max_attempts)
                 else:
@@ -347,7 +346,7 @@ class Store:
                     claimed.append(claim)
                 else:
                     # Lost a race (PostgreSQL reads without locks); the row is someone's now.
-                    seen.update(self._read(conn, [key_hash]))
+                    seen.update(self._read(conn, [key.hash]))
             if any(published) or any(returned):
                 self._notify(conn)
             return StepOutcome(published, claimed, seen)
@@ -355,20 +354,14 @@ class Store:
         return self.db.run(work, write=True)
 
     def _insert_claim(
-        self,
-        conn: Connection,
-        key_hash: str,
-        key_json: str,
-        labels: Mapping[str, str | None],
-        owner: str,
-        lease_seconds: float,
+        self, conn: Connection, key: Key, owner: str, lease_seconds: float
     ) -> Claim | None:
         row = conn.execute(
             _INSERT_CLAIM[self.db.dialect],
-            _params(**labels, key_hash=key_hash, key_json=key_json, owner=owner,
+            _params(**key.labels, key_hash=key.hash, key_json=key.json, owner=owner,
                     lease_seconds=lease_seconds),
         ).first()
-        return Claim(key_hash, 1, owner) if row is not None else None
+        return Claim(key.hash, 1, owner) if row is not None else None
 
     def _take_over(
         self, conn: Connection, row: Entry, owner: str, lease_seconds: float, max_attempts: int
@@ -439,10 +432,15 @@ class Store:
         return self.db.run(work, write=True)
 
     def _notify(self, conn: Connection) -> None:
-        # Delivered at commit, so a waiter woken by it reads the new rows. One per
-        # transaction and without a payload: waiters re-read what they wait for anyway.
-        if self.db.dialect == "postgresql":
-            conn.execute(_NOTIFY)
+        notify(conn, self.db.dialect)
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, less if a key is published or given back
+        meanwhile (where the database can tell: PostgreSQL). Only cuts a poll's sleep
+        short; the caller re-reads what it waits for either way."""
+        if self._waiter is None or self._waiter.pid != os.getpid():
+            self._waiter = Waiter(self.db)
+        self._waiter.wait(timeout)
 
     # -- usage ---------------------------------------------------------------------------
 

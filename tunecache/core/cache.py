@@ -1,4 +1,4 @@
-"""Claim -> tune -> publish, heartbeat, wait for peers, take over, fall back.
+"""The cache's protocol: claim -> tune -> publish, wait for peers, take over, fall back.
 
 :class:`TuneCache` tunes opaque keys with a callable; it knows nothing of Inductor, so it
 serves any autotuner. The guarantees:
@@ -15,7 +15,6 @@ serves any autotuner. The guarantees:
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import math
 import os
@@ -25,19 +24,21 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
-from .keys import best_candidate, key_hash, key_labels, timings_to_json, validate_timings
-from .settings import Settings
-from .store import Claim, Database, Entry, Publication, Store, ensure_schema
-from .store.store import NOTIFY_CHANNEL
+from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
+from ..keys import Key, KeyLike, best_candidate, timings_to_json, validate_timings
+from ..settings import Settings
+from ..store import Claim, Database, Entry, Publication, Store, ensure_schema
+from .heartbeat import Heartbeat
+from .result import Result, Source
+from .usage import Usage
 
-__all__ = ["TuneCache", "Result", "Source", "Claim"]
+__all__ = ["TuneCache", "Tuner"]
 
 logger = logging.getLogger("tunecache")
 
-Source = Literal["hit", "tuned", "peer", "local", "failed"]
+# A tuner gets the key mapping it was asked for (a Key's ``mapping``).
 Tuner = Callable[[Mapping[str, Any]], Mapping[str, float]]
 
 # How many keys one claim step looks at. Processes walk the key list in the same order, so
@@ -45,32 +46,6 @@ Tuner = Callable[[Mapping[str, Any]], Mapping[str, float]]
 _CLAIM_WINDOW = 16
 _USAGE_FLUSH_SECONDS = 60.0
 _CHEAP_TUNE_SECONDS = 0.005
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """Timings of one key. ``best`` is the least time, ties broken by candidate name.
-
-    ``source``: ``hit`` (already in the cache), ``tuned`` (this process tuned and published
-    it), ``peer`` (another process tuned it while this one waited), ``local`` (tuned here
-    without the cache: store unavailable, readonly miss, invalid entry, or wait timeout),
-    ``failed`` (the key failed its tuner too often; ``error`` says why).
-    """
-
-    key_hash: str
-    timings: dict[str, float]
-    best: str | None
-    source: Source
-    tune_seconds: float | None = None
-    error: str | None = None
-
-
-@dataclasses.dataclass
-class _Key:
-    hash: str
-    json: str
-    labels: dict[str, str | None]
-    key: Mapping[str, Any]
 
 
 class TuneCache:
@@ -87,9 +62,8 @@ class TuneCache:
         self._warned_keys: set[str] = set()
         self._owner_pid = -1
         self._owner = ""
-        self._heartbeat: _Heartbeat | None = None
-        self._listener: _Listener | None = None
-        self._usage = _Usage()
+        self._heartbeat: Heartbeat | None = None
+        self._usage = Usage()
         _open_caches.add(self)
 
     # -- public API ----------------------------------------------------------------------
@@ -108,9 +82,7 @@ class TuneCache:
     def store(self) -> Store:
         return self._store
 
-    def get_or_tune(
-        self, key: Mapping[str, Any], tune: Callable[[], Mapping[str, float]]
-    ) -> Result:
+    def get_or_tune(self, key: KeyLike, tune: Callable[[], Mapping[str, float]]) -> Result:
         """The timings of ``key``, from the cache, a peer, or ``tune()``.
 
         Raises :class:`KeyFailedError` if the key is marked failed; whatever ``tune``
@@ -121,18 +93,19 @@ class TuneCache:
             raise KeyFailedError(result.key_hash, self.settings.max_attempts, result.error)
         return result
 
-    def get_or_tune_many(self, keys: Sequence[Mapping[str, Any]], tune: Tuner) -> list[Result]:
+    def get_or_tune_many(self, keys: Sequence[KeyLike], tune: Tuner) -> list[Result]:
         """Results for ``keys``, in their order; ``tune(key)`` tunes one key.
 
         Claims free keys one at a time (in list order, so processes calling with the same
         list share the work evenly) and tunes them, then waits on the database for keys
         that peers are tuning, taking over any whose owner's lease passes. A failed key
         gets a ``failed`` result rather than an exception, so the others are not lost.
+        ``keys`` are mappings or :class:`~tunecache.keys.Key` objects.
         """
-        prepared: dict[str, _Key] = {}
-        for key in keys:
-            h, j = key_hash(key)
-            prepared.setdefault(h, _Key(h, j, key_labels(key), key))
+        asked = [Key.of(key) for key in keys]
+        prepared: dict[str, Key] = {}
+        for k in asked:
+            prepared.setdefault(k.hash, k)
         results: dict[str, Result] = {}
         if self._ensure_available():
             try:
@@ -147,9 +120,9 @@ class TuneCache:
                 results[k.hash] = self._tune_locally(k, tune)
         self._usage.add(results.values())
         self._maybe_flush()
-        return [results[key_hash(key)[0]] for key in keys]
+        return [results[k.hash] for k in asked]
 
-    def lookup(self, key: Mapping[str, Any]) -> Result | None:
+    def lookup(self, key: KeyLike) -> Result | None:
         """The stored result of ``key`` if it is done and valid; never claims or waits."""
         row = self._read_row(key)
         if row is None or row.state != "done":
@@ -161,7 +134,7 @@ class TuneCache:
 
     def claim(
         self,
-        key: Mapping[str, Any],
+        key: KeyLike,
         *,
         lease_seconds: float | None = None,
         wait: float = 0.0,
@@ -186,7 +159,8 @@ class TuneCache:
         While waiting it only reads (no write transaction), and takes the key over as
         soon as the peer's lease passes.
         """
-        h, j = key_hash(key)
+        k = Key.of(key)
+        h = k.hash
         lease = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
         if not math.isfinite(lease) or lease <= 0:
             raise ValueError(f"lease_seconds must be a positive number, not {lease_seconds!r}")
@@ -199,7 +173,7 @@ class TuneCache:
             if self.settings.mode == "readonly":
                 row = self._store.read([h]).get(h)
                 return self._claim_answer(row, source)
-            candidates = [(h, j, key_labels(key))]
+            candidates = [k]
             while True:
                 outcome = self._store.step(
                     publish=[],
@@ -220,7 +194,7 @@ class TuneCache:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return None
-                    self._wait_for_change(min(poll, left))
+                    self._store.wait_for_change(min(poll, left))
                     poll = min(poll * 2, 0.5)
                     row = self._store.read([h]).get(h)
                     if row is None or not row.live_claim:
@@ -271,17 +245,17 @@ class TuneCache:
         self._maybe_flush()
         return result
 
-    def in_progress(self, key: Mapping[str, Any]) -> bool:
+    def in_progress(self, key: KeyLike) -> bool:
         """Whether a live claim on ``key`` is held right now (by anyone); only reads."""
         row = self._read_row(key)
         return row is not None and row.live_claim
 
-    def _read_row(self, key: Mapping[str, Any]) -> Entry | None:
+    def _read_row(self, key: KeyLike) -> Entry | None:
         """The stored row of ``key`` (None: absent, or the store is unavailable)."""
         if not self._ensure_available():
             return None
         try:
-            h, _ = key_hash(key)
+            h = Key.of(key).hash
             return self._store.read([h]).get(h)
         except StoreError as e:
             self._disable(e)
@@ -329,14 +303,19 @@ class TuneCache:
         except StoreError as e:
             logger.debug("tunecache: usage not recorded: %s", e)
 
+    def release_connections(self) -> None:
+        """Close the database connections this process holds; the next call opens anew.
+
+        For callers that must not hold a connection between calls far apart (Inductor's
+        compile workers, one lookup per kernel).
+        """
+        self._db.dispose()
+
     def close(self) -> None:
         self.flush_usage()
         if self._heartbeat is not None and self._heartbeat.pid == os.getpid():
             self._heartbeat.stop()
         self._heartbeat = None
-        if self._listener is not None:
-            self._listener.close()
-        self._listener = None
         self._db.dispose()
 
     def __enter__(self) -> "TuneCache":
@@ -378,7 +357,7 @@ class TuneCache:
 
     # -- the protocol --------------------------------------------------------------------
 
-    def _read_only(self, keys: Mapping[str, _Key], results: dict[str, Result]) -> None:
+    def _read_only(self, keys: Mapping[str, Key], results: dict[str, Result]) -> None:
         for h, row in self._store.read(list(keys)).items():
             if row.state == "done":
                 result = self._result_from_row(row, "hit")
@@ -386,7 +365,7 @@ class TuneCache:
                     results[h] = result
 
     def _claim_tune_wait(
-        self, keys: Mapping[str, _Key], tune: Tuner, results: dict[str, Result]
+        self, keys: Mapping[str, Key], tune: Tuner, results: dict[str, Result]
     ) -> None:
         owner = self._owner_id()
         heartbeat = self._heartbeat_thread()
@@ -418,7 +397,7 @@ class TuneCache:
                     outcome = self._store.step(
                         publish=publications,
                         give_back=returned,
-                        candidates=[(h, keys[h].json, keys[h].labels) for h in window],
+                        candidates=[keys[h] for h in window],
                         limit=batch,
                         owner=owner,
                         lease_seconds=self.settings.lease_seconds,
@@ -496,11 +475,11 @@ class TuneCache:
                     len(waiting), self.settings.wait_timeout,
                 )
                 return
-            self._wait_for_change(poll)
+            self._store.wait_for_change(poll)
             poll = min(poll * 2, 0.5)
 
     def _tune_batch(
-        self, claims: Sequence[Claim], keys: Mapping[str, _Key], tune: Tuner
+        self, claims: Sequence[Claim], keys: Mapping[str, Key], tune: Tuner
     ) -> tuple[list[Publication], list[Claim]]:
         """Tune claimed keys in order: (publications, claims to give back untuned).
 
@@ -566,12 +545,12 @@ class TuneCache:
             return None
         return Result(row.key_hash, timings, best_candidate(timings), source, row.tune_seconds)
 
-    def _tune_claimed(self, claim: Claim, key: _Key, tune: Tuner) -> Publication:
+    def _tune_claimed(self, claim: Claim, key: Key, tune: Tuner) -> Publication:
         """Tune a claimed key (its claim stays held until published); if the tuner
         raises, give the claim back as a failed attempt."""
         start = time.perf_counter()
         try:
-            timings = validate_timings(dict(tune(key.key)), key.hash)
+            timings = validate_timings(dict(tune(key.mapping)), key.hash)
         except BaseException as e:
             self._heartbeat_thread().release([claim], wait=True)
             try:
@@ -588,25 +567,17 @@ class TuneCache:
             time.perf_counter() - start,
         )
 
-    def _tune_locally(self, key: _Key, tune: Tuner) -> Result:
+    def _tune_locally(self, key: Key, tune: Tuner) -> Result:
         start = time.perf_counter()
-        timings = dict(tune(key.key))
+        timings = dict(tune(key.mapping))
         clean = {name: (ms if isinstance(ms, (int, float)) and not math.isnan(ms) else math.inf)
                  for name, ms in timings.items()}
         return Result(key.hash, clean, best_candidate(clean), "local",
                       time.perf_counter() - start)
 
-    def _wait_for_change(self, timeout: float) -> None:
-        if self._db.dialect == "postgresql":
-            if self._listener is None or self._listener.pid != os.getpid():
-                self._listener = _Listener(self._db.url)
-            if self._listener.wait(timeout):
-                return
-        time.sleep(timeout)
-
-    def _heartbeat_thread(self) -> "_Heartbeat":
+    def _heartbeat_thread(self) -> Heartbeat:
         if self._heartbeat is None or self._heartbeat.pid != os.getpid():
-            self._heartbeat = _Heartbeat(self._store, self.settings.lease_seconds)
+            self._heartbeat = Heartbeat(self._store, self.settings.lease_seconds)
         return self._heartbeat
 
     def _maybe_flush(self) -> None:
@@ -629,149 +600,6 @@ def _next_batch(step_seconds: float, tuned: Sequence[Publication]) -> int:
     if tune_seconds >= _CHEAP_TUNE_SECONDS or tune_seconds * 4 >= step_seconds:
         return 1
     return max(1, min(32, int(step_seconds / max(tune_seconds, 1e-6) / 4)))
-
-
-class _Usage:
-    """Hits and sources counted in memory, written by :meth:`TuneCache.flush_usage`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._since = time.monotonic()
-        self._hits: dict[str, int] = {}
-        self._counts: dict[str, float] = {}
-
-    def add(self, results: Iterable[Result]) -> None:
-        with self._lock:
-            for r in results:
-                self._counts[r.source] = self._counts.get(r.source, 0) + 1
-                if r.source in ("hit", "peer"):
-                    self._hits[r.key_hash] = self._hits.get(r.key_hash, 0) + 1
-                    saved = self._counts.get("seconds_saved", 0.0) + (r.tune_seconds or 0.0)
-                    self._counts["seconds_saved"] = saved
-                elif r.source in ("tuned", "local"):
-                    spent = self._counts.get("seconds_tuning", 0.0) + (r.tune_seconds or 0.0)
-                    self._counts["seconds_tuning"] = spent
-
-    def take(self) -> tuple[dict[str, int], dict[str, float]]:
-        with self._lock:
-            hits, counts = self._hits, self._counts
-            self._hits, self._counts, self._since = {}, {}, time.monotonic()
-            return hits, counts
-
-    def age(self) -> float:
-        return time.monotonic() - self._since
-
-
-class _Heartbeat:
-    """Renews the leases of the claims a process holds, every lease/3 seconds."""
-
-    def __init__(self, store: Store, lease_seconds: float) -> None:
-        self.pid = os.getpid()
-        self._store = store
-        self._lease = lease_seconds
-        self._claims: dict[str, Claim] = {}
-        self._lock = threading.Lock()  # guards _claims
-        self._renewing = threading.Lock()  # held for a whole renewal
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tunecache-heartbeat",
-                                        daemon=True)
-        self._thread.start()
-
-    def hold(self, claims: Iterable[Claim]) -> None:
-        with self._lock:
-            for claim in claims:
-                self._claims[claim.key_hash] = claim
-
-    def release(self, claims: Iterable[Claim], *, wait: bool = False) -> None:
-        """Stop renewing ``claims``. ``wait``: also wait out a renewal in flight, which
-        may have read them before; call it before giving claims back, or that renewal
-        would hold off peers for another lease."""
-        claims = list(claims)
-        with self._lock:
-            for claim in claims:
-                if self._claims.get(claim.key_hash) == claim:
-                    del self._claims[claim.key_hash]
-        if wait and claims:
-            with self._renewing:
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._lease / 3):
-            with self._renewing:
-                with self._lock:
-                    claims = list(self._claims.values())
-                if not claims:
-                    continue
-                try:
-                    lost = self._store.heartbeat(claims, self._lease)
-                except StoreError as e:
-                    logger.debug("tunecache: heartbeat failed: %s", e)
-                    continue
-                with self._lock:
-                    # Renewing a lost claim is pointless; one its owner released in the
-                    # meantime is its owner's to report (a rejected publish warns).
-                    lost_held = [c for c in claims
-                                 if c.key_hash in lost and self._claims.get(c.key_hash) == c]
-                    for claim in lost_held:
-                        del self._claims[claim.key_hash]
-            for claim in lost_held:
-                logger.warning("tunecache: lost the claim on %s (lease passed)",
-                               claim.key_hash[:16])
-
-
-class _Listener:
-    """LISTENs for published keys while a waiter sleeps, to wake it early.
-
-    Polling stays the source of truth: a notification only cuts a sleep short. So the
-    connection is opened for one wait and closed at its end, and only while the server has
-    slots to spare: at cluster scale, waiters that each held one for their life left no
-    slot for the processes whose results they waited for (issue 13).
-    """
-
-    # Shorter sleeps are not worth a connection.
-    _MIN_SECONDS = 0.1
-    # After finding the server crowded, sleep without asking it again for this long.
-    _CROWDED_SECONDS = 5.0
-
-    def __init__(self, url: str) -> None:
-        from sqlalchemy.engine import make_url
-
-        self.pid = os.getpid()
-        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
-        self._quiet_until = 0.0
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for a notification; False: nothing waited, sleep instead."""
-        if timeout < self._MIN_SECONDS or time.monotonic() < self._quiet_until:
-            return False
-        try:
-            import psycopg
-
-            from .store.engine import PG_ROOM_TO_LISTEN
-
-            with psycopg.connect(self._conninfo, autocommit=True,
-                                 connect_timeout=max(2, math.ceil(timeout))) as conn:
-                room = conn.execute(PG_ROOM_TO_LISTEN).fetchone()
-                if not (room and room[0]):
-                    self._quiet_until = time.monotonic() + self._CROWDED_SECONDS
-                    return False
-                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                for _ in conn.notifies(timeout=timeout, stop_after=1):
-                    break
-            return True
-        except Exception as e:  # noqa: BLE001 - any failure here just means polling
-            logger.debug("tunecache: LISTEN unavailable, polling: %s", e)
-            self._quiet_until = time.monotonic() + self._CROWDED_SECONDS
-            return False
-
-    def close(self) -> None:
-        """Nothing is held between waits."""
 
 
 _open_caches: "weakref.WeakSet[TuneCache]" = weakref.WeakSet()
