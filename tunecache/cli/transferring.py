@@ -62,11 +62,19 @@ _CONFLICT_HELP = (
 )
 
 
-def _conflict_option(fn: F) -> F:
-    return click.option("--on-conflict",
-                        type=LibraryChoice("tunecache.ops.transfer:CONFLICT_POLICIES"),
-                        default="keep",
-                        show_default=True, help=_CONFLICT_HELP)(fn)
+def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
+    """--on-conflict, --skip-invalid and --dry-run, shared by import and merge."""
+
+    def decorate(fn: F) -> F:
+        fn = click.option("--dry-run", is_flag=True, help="Validate and count; write nothing.")(fn)
+        fn = click.option("--skip-invalid", is_flag=True, help=skip_invalid_help)(fn)
+        # The policies are read from tunecache.ops.transfer when first used: the CLI
+        # starts without it.
+        return click.option("--on-conflict",
+                            type=LibraryChoice("tunecache.ops.transfer:CONFLICT_POLICIES"),
+                            default="keep", show_default=True, help=_CONFLICT_HELP)(fn)
+
+    return decorate
 
 
 def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip_invalid: bool,
@@ -90,10 +98,7 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
 
 @click.command("import")
 @click.argument("file", type=click.File("r", encoding="utf-8", errors="replace"))
-@_conflict_option
-@click.option("--skip-invalid", is_flag=True,
-              help="Exit 0 even if some lines were invalid (they are skipped either way).")
-@click.option("--dry-run", is_flag=True, help="Validate and count; write nothing.")
+@_import_options("Exit 0 even if some lines were invalid (they are skipped either way).")
 @common
 @click.pass_context
 def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_invalid: bool,
@@ -119,10 +124,7 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
 @click.argument("src_db")
 @click.option("--into", metavar="PATH|URL", default=None,
               help="Target database (default: --db, else $TUNECACHE_DB).")
-@_conflict_option
-@click.option("--skip-invalid", is_flag=True,
-              help="Exit 0 even if some source entries were invalid (skipped either way).")
-@click.option("--dry-run", is_flag=True, help="Validate and count; write nothing.")
+@_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
 @common
 @click.pass_context
 def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_conflict: str,

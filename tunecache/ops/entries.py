@@ -8,19 +8,33 @@ tunecache, a bad import, a hand edit) must cost only its own entry.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from ..errors import InvalidEntryError
 from ..keys import MAX_KEY_BYTES, validate_timings
+from ..store import Database, admin
 
-__all__ = ["PAGE", "TOO_DEEP", "LISTING_KEYS", "noop", "loads", "stored_timings", "stored_key",
-           "listing_row"]
+__all__ = ["PAGE", "TOO_DEEP", "LISTING_KEYS", "noop", "pages", "loads", "stored_timings",
+           "stored_key", "listing_row"]
 
 PAGE = 1000  # rows per page of a listing, an export or a validation walk
 
 
 def noop(_n: int) -> None:
     """A progress callback that reports nowhere."""
+
+
+def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]:
+    """The pages of a walk in key hash order: ``page_after(h)`` is the statement of the
+    page after key hash ``h``. Keyset pagination: each page is its own short transaction,
+    and no OFFSET rescans while a million rows stream out."""
+    after = ""
+    while True:
+        page = db.run(lambda c: admin.rows(c, page_after(after)))
+        if not page:
+            return
+        yield page
+        after = page[-1].key_hash
 
 
 # What a deeply nested JSON text gets: json's C scanner recurses once per level and raises

@@ -17,7 +17,15 @@ from sqlalchemy import Connection
 from ..errors import ConfigError, InvalidEntryError
 from ..store import Database, admin
 from .browse import show
-from .entries import LISTING_KEYS, PAGE, listing_row, noop, stored_key, stored_timings
+from .entries import (
+    LISTING_KEYS,
+    PAGE,
+    listing_row,
+    noop,
+    pages,
+    stored_key,
+    stored_timings,
+)
 from .opening import refuse_readonly
 from .statistics import database_size
 
@@ -77,11 +85,7 @@ class PruneSpec:
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
     """(key_hash, reason) of done entries whose key or timings fail validation, page by
     page (the reasons `export` and `merge` skip them for)."""
-    after = ""
-    while True:
-        page = db.run(lambda c: admin.rows(c, admin.select_done_timings_page(after, PAGE)))
-        if not page:
-            return
+    for page in pages(db, lambda after: admin.select_done_timings_page(after, PAGE)):
         for row in page:
             try:
                 stored_key(row.key_json)
@@ -90,7 +94,6 @@ def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
                 yield row.key_hash, e.reason
             except ValueError as e:
                 yield row.key_hash, str(e)
-        after = page[-1].key_hash
 
 
 def prune(
@@ -242,13 +245,9 @@ def _prune_listing(
     if on_total:
         on_total(matched + len(invalid))
     rows: list[dict[str, Any]] = []
-    after = ""
-    while matched:
-        page = db.run(lambda c: admin.rows(c, admin.select_pruned(condition, after, PAGE)))
-        if not page:
-            break
+    for page in pages(db, lambda after: admin.select_pruned(condition, after, PAGE)) \
+            if matched else ():
         rows.extend(listing_row(r) for r in page)
-        after = page[-1].key_hash
         progress(len(page))
     reasons = dict(invalid)
     listed = set()

@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
 from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
 from ..store import Database, admin
-from .entries import PAGE, TOO_DEEP, loads, noop, stored_key, stored_timings
+from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
 from .opening import refuse_readonly
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "CONFLICT_POLICIES", "ConflictPolicy",
@@ -66,11 +66,7 @@ def export(
     out.write(json.dumps(header, sort_keys=True) + "\n")
     written = 0
     skipped: list[dict[str, str]] = []
-    after = ""
-    while True:
-        page = db.run(lambda c: admin.rows(c, admin.select_done_page(env, after, PAGE)))
-        if not page:
-            break
+    for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
         for row in page:
             try:
                 timings = stored_timings(row.timings_json, row.key_hash)
@@ -96,7 +92,6 @@ def export(
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
                                  allow_nan=False) + "\n")
             written += 1
-        after = page[-1].key_hash
         progress(len(page))
     return {"database": db.display_url, "exported": written, "skipped_invalid": skipped,
             "best_only": best_only}
@@ -306,11 +301,7 @@ def import_records(
 
 
 def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
-    after = ""
-    while True:
-        page = src.run(lambda c: admin.rows(c, admin.select_done_page(None, after, PAGE)))
-        if not page:
-            return
+    for page in pages(src, lambda after: admin.select_done_page(None, after, PAGE)):
         for row in page:
             where = f"entry {row.key_hash[:16]}"
             try:
@@ -324,7 +315,6 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
                 yield where, e
                 continue
             yield where, record
-        after = page[-1].key_hash
 
 
 def merge(
