@@ -72,8 +72,8 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
     )
     if spec.is_empty():
         raise BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
-                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
-                           "--expired-claims or --invalid")
+                          "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
+                          "--expired-claims or --invalid")
     with opened(out, writes=None if dry_run else "prune") as db, \
             fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step):
         report = ops.prune(
