@@ -10,7 +10,7 @@ import sqlite3
 from tunecache.store.migrate import head_revision
 
 from cli_helpers import gemm_key, populate, run
-from tunecache import doctor
+from tunecache.ops import doctor
 
 
 def _checks(*args):

@@ -104,13 +104,13 @@ def test_prune_many_batches_and_vacuum(sqlite_url):
 def test_sqlite_batches_are_sized_by_time(sqlite_url, monkeypatch):
     """Without --batch-size, each SQLite batch may take as many rows as the last one's pace
     fits in PRUNE_BATCH_SECONDS, at most twice the last; --batch-size fixes the size."""
-    from tunecache import maintenance
+    from tunecache.ops import pruning as prune_mod
 
     populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(300)])
     populate(sqlite_url, [gemm_key("mm", i) for i in range(10)])
-    monkeypatch.setitem(maintenance.PRUNE_BATCH, "sqlite", 2)
-    monkeypatch.setattr(maintenance, "PRUNE_BATCH_MIN", 1)
-    monkeypatch.setattr(maintenance, "PRUNE_BATCH_SECONDS", 3600.0)  # every batch "fast"
+    monkeypatch.setitem(prune_mod.PRUNE_BATCH, "sqlite", 2)
+    monkeypatch.setattr(prune_mod, "PRUNE_BATCH_MIN", 1)
+    monkeypatch.setattr(prune_mod, "PRUNE_BATCH_SECONDS", 3600.0)  # every batch "fast"
     out = run_json("prune", "--db", sqlite_url, "--torch", "2.12.0", "--no-pause")
     # 2 + 4 + ... + 128 = 254 rows, then the last 46 in a batch of up to 256
     assert (out["deleted"], out["batches"], out["largest_batch"]) == (300, 8, 128)
@@ -118,7 +118,7 @@ def test_sqlite_batches_are_sized_by_time(sqlite_url, monkeypatch):
 
 
 def test_next_batch_size_follows_the_pace():
-    from tunecache import maintenance as m
+    from tunecache.ops import pruning as m
 
     assert m._next_batch_size(5000, 0.25) == 10000  # fast: at most doubles
     assert m._next_batch_size(20000, 2.0) == 10000  # slow (a network filesystem): shrinks
@@ -148,10 +148,10 @@ def test_prune_bad_arguments(db_url):
 
 
 def test_auto_vacuum_skips_big_files(sqlite_url, monkeypatch):
-    from tunecache import maintenance
+    from tunecache.ops import pruning as prune_mod
 
     populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(200)])
-    monkeypatch.setattr(maintenance, "VACUUM_AUTO_MAX_BYTES", 1024)
+    monkeypatch.setattr(prune_mod, "VACUUM_AUTO_MAX_BYTES", 1024)
     out = run_json("prune", "--db", sqlite_url, "--torch", "2.12.0", "--no-pause")
     assert out["deleted"] == 200 and out["vacuum"]["ran"] is False
     assert "run `tunecache prune --vacuum ...` when no job runs" in out["vacuum"]["why"]
@@ -162,7 +162,7 @@ def test_auto_vacuum_skips_big_files(sqlite_url, monkeypatch):
 def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
     """The prune's big page cache is per batch: a library caller's connection, back in
     the pool, does not keep 256 MiB of pages for the rest of its process."""
-    from tunecache import maintenance
+    from tunecache.ops import pruning as prune_mod
     from tunecache.store import Database
 
     populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(20)])
@@ -171,8 +171,8 @@ def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
     read = lambda: db.run(lambda c: [c.exec_driver_sql(p).scalar() for p in pragmas],  # noqa: E731
                           write=True)
     before = read()
-    report = maintenance.prune(db, maintenance.PruneSpec(only={"torch": ["2.12.0"]}),
-                               batch=8, vacuum="never")
+    report = prune_mod.prune(db, prune_mod.PruneSpec(only={"torch": ["2.12.0"]}),
+                             batch=8, vacuum="never")
     assert report["deleted"] == 20 and report["batches"] == 3
     assert read() == before
     db.dispose()
@@ -182,7 +182,8 @@ def test_readonly_mode_refuses_every_command_that_writes(db_url, tmp_path, monke
     """TUNECACHE_MODE=readonly: prune, import, merge and upgrade refuse in one line and
     change nothing (prune deleted 50 rows before); reading commands still work, and the
     library functions refuse too."""
-    from tunecache import maintenance
+    from tunecache import ops
+    from tunecache.errors import ReadonlyModeError
     from tunecache.store import Database
 
     populate(db_url, [gemm_key("mm", i) for i in range(3)])
@@ -206,10 +207,10 @@ def test_readonly_mode_refuses_every_command_that_writes(db_url, tmp_path, monke
 
     db = Database(resolve_db_url(db_url), readonly=True)
     try:
-        with pytest.raises(maintenance.ReadonlyModeError):
-            maintenance.prune(db, maintenance.PruneSpec(older_than=0.0))
-        with pytest.raises(maintenance.ReadonlyModeError):
-            maintenance.import_records(db, [])
+        with pytest.raises(ReadonlyModeError):
+            ops.prune(db, ops.PruneSpec(older_than=0.0))
+        with pytest.raises(ReadonlyModeError):
+            ops.import_records(db, [])
     finally:
         db.dispose()
     monkeypatch.delenv("TUNECACHE_MODE")
@@ -236,7 +237,7 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
     """`--older-than 0s` matches every row a running job inserts meanwhile too; the prune
     deletes up to the last rowid it read at its start, then returns, while the writers
     still publish (it chased their inserts until they stopped: 16-19 s on 300 keys)."""
-    from tunecache import maintenance
+    from tunecache.ops import pruning as prune_mod
     from tunecache.store import Database
 
     populate(sqlite_url, [gemm_key("mm", i) for i in range(300)])
@@ -263,8 +264,8 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
     for w in writers:
         w.start()
     try:
-        report = maintenance.prune(db, maintenance.PruneSpec(older_than=0.0), batch=50,
-                                   progress=after_a_batch, vacuum="never")
+        report = prune_mod.prune(db, prune_mod.PruneSpec(older_than=0.0), batch=50,
+                                 progress=after_a_batch, vacuum="never")
     finally:
         stop.touch()
         for w in writers:

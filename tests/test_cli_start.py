@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from cli_helpers import run
-from tunecache import cli, maintenance
+from tunecache.cli import options, transferring
+from tunecache.ops import transfer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEAVY = ("sqlalchemy", "alembic", "torch")
@@ -32,14 +33,16 @@ def test_cli_help_imports_no_database_library_or_torch():
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
-def test_conflict_policies_spelled_in_the_cli_are_the_librarys():
-    assert cli.CONFLICT_POLICIES == maintenance.CONFLICT_POLICIES
+def test_conflict_policies_offered_by_the_cli_are_the_librarys():
+    for command in (transferring.import_, transferring.merge):
+        (option,) = [p for p in command.params if p.name == "on_conflict"]
+        assert tuple(option.type.choices) == transfer.CONFLICT_POLICIES
 
 
 def test_readme_and_prune_help_name_the_same_kinds():
-    assert f"# kinds: {cli.KINDS}\n" in README.read_text()
+    assert f"# kinds: {options.KINDS}\n" in README.read_text()
     help_text = " ".join(run("prune", "--help").stdout.split())
-    assert f"Only entries of these kinds: {cli.KINDS}" in help_text
+    assert f"Only entries of these kinds: {options.KINDS}" in help_text
 
 
 def test_stats_on_a_current_database_imports_no_alembic(tmp_path):

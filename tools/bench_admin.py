@@ -9,7 +9,7 @@ For each backend, on a fresh database:
   fingerprint and an inputs_key, timings have 4-24 candidates with Triton-like names;
   4 devices x 3 torch x 2 triton, 4 ops, 2% failed, 0.5% claimed; last use spread evenly
   over 90 days.
-- stats: `tunecache stats`'s library call (maintenance.stats), best of 3 (target <= 2 s);
+- stats: `tunecache stats`'s library call (ops.stats), best of 3 (target <= 2 s);
   again with the covering index proposed for the schema (created, measured, dropped).
 - prune: `prune --older-than 45d` (about half of the rows), no VACUUM (target <= 30 s);
   then VACUUM measured on its own (SQLite: gives the file back; PostgreSQL: plain VACUUM).
@@ -40,7 +40,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tunecache  # noqa: E402
-from tunecache import maintenance  # noqa: E402
+from tunecache import ops  # noqa: E402
+from tunecache.ops import pruning as prune_mod, statistics as stats_mod  # noqa: E402
 from tunecache.keys import canonical_json, key_labels, timings_to_json  # noqa: E402
 from tunecache.settings import Settings  # noqa: E402
 
@@ -202,19 +203,19 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
             if sqlite_base and backend == "sqlite":
                 shutil.copyfile(path, sqlite_base)
         settings = Settings.from_env(db=url, lease_seconds=120, lock_timeout=60)
-        db = maintenance.open_database(settings)
-        size = maintenance._size(db)["bytes"]
+        db = ops.open_database(settings)
+        size = stats_mod.database_size(db)["bytes"]
         stats_times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            data = maintenance.stats(db)
+            data = ops.stats(db)
             stats_times.append(time.perf_counter() - t0)
         assert data["entries"]["total"] == count, data["entries"]
         if not db.is_sqlite:
             # Fresh bulk-loaded tables have no statistics yet; a real cache has them.
             db.run(lambda c: c.exec_driver_sql("VACUUM ANALYZE tunecache_entries"))
             t0 = time.perf_counter()
-            maintenance.stats(db)
+            ops.stats(db)
             stats_times.append(time.perf_counter() - t0)
 
         ctx = mp.get_context("spawn")
@@ -227,7 +228,7 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
         time.sleep(5)  # workers import, connect, and start looping
         t0 = time.perf_counter()
         window = [time.time()]
-        report = maintenance.prune(db, maintenance.PruneSpec(older_than=45 * DAY),
+        report = ops.prune(db, ops.PruneSpec(older_than=45 * DAY),
                                    vacuum="never", batch=batch, pause=pause)
         prune_s = time.perf_counter() - t0
         window.append(time.time())
@@ -237,9 +238,9 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
         for w in workers:
             w.join()
         t0 = time.perf_counter()
-        maintenance._vacuum(db, "always", report["deleted"])
+        prune_mod.run_vacuum(db, "always", report["deleted"])
         vacuum_s = time.perf_counter() - t0
-        size_after = maintenance._size(db)["bytes"]
+        size_after = stats_mod.database_size(db)["bytes"]
         db.dispose()
     # Only the operations that ended while the prune ran (errors are counted throughout).
     def during(kind: str) -> list[float]:

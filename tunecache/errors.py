@@ -17,6 +17,10 @@ __all__ = [
     "SchemaOutOfDateError",
     "KeyFailedError",
     "InvalidEntryError",
+    "ReadonlyModeError",
+    "EntryNotFoundError",
+    "ExportFormatError",
+    "SourceNotFoundError",
 ]
 
 
@@ -113,3 +117,66 @@ class InvalidEntryError(TuneCacheError):
 
     def __str__(self) -> str:
         return f"invalid tunecache entry {self.key_hash[:16]}: {self.reason}"
+
+
+class ReadonlyModeError(TuneCacheError):
+    """A command that writes, asked of a process in readonly mode (TUNECACHE_MODE)."""
+
+    def __init__(self, url: str, action: str) -> None:
+        super().__init__(url, action)
+        self.url = url
+        self.action = action
+
+    def __str__(self) -> str:
+        return (f"tunecache database {self.url}: {self.action} writes to the database, and "
+                "TUNECACHE_MODE=readonly forbids writes; run it with TUNECACHE_MODE=readwrite")
+
+
+class EntryNotFoundError(TuneCacheError):
+    """No entry, or more than one, matches a key hash prefix."""
+
+    def __init__(self, prefix: str, reason: str) -> None:
+        super().__init__(prefix, reason)
+        self.prefix = prefix
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.prefix}: {self.reason}"
+
+
+class ExportFormatError(TuneCacheError):
+    """An import file is not a tunecache export this tunecache can read.
+
+    ``format_name`` and ``version`` are what this tunecache reads (tunecache.ops.transfer's
+    EXPORT_FORMAT and EXPORT_VERSION), named in the message so that it shows the header
+    expected.
+    """
+
+    def __init__(self, source: str, reason: str, format_name: str, version: int) -> None:
+        super().__init__(source, reason, format_name, version)
+        self.source = source
+        self.reason = reason
+        self.format_name = format_name
+        self.version = version
+
+    def __str__(self) -> str:
+        return (
+            f"{self.source}: {self.reason}; expected a file written by `tunecache export` "
+            f"(first line {{\"format\": \"{self.format_name}\", \"version\": {self.version}, ...}})"
+        )
+
+
+class SourceNotFoundError(ConfigError):
+    """A database named as a source to read (merge's SRC_DB) has no file there.
+
+    A bad argument like any ConfigError (the CLI exits 2), with its own message.
+    """
+
+    def __init__(self, name: str, url: str) -> None:
+        TuneCacheError.__init__(self, name, url)
+        self.name = name
+        self.value = url
+        self.expected = "an existing database file"
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.value}: no such database file"

@@ -1,7 +1,9 @@
 """Named statements of the operator commands (stats, prune, export/import, ls/show).
 
 SQLAlchemy Core only; every statement is built here, once, and called by name from
-:mod:`tunecache.maintenance`. Nothing here runs in the claim path of a compiling job.
+:mod:`tunecache.ops`, and the transaction bodies that run them (functions of a Connection,
+which :meth:`Database.run` calls in one transaction). Nothing here runs in the claim path of
+a compiling job.
 
 Deletes are bounded: a prune transaction deletes one batch of rows, a range of the key
 order, and the DELETE repeats the selection's conditions in its own WHERE. On PostgreSQL
@@ -67,6 +69,21 @@ __all__ = [
     "select_listing",
     "select_by_prefix",
     "read_for_import",
+    "stats_groups",
+    "usage_totals",
+    "live_claims",
+    "expired_claims_count",
+    "failed_keys",
+    "sqlite_size",
+    "pg_database_size",
+    "vacuum",
+    "scalar",
+    "rows",
+    "prune_batch",
+    "delete_invalid_done",
+    "existing_for_import",
+    "insert_done_rows",
+    "overwrite_done",
 ]
 
 NOW = db_now()
@@ -318,7 +335,7 @@ def delete_pruned_range(condition: ColumnElement[bool], walk: ColumnElement[Any]
 
 
 # Per prune transaction on SQLite. A batch dirties a page per row and a share of every
-# random index (maintenance.PRUNE_BATCH): 30-40k pages for 20000 rows, 120-160 MB. Past
+# random index (tunecache.ops.pruning.PRUNE_BATCH): 30-40k pages for 20000 rows, 120-160 MB. Past
 # the page cache they spill to the file mid-transaction (an extra journal sync, and the
 # exclusive lock, which blocks readers, taken early): 256 MiB (the pages are allocated as
 # used, and freed when the prune's process ends) took 20000-row batches of 1M entries
@@ -462,3 +479,99 @@ OVERWRITE_DONE = (
         updated_at=NOW,
     )
 )
+
+
+# -- transaction bodies ----------------------------------------------------------------
+# Functions of a Connection: tunecache.ops hands them to Database.run (one transaction
+# each) and never executes a statement itself.
+
+
+def scalar(conn: Connection, statement: Any) -> Any:
+    """The one value of ``statement`` (a count, a walk's end); None when it has no row."""
+    return conn.execute(statement).scalar()
+
+
+def rows(conn: Connection, statement: Any) -> list[Any]:
+    """Every row of ``statement`` (a page of a listing or of an export)."""
+    return list(conn.execute(statement).all())
+
+
+def stats_groups(conn: Connection) -> list[Any]:
+    return list(conn.execute(STATS_GROUPS).all())
+
+
+def usage_totals(conn: Connection) -> Any:
+    return conn.execute(USAGE_TOTALS).one()
+
+
+def live_claims(conn: Connection, limit: int) -> list[Any]:
+    return list(conn.execute(CLAIMS_LIVE, {"p_limit": limit}).all())
+
+
+def expired_claims_count(conn: Connection) -> int:
+    return int(conn.execute(CLAIMS_EXPIRED_COUNT).scalar_one())
+
+
+def failed_keys(conn: Connection, limit: int) -> list[Any]:
+    return list(conn.execute(FAILED_KEYS, {"p_limit": limit}).all())
+
+
+def sqlite_size(conn: Connection) -> tuple[int, int, int]:
+    """(page count, free pages, page size) of a SQLite database."""
+    return (int(conn.execute(SQLITE_PAGE_COUNT).scalar_one()),
+            int(conn.execute(SQLITE_FREELIST_COUNT).scalar_one()),
+            int(conn.execute(SQLITE_PAGE_SIZE).scalar_one()))
+
+
+def pg_database_size(conn: Connection) -> int:
+    return int(conn.execute(PG_DATABASE_SIZE).scalar_one())
+
+
+def vacuum(conn: Connection) -> None:
+    """VACUUM (SQLite: the whole file; PostgreSQL: plain VACUUM of the entries table).
+
+    It cannot run inside a transaction: the caller runs it as a read (autocommit on both
+    engines)."""
+    sqlite = conn.dialect.name == "sqlite"
+    conn.execute(SQLITE_VACUUM if sqlite else PG_VACUUM_ENTRIES)
+
+
+def prune_batch(conn: Connection, condition: ColumnElement[bool], walk: ColumnElement[Any],
+                delete_range: Any, size: int, after: Any, top: Any) -> tuple[Any, int, int]:
+    """Delete the next batch of at most ``size`` rows matching ``condition`` after
+    ``after`` (up to ``top``) in the walk's order: (its last position or None when there
+    is none, rows deleted, rows selected)."""
+    sqlite = conn.dialect.name == "sqlite"
+    with sqlite_prune_pragmas(conn) if sqlite else _nothing():
+        select_batch = select_prune_batch(condition, size, walk)
+        ends = conn.execute(select_batch, {"p_after": after, "p_top": top}).scalars().all()
+        if not ends:
+            return None, 0, 0
+        result = conn.execute(delete_range, {"p_after": after, "p_last": ends[-1]})
+        return ends[-1], result.rowcount, len(ends)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def delete_invalid_done(conn: Connection, hashes: Sequence[str]) -> int:
+    """Delete these done entries (found invalid); rows deleted."""
+    return conn.execute(delete_invalid, {"p_hashes": list(hashes)}).rowcount
+
+
+def existing_for_import(conn: Connection, hashes: Sequence[str]) -> dict[str, Any]:
+    """The rows of these key hashes already in the target, by key hash."""
+    return {r.key_hash: r for r in conn.execute(read_for_import, {"p_hashes": list(hashes)})}
+
+
+def insert_done_rows(conn: Connection, owner: str, params: Sequence[dict[str, Any]]) -> int:
+    """Insert done entries whose key is absent; how many went in (PostgreSQL: a key
+    claimed by a job meanwhile is skipped)."""
+    return len(conn.execute(insert_done(conn.dialect.name, owner), list(params)).all())
+
+
+def overwrite_done(conn: Connection, params: dict[str, Any]) -> bool:
+    """Overwrite one row under its token (see OVERWRITE_DONE); False if it changed."""
+    return conn.execute(OVERWRITE_DONE, params).rowcount == 1

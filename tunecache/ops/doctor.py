@@ -1,9 +1,9 @@
-"""`tunecache doctor`: is this cache set up so that a cluster can share it safely?
+"""The doctor's checks: is this cache set up so that a cluster can share it safely?
 
 Each check says ok, warn or fail, in one line, with a one-line fix. The doctor never
 writes to the database: SQLite is opened read-only through its own connection (the
 engine's connect hook sets journal_mode, which would convert a WAL database), and
-PostgreSQL is only read. On a SQLite path it creates, locks and removes one scratch file
+PostgreSQL is only read (tunecache.store.probe). On a SQLite path it creates, locks and removes one scratch file
 beside the database, because whether POSIX locks work there can only be learned by
 taking one.
 """
@@ -14,19 +14,15 @@ import dataclasses
 import errno
 import fcntl
 import os
-import sqlite3
 import stat
 import time
 import uuid
 from typing import Any, Literal
 
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.pool import NullPool
-
-from .errors import SchemaTooNewError, TuneCacheError
-from .settings import Settings, default_db_path
-from .store import Database
-from .store.migrate import known_revisions, current_revision, head_revision
+from ..errors import SchemaTooNewError, TuneCacheError
+from ..settings import Settings, default_db_path
+from ..store import Database, probe
+from ..store.migrate import current_revision, head_revision, known_revisions
 
 __all__ = ["Check", "run_checks", "NETWORK_FILESYSTEMS", "filesystem_of"]
 
@@ -113,12 +109,6 @@ def _lock_works(path: str) -> tuple[bool | None, str]:
         os.close(fd)
 
 
-def _sqlite_ro_engine(path: str) -> Any:
-    uri = f"file:{path}?mode=ro"
-    return create_engine("sqlite://", poolclass=NullPool,
-                         creator=lambda: sqlite3.connect(uri, uri=True, timeout=5))
-
-
 def _describe_mode(st: os.stat_result) -> str:
     return stat.filemode(st.st_mode)
 
@@ -157,7 +147,7 @@ class _Doctor:
                          "check host, port, database name and credentials in TUNECACHE_DB, "
                          "and that the server accepts this host (pg_hba.conf)")
                 return
-            version = db.run(lambda c: c.execute(text("SHOW server_version")).scalar_one())
+            version = probe.pg_server_version(db)
             self.add("reachable", "ok", f"{db.display_url} (PostgreSQL {version})")
             self.schema(revision, db.display_url)
             self.pg_clock(db)
@@ -165,10 +155,8 @@ class _Doctor:
             db.dispose()
 
     def pg_clock(self, db: Database) -> None:
-        from .store.store import db_now
-
         t0 = time.time()
-        server = float(db.run(lambda c: c.execute(select(db_now())).scalar_one()))
+        server = probe.server_time(db)
         t1 = time.time()
         skew = server - (t0 + t1) / 2
         rtt = t1 - t0
@@ -197,20 +185,14 @@ class _Doctor:
             self.add("reachable", "warn", f"no database file at {path} yet",
                      "it is created on first use, or run `tunecache upgrade` now")
         else:
-            engine = _sqlite_ro_engine(path)
             try:
-                with engine.connect() as conn:
-                    conn.execute(text("SELECT count(*) FROM sqlite_master")).scalar_one()
-                    revision = current_revision(conn)
-                    journal = str(conn.execute(text("PRAGMA journal_mode")).scalar_one())
-                self.add("reachable", "ok", f"{path} (SQLite {sqlite3.sqlite_version})")
+                revision, journal = probe.sqlite_look(path)
+                self.add("reachable", "ok", f"{path} (SQLite {probe.SQLITE_VERSION})")
             except Exception as e:  # noqa: BLE001 - any failure to read is the finding
                 reason = str(getattr(e, "orig", e)).strip().splitlines()[0]
                 self.add("reachable", "fail", f"{path}: {reason}",
                          "point --db / TUNECACHE_DB at a tunecache database (or a new path)")
                 return
-            finally:
-                engine.dispose()
             self.schema(revision, f"sqlite:///{path}")
         mount, fstype = filesystem_of(directory)
         network = is_network_fs(fstype)
@@ -349,8 +331,6 @@ def run_checks(settings: Settings) -> list[Check]:
     if settings.is_postgresql:
         doctor.postgresql()
     else:
-        from sqlalchemy.engine import make_url
-
-        doctor.sqlite(make_url(settings.db_url).database or "")
+        doctor.sqlite(probe.sqlite_path_of(settings.db_url))
     return doctor.checks
 

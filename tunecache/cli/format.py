@@ -1,0 +1,117 @@
+"""Human output of the CLI: durations, sizes, times, clipped text, tables, JSON, and
+progress bars on stderr (stdout stays clean for --json and export)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import click
+
+__all__ = ["clip", "dur", "size", "when", "table", "dumps", "progress"]
+
+
+def clip(value: Any, width: int) -> str:
+    """``value`` as text in at most ``width`` characters, an ellipsis marking a cut."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def _number(value: Any) -> float | None:
+    """A column read from shared storage as a finite number, or None: SQLite keeps
+    whatever a writer put in a column, whatever its declared type."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def dur(seconds: Any) -> str:
+    """A duration in seconds, as '12.5s', '3m 07s', '2h 05m' or '4d 03h'."""
+    if seconds is None:
+        return "-"
+    s = _number(seconds)
+    if s is None:
+        return "?"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d {int(s % 86400 // 3600):02d}h"
+
+
+def size(n: int | None) -> str:
+    """A size in bytes, in B, KiB, MiB or GiB."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def when(ts: Any) -> str:
+    """An epoch timestamp as UTC date and time ('?' if it is no valid time)."""
+    if ts is None:
+        return "-"
+    seconds = _number(ts)
+    if seconds is None:
+        return "?"
+    try:
+        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):  # out of the platform's range
+        return "?"
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> None:
+    """Echo rows in left-aligned columns under ``headers``."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r]
+                                           for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for r in cells:
+        click.echo((indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def dumps(data: Any) -> str:
+    """The --json document of a command's result."""
+    return json.dumps(data, indent=2, sort_keys=True, default=_json_default)
+
+
+@contextlib.contextmanager
+def progress(label: str, show: bool = True) -> Iterator[tuple[Callable[[int], None],
+                                                               Callable[[int], None]]]:
+    """(on_total, advance) callbacks driving a click progress bar on stderr, created when
+    the total is known."""
+    bar: list[Any] = []
+    stack = contextlib.ExitStack()
+
+    # Only on a terminal: in a nightly job's log a bar is noise (click would print its
+    # label alone).
+    show = show and sys.stderr.isatty()
+
+    def on_total(total: int) -> None:
+        if show and total and not bar:
+            bar.append(stack.enter_context(
+                click.progressbar(length=total, label=label, file=sys.stderr,
+                                  show_pos=True)))
+
+    def advance(n: int) -> None:
+        if bar:
+            bar[0].update(n)
+
+    with stack:
+        yield on_total, advance

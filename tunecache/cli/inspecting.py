@@ -1,0 +1,176 @@
+"""Commands that look at a cache without changing it: stats, ls, show, doctor.
+
+Each is a thin shell over tunecache.ops (imported when the command runs: it imports
+SQLAlchemy, and ``tunecache --help`` starts without it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import format as fmt
+from .options import Out, Selection, common, entry_filters, opened
+
+__all__ = ["stats", "ls", "show", "doctor"]
+
+# Rows of `stats`' "by op" table in human output (--json has them all).
+BY_OP_SHOWN = 20
+
+
+@click.command()
+@common
+def stats(out: Out) -> None:
+    """Entries by state, environment and op; size; hits; time saved; claims; failures."""
+    from .. import ops
+
+    with opened(out) as db:
+        data = ops.stats(db)
+
+    def human() -> None:
+        size = data["size"]
+        free = f", {fmt.size(size['free_bytes'])} free" if size["free_bytes"] else ""
+        click.echo(f"database  {data['database']} ({data['backend']}, {fmt.size(size['bytes'])}"
+                   f"{free}, schema {data['schema']})")
+        states = data["entries"]["by_state"]
+        click.echo(f"entries   {data['entries']['total']} (done {states['done']}, "
+                   f"claimed {states['claimed']}, failed {states['failed']})")
+        # Two counts that differ on purpose: the entries' counters add up the results
+        # each stored entry served (cache hits and waits for a peer's result), and go
+        # when the entry is pruned; the processes' reports split hits from peers' results
+        # and keep counting pruned entries.
+        click.echo(f"hits      {data['hits']} results served by the stored entries (cache hits "
+                   f"and peers' results); tuning stored {fmt.dur(data['tune_seconds'])}, "
+                   f"saved {fmt.dur(data['seconds_saved'])}")
+        u = data["usage"]
+        click.echo(f"processes {u['reports']} reported: {u['hits']} cache hits, {u['peer']} "
+                   f"peers' results, {u['tuned']} tuned, {u['local']} tuned without the "
+                   f"database; saved {fmt.dur(u['seconds_saved'])}, "
+                   f"tuning {fmt.dur(u['seconds_tuning'])}")
+        claims = data["claims"]
+        click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
+        click.echo(f"failed    {data['failed']['count']} keys")
+        if data["by_kind"]:
+            click.echo("by kind:")
+            fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
+                   [(r["kind"], r["entries"], r["done"], r["hits"], fmt.dur(r["tune_seconds"]),
+                     fmt.dur(r["seconds_saved"])) for r in data["by_kind"]])
+        if data["by_environment"]:
+            click.echo("by environment:")
+            fmt.table(("device", "torch", "triton", "entries", "done", "hits", "saved"),
+                   [(r["device"], r["torch"], r["triton"], r["entries"], r["done"], r["hits"],
+                     fmt.dur(r["seconds_saved"])) for r in data["by_environment"]])
+        if data["by_op"]:
+            # One op per Triton kernel name: a large cache has thousands.
+            shown = data["by_op"][:BY_OP_SHOWN]
+            click.echo("by op:")
+            fmt.table(("kind", "op", "entries", "done", "hits", "tuning", "saved"),
+                   [(r["kind"], r["op"], r["entries"], r["done"], r["hits"],
+                     fmt.dur(r["tune_seconds"]), fmt.dur(r["seconds_saved"])) for r in shown])
+            if len(data["by_op"]) > len(shown):
+                click.echo(f"  ... and {len(data['by_op']) - len(shown)} more ops "
+                           "(--json lists all)")
+        if claims["live"]:
+            click.echo("claims in flight:")
+            fmt.table(("key", "op", "owner", "age", "lease left"),
+                   [(c["key_hash"][:12], c["op"], c["owner"], fmt.dur(c["age_seconds"]),
+                     fmt.dur(c["expires_in_seconds"])) for c in claims["live"]])
+        if data["failed"]["keys"]:
+            click.echo("failed keys:")
+            fmt.table(("key", "op", "attempts", "error"),
+                   [(f["key_hash"][:12], f["op"], f["attempts"], (f["error"] or "")[:60])
+                    for f in data["failed"]["keys"]])
+
+    out.emit(data, human)
+
+
+
+@click.command("ls")
+@entry_filters(states=True)
+@click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
+@common
+def ls(out: Out, selection: Selection, limit: int) -> None:
+    """List entries, most recently updated first."""
+    from .. import ops
+
+    with opened(out) as db:
+        rows = ops.ls(db, selection.entry_filter(), limit)
+
+    def human() -> None:
+        fmt.table(("key", "state", "op", "device", "torch", "best", "tune", "hits", "updated"),
+               [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
+                 fmt.clip(r["best"], 40), fmt.dur(r["tune_seconds"]), r["hits"],
+                 fmt.when(r["updated_at"])) for r in rows], indent="")
+
+    out.emit(rows, human)
+
+
+@click.command()
+@click.argument("key_hash_prefix")
+@common
+def show(out: Out, key_hash_prefix: str) -> None:
+    """Show one entry: key, timings (fastest first), winner, owner, token, times."""
+    from .. import ops
+
+    with opened(out) as db:
+        entry = ops.show(db, key_hash_prefix)
+
+    def human() -> None:
+        click.echo(f"key_hash     {entry['key_hash']}")
+        click.echo(f"state        {entry['state']}")
+        click.echo(f"best         {entry['best'] or '-'}")
+        click.echo(f"tune time    {fmt.dur(entry['tune_seconds'])}")
+        click.echo(f"owner        {entry['owner'] or '-'} (token {entry['token']}, "
+                   f"attempts {entry['attempts']})")
+        if entry["state"] == "claimed":
+            left = (entry["lease_expires_at"] or entry["now"]) - entry["now"]
+            click.echo(f"lease        {'expired' if left <= 0 else fmt.dur(left) + ' left'}")
+        if entry["error"]:
+            click.echo(f"error        {entry['error']}")
+        click.echo(f"hits         {entry['hits']}")
+        click.echo(f"created      {fmt.when(entry['created_at'])}")
+        click.echo(f"updated      {fmt.when(entry['updated_at'])}")
+        click.echo(f"last used    {fmt.when(entry['last_used_at'])}")
+        if entry["key_error"]:
+            click.echo(f"key: INVALID ({entry['key_error']})")
+        else:
+            click.echo("key:")
+            click.echo(json.dumps(entry["key"], indent=2, sort_keys=True))
+        if entry["timings_error"]:
+            click.echo(f"timings: INVALID ({entry['timings_error']})")
+        elif entry["timings"]:
+            click.echo("timings (ms, fastest first):")
+            for t in entry["timings"]:
+                ms = "failed" if t["ms"] is None else f"{t['ms']:.6g}"
+                click.echo(f"  {ms:>12}  {t['candidate']}")
+
+    out.emit(entry, human)
+
+
+
+@click.command()
+@common
+@click.pass_context
+def doctor(ctx: click.Context, out: Out) -> None:
+    """Check that this host can share the cache safely; exit 1 if any check fails.
+
+    Reachability, schema version, the filesystem under a SQLite path and whether POSIX
+    locks work there, journal mode, group permissions, clock skew. Never writes to the
+    database (on SQLite it creates and removes one scratch file beside it).
+    """
+    from .. import ops
+
+    checks = ops.run_checks(out.settings)
+    failed = any(c.status == "fail" for c in checks)
+
+    def human() -> None:
+        for c in checks:
+            click.echo(f"{c.status:<5} {c.name:<12} {c.message}")
+            if c.fix and c.status != "ok":
+                click.echo(f"{'':<5} {'':<12} fix: {c.fix}")
+
+    out.emit({"ok": not failed, "checks": [c.as_dict() for c in checks]}, human)
+    if failed:
+        ctx.exit(1)
+

@@ -1,0 +1,104 @@
+"""`tunecache prune`: delete entries in small batches, safely while jobs run (a thin shell
+over tunecache.ops.pruning, imported when the command runs)."""
+
+from __future__ import annotations
+
+import click
+
+from . import format as fmt
+from .app import BadArgument
+from .options import KINDS, Duration, Out, common, kind_option, op_option, opened
+
+__all__ = ["prune"]
+
+
+@click.command()
+@click.option("--older-than", type=Duration(), default=None,
+              help="Entries not used for this long (last use, else last update), with "
+                   "a unit: 30d, 12h, 90m, 3600s, 2w.")
+@click.option("--keep-torch", multiple=True, metavar="VERSION",
+              help="Keep only entries of these torch versions (repeatable).")
+@click.option("--keep-triton", multiple=True, metavar="VERSION",
+              help="Keep only entries of these triton versions (repeatable).")
+@click.option("--keep-device", multiple=True, metavar="NAME",
+              help="Keep only entries of these devices (repeatable).")
+@click.option("--torch", "torch_", multiple=True, metavar="VERSION",
+              help="Drop entries of these torch versions (repeatable).")
+@click.option("--triton", multiple=True, metavar="VERSION",
+              help="Drop entries of these triton versions (repeatable).")
+@click.option("--device", multiple=True, metavar="NAME",
+              help="Drop entries of these devices (repeatable).")
+@op_option("Only entries of these ops (with the filters above).")
+@kind_option(f"Only entries of these kinds: {KINDS} (with the filters above).")
+@click.option("--failed", is_flag=True, help="Drop keys marked failed (they are retried).")
+@click.option("--expired-claims", is_flag=True,
+              help="Drop claims whose lease has passed (their owner is gone).")
+@click.option("--invalid", is_flag=True,
+              help="Drop done entries whose key or timings fail validation.")
+@click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
+@click.option("--vacuum/--no-vacuum", default=None,
+              help="SQLite: VACUUM after deleting (default: only when a quarter of the "
+                   "file is free and it is at most 256 MiB, since VACUUM holds the write "
+                   "lock while it copies). PostgreSQL: plain VACUUM of the table.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=None,
+              help="Rows per delete transaction (default: on SQLite, as many as hold "
+                   "the write lock about a second, since jobs' claims wait that long; "
+                   "2000 on PostgreSQL).")
+@click.option("--no-pause", is_flag=True,
+              help="SQLite: no 0.1 s pause between batches (for a maintenance window: "
+                   "running jobs would wait for the whole prune).")
+@common
+def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
+          keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
+          triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
+          kind: tuple[str, ...], failed: bool,
+          expired_claims: bool, invalid: bool, dry_run: bool, vacuum: bool | None,
+          batch_size: int | None, no_pause: bool) -> None:
+    """Delete entries, in small batches, safely while jobs run.
+
+    Selections are OR-ed: --failed, --expired-claims, --invalid, and the done or failed
+    entries that match every filter given among --older-than, --keep-*, --torch,
+    --triton, --device, --op and --kind. A claim whose lease runs is never deleted. A deleted done
+    entry is tuned again by the next job that needs it.
+    """
+    from .. import ops
+
+    spec = ops.PruneSpec(
+        older_than=older_than,
+        keep={"torch": list(keep_torch), "triton": list(keep_triton), "device": list(keep_device)},
+        only={"torch": list(torch_), "triton": list(triton), "device": list(device)},
+        ops=list(op), kinds=list(kind), failed=failed, expired_claims=expired_claims,
+        invalid=invalid,
+    )
+    if spec.is_empty():
+        raise BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
+                          "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
+                          "--expired-claims or --invalid")
+    with opened(out, writes=None if dry_run else "prune") as db, \
+            fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step):
+        report = ops.prune(
+            db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
+            progress=step, on_total=total,
+            vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
+
+    def human() -> None:
+        if dry_run:
+            click.echo(f"would delete {report['would_delete']} entries (dry run)")
+            rows = report["entries"]
+            if rows:
+                fmt.table(("key", "state", "op", "device", "torch", "triton", "last used", "why"),
+                       [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
+                         r["triton"], fmt.when(r["last_used_at"] or r["updated_at"]),
+                         r.get("invalid", "")) for r in rows[:20]])
+                if len(rows) > 20:
+                    click.echo(f"  ... and {len(rows) - 20} more (--json lists all)")
+            return
+        click.echo(f"deleted {report['deleted']} entries in {report['batches']} batches "
+                   f"({fmt.dur(report['seconds'])})")
+        v = report["vacuum"]
+        click.echo(f"vacuum: {'ran' if v['ran'] else 'skipped'} ({v['why']})")
+        click.echo(f"size: {fmt.size(report['size_before']['bytes'])} -> "
+                   f"{fmt.size(report['size_after']['bytes'])}")
+
+    out.emit(report, human)
+

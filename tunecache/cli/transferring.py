@@ -1,0 +1,146 @@
+"""Commands that move entries between caches: export, import, merge (thin shells over
+tunecache.ops.transfer, imported when a command runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any, Callable, Mapping, TextIO, TypeVar
+
+import click
+
+from ..settings import Settings
+from . import format as fmt
+from .options import LibraryChoice, Out, Selection, common, entry_filters, opened
+
+__all__ = ["export", "import_", "merge"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@click.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Write to FILE (default: stdout).")
+@click.option("--best-only", is_flag=True,
+              help="Keep only the winner's timing (others written as null): a small cache "
+                   "to ship with a model; consumers pick the same winner without tuning.")
+@entry_filters()
+@common
+def export(out: Out, output: str, best_only: bool, selection: Selection) -> None:
+    """Write done entries as versioned JSON lines.
+
+    Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
+    key (the key object), key_hash, timings ({candidate: ms, null = failed/unmeasured}),
+    best, tune_seconds, created_at, updated_at. The summary goes to stderr (stdout may be
+    the export itself), or to stdout with --json when -o names a file.
+    """
+    from .. import ops
+
+    with opened(out) as db, contextlib.ExitStack() as stack:
+        f: TextIO = (sys.stdout if output == "-" else
+                     stack.enter_context(open(output, "w", encoding="utf-8")))
+        with fmt.progress("exporting", output != "-" and not out.as_json) as (total, step):
+            report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
+                                progress=step, on_total=total)
+    summary = (f"exported {report['exported']} entries"
+               + (f"; skipped {len(report['skipped_invalid'])} invalid" if report["skipped_invalid"]
+                  else ""))
+    if out.as_json and output != "-":
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        click.echo(summary, err=True)
+        for s in report["skipped_invalid"]:
+            click.echo(f"  skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+
+
+_CONFLICT_HELP = (
+    "For a key already in the target: keep (default) leaves a done entry as it is (done "
+    "entries are immutable); replace overwrites it; faster overwrites it only when the "
+    "incoming fastest timing is lower. Under every policy a live claim is left alone and a "
+    "failed key or expired claim is replaced."
+)
+
+
+def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
+    """--on-conflict, --skip-invalid and --dry-run, shared by import and merge."""
+
+    def decorate(fn: F) -> F:
+        fn = click.option("--dry-run", is_flag=True, help="Validate and count; write nothing.")(fn)
+        fn = click.option("--skip-invalid", is_flag=True, help=skip_invalid_help)(fn)
+        # The policies are read from tunecache.ops.transfer when first used: the CLI
+        # starts without it.
+        return click.option("--on-conflict",
+                            type=LibraryChoice("tunecache.ops.transfer:CONFLICT_POLICIES"),
+                            default="keep", show_default=True, help=_CONFLICT_HELP)(fn)
+
+    return decorate
+
+
+def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip_invalid: bool,
+                   what: str) -> None:
+    def human() -> None:
+        verb = "would import" if report["dry_run"] else "imported"
+        click.echo(f"{verb} into {report['database']}: {report['inserted']} new, "
+                   f"{report['replaced']} replaced, {report['unchanged']} kept, "
+                   f"{report['busy']} busy (being tuned), {report['invalid']} invalid "
+                   f"(on conflict: {report['on_conflict']})")
+        for bad in report["bad"]:
+            click.echo(f"{what}: {bad['where']}: {bad['reason']}", err=True)
+
+    out.emit(report, human)
+    if report["invalid"] and not skip_invalid:
+        if not out.as_json:
+            click.echo(f"Error: {report['invalid']} invalid entries skipped; fix them or pass "
+                       "--skip-invalid to accept the rest silently", err=True)
+        ctx.exit(1)
+
+
+@click.command("import")
+@click.argument("file", type=click.File("r", encoding="utf-8", errors="replace"))
+@_import_options("Exit 0 even if some lines were invalid (they are skipped either way).")
+@common
+@click.pass_context
+def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_invalid: bool,
+            dry_run: bool) -> None:
+    """Import an export file (FILE, or - for stdin).
+
+    Every entry is validated (key size and JSON, timings, tune_seconds); its key_hash is
+    recomputed from the key, never trusted. Valid entries are imported even when others
+    are not; each bad line is reported (line number and reason) and the exit code is 1
+    unless --skip-invalid.
+    """
+    from .. import ops
+
+    with opened(out, create=True, writes=None if dry_run else "import") as db, \
+            fmt.progress("importing", not out.as_json) as (_total, step):
+        report = ops.import_records(
+            db, ops.parse_export(file, getattr(file, "name", "input")),
+            on_conflict=on_conflict, dry_run=dry_run, progress=step)  # type: ignore[arg-type]
+    _import_report(ctx, out, report, skip_invalid, getattr(file, "name", "input"))
+
+
+@click.command()
+@click.argument("src_db")
+@click.option("--into", metavar="PATH|URL", default=None,
+              help="Target database (default: --db, else $TUNECACHE_DB).")
+@_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
+@common
+@click.pass_context
+def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_conflict: str,
+          skip_invalid: bool, dry_run: bool) -> None:
+    """Merge the done entries of SRC_DB into the target, validated like an import.
+
+    SRC_DB is only read (and must be at this tunecache's schema).
+    """
+    from .. import ops
+
+    if into is not None:
+        out.db = into
+    with ops.open_source(Settings.from_env(db=src_db)) as src, \
+            opened(out, create=True, writes=None if dry_run else "merge") as target, \
+            fmt.progress("merging", not out.as_json) as (total, step):
+        report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
+                           dry_run=dry_run, progress=step, on_total=total)
+    _import_report(ctx, out, report, skip_invalid, src.display_url)
+

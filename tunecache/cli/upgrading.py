@@ -1,0 +1,28 @@
+"""`tunecache upgrade`: run the schema migrations now (a thin shell over
+tunecache.ops.opening.upgrade, imported when the command runs)."""
+
+from __future__ import annotations
+
+import click
+
+from .options import Out, common
+
+__all__ = ["upgrade"]
+
+
+@click.command()
+@common
+def upgrade(out: Out) -> None:
+    """Run the schema migrations now (creates the database if it does not exist)."""
+    from .. import ops
+
+    report = ops.upgrade(out.settings)
+
+    def human() -> None:
+        if report["from"] == report["to"]:
+            click.echo(f"{report['database']}: schema already at revision {report['to']}")
+        else:
+            click.echo(f"{report['database']}: schema upgraded from revision "
+                       f"{report['from'] or '(none)'} to {report['to']}")
+
+    out.emit(report, human)

@@ -1,0 +1,83 @@
+"""`tunecache warm`: re-tune here the GEMM keys earlier jobs recorded (a thin shell over
+tunecache.warm, imported when the command runs: it imports SQLAlchemy, and torch when it
+compiles)."""
+
+from __future__ import annotations
+
+import click
+
+from . import format as fmt
+from .options import LibraryChoice, Out, common, opened
+
+__all__ = ["warm"]
+
+
+@click.command()
+@click.option("--op", multiple=True,
+              # read from tunecache.warm when first used: the CLI starts without it
+              type=LibraryChoice("tunecache.warm:WARM_OPS"),
+              help="Ops to warm (repeatable; default: every recorded GEMM key, and those "
+                   "of ops warm cannot rebuild are listed as skipped, with the reason).")
+@click.option("--from-torch", multiple=True, metavar="VERSION",
+              help="Only keys recorded under these torch versions (repeatable).")
+@click.option("--from-device", multiple=True, metavar="NAME",
+              help="Only keys recorded on these devices (repeatable).")
+@click.option("--limit", type=click.IntRange(1, None), default=None,
+              help="At most this many distinct GEMMs.")
+@click.option("--dry-run", is_flag=True, help="List what would be tuned; compile nothing.")
+@common
+@click.pass_context
+def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[str, ...],
+         from_device: tuple[str, ...], limit: int | None, dry_run: bool) -> None:
+    """Re-tune, on this machine, the GEMM keys earlier jobs recorded, so the next job starts
+    warm (after a torch/triton upgrade, or on a new GPU type).
+
+    Each distinct (op, inputs, precision) is compiled with max-autotune and tunecache
+    enabled. Under torchrun every rank runs it; claims split the work. Exit 1 if any
+    compile failed.
+    """
+    from .. import warm as warm_mod
+
+    with opened(out) as db:
+        tasks, skipped = warm_mod.select_tasks(db, op or None,
+                                               from_torch=from_torch, from_device=from_device,
+                                               limit=limit)
+        if dry_run:
+            data = {"database": db.display_url, "dry_run": True, "keys": len(tasks),
+                    "tasks": [t.as_dict() for t in tasks], "skipped": skipped}
+
+            def human_dry() -> None:
+                click.echo(f"would warm {len(tasks)} GEMMs (dry run)")
+                fmt.table(("op", "precision", "inputs", "seen in"),
+                          [(t.op, t.precision, t.inputs,
+                            ", ".join(f"{s['device']}/torch {s['torch']}" for s in t.seen_in))
+                           for t in tasks])
+                for s in skipped:
+                    click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+
+            out.emit(data, human_dry)
+            return
+        with fmt.progress("warming", not out.as_json) as (total, step):
+            total(len(tasks))
+            report = warm_mod.warm(out.settings, db, tasks, progress=step)
+        report["skipped"] = skipped
+
+    def human() -> None:
+        click.echo(f"warmed {report['keys']} GEMMs in {fmt.dur(report['seconds'])}: "
+                   f"{report['tuned']} tuned here, {report['hit']} already cached, "
+                   f"{report['peer']} tuned by peers, {report['local']} local only, "
+                   f"{report['not_autotuned']} not autotuned, {report['error']} failed "
+                   f"(rank {report['rank']} of {report['world_size']}); "
+                   f"{len(skipped)} recorded keys skipped")
+        for t in report["tasks"]:
+            if t["outcome"] == "error":
+                click.echo(f"failed: {t['op']} {t['inputs']}: {t['error']}", err=True)
+            elif t.get("reason"):
+                click.echo(f"{t['outcome']}: {t['op']} {t['inputs']}: {t['reason']}",
+                           err=True)
+        for s in skipped:
+            click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+
+    out.emit(report, human)
+    if report["error"]:
+        ctx.exit(1)

@@ -1,0 +1,49 @@
+"""What the operators of a shared cache run: stats, prune, export/import/merge, ls/show,
+upgrade, doctor; the library functions behind the ``tunecache`` subcommands.
+
+They are safe while jobs run: every transaction is short (a page of a listing, a batch of
+a prune or an import), and a claim whose lease has not passed is never deleted or
+overwritten. Importing this package imports SQLAlchemy: the CLI imports it inside its
+commands, so that ``tunecache --help`` starts without it.
+"""
+
+from ..store.admin import EntryFilter
+from .browse import ls, show
+from .doctor import Check, run_checks
+from .duration import DURATION_HELP, parse_duration
+from .opening import open_database, open_source, opened, upgrade
+from .pruning import PruneSpec, prune
+from .statistics import stats
+from .transfer import (
+    CONFLICT_POLICIES,
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    export,
+    import_records,
+    merge,
+    parse_export,
+)
+
+__all__ = [
+    "EntryFilter",
+    "open_database",
+    "opened",
+    "open_source",
+    "upgrade",
+    "parse_duration",
+    "DURATION_HELP",
+    "stats",
+    "PruneSpec",
+    "prune",
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "CONFLICT_POLICIES",
+    "export",
+    "parse_export",
+    "import_records",
+    "merge",
+    "ls",
+    "show",
+    "Check",
+    "run_checks",
+]

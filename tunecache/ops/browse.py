@@ -1,0 +1,62 @@
+"""Browsing entries: a listing (`tunecache ls`) and one entry in full (`tunecache show`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
+from ..store import Database, admin
+from .entries import listing_row, stored_key, stored_timings
+
+__all__ = ["ls", "show"]
+
+
+def ls(db: Database, env: admin.EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Entries, most recently updated first."""
+    rows = db.run(lambda c: admin.rows(c, admin.select_listing(env, limit)))
+    return [listing_row(r) for r in rows]
+
+
+_HEX = re.compile(r"^[0-9a-f]{4,64}$")
+
+
+def show(db: Database, prefix: str) -> dict[str, Any]:
+    """One entry, by a unique prefix (at least 4 hex digits) of its key hash."""
+    prefix = prefix.strip().lower()
+    if not _HEX.match(prefix):
+        raise ConfigError("KEY_HASH_PREFIX", prefix, "4 to 64 hex digits of a key hash")
+    rows = db.run(lambda c: admin.rows(c, admin.select_by_prefix(prefix, 2)))
+    if not rows:
+        raise EntryNotFoundError(prefix, "no entry's key hash starts with it; "
+                                 "`tunecache ls` lists entries")
+    if len(rows) > 1:
+        raise EntryNotFoundError(prefix, "more than one entry's key hash starts with it; "
+                                 "give more digits")
+    r = rows[0]
+    key_error = None
+    try:
+        key: Any = stored_key(r.key_json)
+    except ValueError as e:
+        key, key_error = None, str(e)
+    timings: list[dict[str, Any]] = []
+    timings_error = None
+    if r.timings_json is not None:
+        try:
+            parsed = stored_timings(r.timings_json, r.key_hash)
+            timings = [{"candidate": k, "ms": None if v == math.inf else v}
+                       for k, v in sorted(parsed.items(), key=lambda kv: (kv[1], kv[0]))]
+        except InvalidEntryError as e:
+            timings_error = e.reason
+    return {
+        "key_hash": r.key_hash, "key": key, "key_error": key_error, "state": r.state,
+        "kind": r.kind, "op": r.op, "device": r.device, "torch": r.torch_version,
+        "triton": r.triton_version,
+        "timings": timings, "timings_error": timings_error, "best": r.best,
+        "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
+        "attempts": r.attempts, "lease_expires_at": r.lease_expires_at, "error": r.error,
+        "hits": r.hits, "created_at": r.created_at, "updated_at": r.updated_at,
+        "last_used_at": r.last_used_at, "now": r.now,
+    }
+

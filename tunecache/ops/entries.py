@@ -1,0 +1,90 @@
+"""Reading stored entries safely: the key and timings columns, parsed and validated, and
+the row of a listing.
+
+A column read from shared storage is never trusted: anything written there (by an older
+tunecache, a bad import, a hand edit) must cost only its own entry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterator
+
+from ..errors import InvalidEntryError
+from ..keys import MAX_KEY_BYTES, validate_timings
+from ..store import Database, admin
+
+__all__ = ["PAGE", "TOO_DEEP", "LISTING_KEYS", "noop", "pages", "loads", "stored_timings",
+           "stored_key", "listing_row"]
+
+PAGE = 1000  # rows per page of a listing, an export or a validation walk
+
+
+def noop(_n: int) -> None:
+    """A progress callback that reports nowhere."""
+
+
+def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]:
+    """The pages of a walk in key hash order: ``page_after(h)`` is the statement of the
+    page after key hash ``h``. Keyset pagination: each page is its own short transaction,
+    and no OFFSET rescans while a million rows stream out."""
+    after = ""
+    while True:
+        page = db.run(lambda c: admin.rows(c, page_after(after)))
+        if not page:
+            return
+        yield page
+        after = page[-1].key_hash
+
+
+# What a deeply nested JSON text gets: json's C scanner recurses once per level and raises
+# RecursionError, not ValueError (a 200 KB '[[[...]]]' line, under every size limit, took
+# `tunecache import` down with a traceback). Everything here that parses JSON from a file
+# or a column goes through these two, so such a text is one more invalid entry.
+TOO_DEEP = "nested too deeply"
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, with a RecursionError turned into the ValueError of any other bad JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
+
+
+def stored_timings(raw: Any, key_hash_: str) -> dict[str, float]:
+    """validate_timings, with a RecursionError turned into InvalidEntryError."""
+    try:
+        return validate_timings(raw, key_hash_)
+    except RecursionError:
+        raise InvalidEntryError(key_hash_, f"timings are {TOO_DEEP}") from None
+
+
+def stored_key(key_json: Any) -> dict[str, Any]:
+    """A stored key column, parsed; ValueError(reason) when it is not a key."""
+    if not isinstance(key_json, str):
+        raise ValueError("key is not text")
+    if len(key_json) > MAX_KEY_BYTES:
+        raise ValueError(f"key larger than {MAX_KEY_BYTES} bytes")
+    try:
+        key = loads(key_json)
+    except ValueError as e:
+        raise ValueError(f"key is not valid JSON ({e})") from None
+    if not isinstance(key, dict):
+        raise ValueError("key is not a JSON object")
+    return key
+
+
+def listing_row(row: Any) -> dict[str, Any]:
+    """One row of ls, or of prune --dry-run, as a JSON-able dict."""
+    return {
+        "key_hash": row.key_hash, "state": row.state, "kind": row.kind, "op": row.op,
+        "device": row.device, "torch": row.torch_version, "triton": row.triton_version,
+        "hits": row.hits, "best": row.best, "tune_seconds": row.tune_seconds,
+        "owner": row.owner, "created_at": row.created_at, "updated_at": row.updated_at,
+        "last_used_at": row.last_used_at,
+    }
+
+
+LISTING_KEYS = ("key_hash", "state", "kind", "op", "device", "torch", "triton", "hits", "best",
+                "tune_seconds", "owner", "created_at", "updated_at", "last_used_at")

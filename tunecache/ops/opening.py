@@ -1,0 +1,96 @@
+"""Opening the database for an operator command: at the head schema, in the mode asked.
+
+A typo in --db must not create an empty database (and report an empty cache), and a
+readonly process must refuse a write up front, in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+from ..errors import ReadonlyModeError, SourceNotFoundError, StoreUnavailableError
+from ..settings import Settings
+from ..store import Database, ensure_schema
+from ..store.migrate import current_revision
+
+__all__ = ["open_database", "opened", "open_source", "refuse_readonly", "upgrade"]
+
+
+def open_database(settings: Settings, *, create: bool = False,
+                  writes: str | None = None) -> Database:
+    """A :class:`Database` at the head schema (migrating when the mode allows it).
+
+    ``create=False`` refuses a SQLite path that does not exist, instead of creating an
+    empty database there, because a typo in --db would otherwise report an empty cache.
+    ``create=True`` creates the file, but never its directory: a mistyped directory
+    would otherwise be created and filled silently (and `stats` on the intended path
+    would then find nothing).
+
+    In readonly mode the connection itself refuses writes, as a job's does; ``writes``
+    names what the caller is about to write, refused up front in one line.
+    """
+    readonly = settings.mode == "readonly"
+    db = Database(settings.db_url, settings.lock_timeout, readonly=readonly)
+    if writes and readonly:
+        raise ReadonlyModeError(db.display_url, writes)
+    path = db.sqlite_path
+    if path and not os.path.exists(path):
+        directory = os.path.dirname(path) or "."
+        if not create:
+            raise StoreUnavailableError(
+                db.display_url,
+                "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
+            )
+        if not os.path.isdir(directory):
+            raise StoreUnavailableError(
+                db.display_url,
+                f"directory {directory} does not exist; check --db, or create it first",
+            )
+    ensure_schema(db, may_migrate=settings.mode == "readwrite")
+    return db
+
+
+def refuse_readonly(db: Database, action: str) -> None:
+    """Raise ReadonlyModeError if ``db`` was opened readonly and ``action`` writes."""
+    if db.readonly:
+        raise ReadonlyModeError(db.display_url, action)
+
+
+@contextlib.contextmanager
+def opened(settings: Settings, *, create: bool = False,
+           writes: str | None = None) -> Iterator[Database]:
+    """:func:`open_database`, disposed of when the block ends."""
+    db = open_database(settings, create=create, writes=writes)
+    try:
+        yield db
+    finally:
+        db.dispose()
+
+
+@contextlib.contextmanager
+def open_source(settings: Settings, name: str = "SRC_DB") -> Iterator[Database]:
+    """A database to read from (merge's ``name``): read-only, never created or migrated
+    (it must be at this tunecache's schema), disposed of when the block ends."""
+    db = Database(settings.db_url, settings.lock_timeout, readonly=True)
+    try:
+        if db.sqlite_path and not os.path.exists(db.sqlite_path):
+            raise SourceNotFoundError(name, db.display_url)
+        ensure_schema(db, may_migrate=False)
+        yield db
+    finally:
+        db.dispose()
+
+
+def upgrade(settings: Settings) -> dict[str, Any]:
+    """Run the migrations now (`tunecache upgrade`)."""
+    db = Database(settings.db_url, settings.lock_timeout)
+    if settings.mode == "readonly":
+        raise ReadonlyModeError(db.display_url, "upgrade")
+    try:
+        before = db.run(current_revision)
+        ensure_schema(db, may_migrate=True)
+        return {"database": db.display_url, "from": before, "to": db.run(current_revision)}
+    finally:
+        db.dispose()

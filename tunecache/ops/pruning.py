@@ -1,0 +1,289 @@
+"""Pruning: deleting what a :class:`PruneSpec` selects, in short batches, safely while jobs
+run; then, when it pays, VACUUM.
+
+A claim whose lease has not passed is never deleted; a deleted ``done`` entry is simply
+tuned again by the next job that needs it. Nothing holds the SQLite write lock for longer
+than one batch, and batches pause so that waiting lookups and claims get in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterator, Literal
+
+from sqlalchemy import Connection
+
+from ..errors import ConfigError, InvalidEntryError
+from ..store import Database, admin
+from .browse import show
+from .entries import (
+    LISTING_KEYS,
+    PAGE,
+    listing_row,
+    noop,
+    pages,
+    stored_key,
+    stored_timings,
+)
+from .opening import refuse_readonly
+from .statistics import database_size
+
+__all__ = ["PruneSpec", "prune", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS", "PRUNE_BATCH_MIN",
+           "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH", "VACUUM_FREE_SHARE",
+           "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
+
+# Rows per delete transaction. PostgreSQL blocks nobody with a delete, and its cost per
+# row does not fall with the batch (1M entries, half pruned: 29-33 s at 2000, 39 s at
+# 5000), so small fixed transactions there. On SQLite a batch holds the write lock (jobs'
+# claims wait for it, and lookups during its commit), while the cost per row falls with
+# the batch: the key-hash and stats indexes are random with respect to the rowid walk,
+# so a batch dirties (journals, writes, fsyncs) a share of all their pages whatever its
+# size. Measured on 1M entries of 3.5 KB, half pruned, no traffic: 40 s at 5000 rows
+# (390 ms each), 32 s at 10000, 25 s at 20000 (1 s each); 40000 is no cheaper per row.
+# So SQLite's batches are sized by time: the first has PRUNE_BATCH rows, each next one
+# as many as the last one's pace says fit in PRUNE_BATCH_SECONDS of lock (at most twice
+# the last). That is ~20000 rows on a local disk, and fewer where fsync is slow (network
+# filesystems), so a waiting claim never waits much longer than that, whatever the disk.
+PRUNE_BATCH = {"sqlite": 5000, "postgresql": 2000}
+PRUNE_BATCH_SECONDS = 1.0
+PRUNE_BATCH_MIN, PRUNE_BATCH_MAX = 500, 50_000
+PRUNE_PAUSE = 0.1  # seconds between two SQLite batches; see _yield_lock
+DELETE_BATCH = 500  # invalid entries per delete (SQLite's bound-parameter limit: 999 before 3.32)
+# VACUUM (SQLite) after a prune once free pages are this share of the file; see prune().
+VACUUM_FREE_SHARE = 0.25
+# ... and only on files up to this size: VACUUM copies the surviving entries at about
+# 100 MB/s (measured: 1.75 GB kept of 3.5 GB in 33 s) while holding the write lock, so
+# past this a running job's claim would wait longer than its lock timeout (30 s default)
+# and fall back to tuning locally.
+VACUUM_AUTO_MAX_BYTES = 256 * 2**20
+
+
+@dataclasses.dataclass
+class PruneSpec:
+    """What to prune; the classes are OR-ed, the entry filters within a class AND-ed."""
+
+    older_than: float | None = None
+    keep: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    only: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    ops: list[str] = dataclasses.field(default_factory=list)
+    kinds: list[str] = dataclasses.field(default_factory=list)
+    failed: bool = False
+    expired_claims: bool = False
+    invalid: bool = False
+
+    @property
+    def env(self) -> admin.EntryFilter:
+        return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops, kinds=self.kinds)
+
+    def is_empty(self) -> bool:
+        return not (self.older_than is not None or self.env or self.failed
+                    or self.expired_claims or self.invalid)
+
+
+
+def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
+    """(key_hash, reason) of done entries whose key or timings fail validation, page by
+    page (the reasons `export` and `merge` skip them for)."""
+    for page in pages(db, lambda after: admin.select_done_timings_page(after, PAGE)):
+        for row in page:
+            try:
+                stored_key(row.key_json)
+                stored_timings(row.timings_json, row.key_hash)
+            except InvalidEntryError as e:
+                yield row.key_hash, e.reason
+            except ValueError as e:
+                yield row.key_hash, str(e)
+
+
+def prune(
+    db: Database,
+    spec: PruneSpec,
+    *,
+    dry_run: bool = False,
+    vacuum: Literal["auto", "always", "never"] = "auto",
+    batch: int | None = None,
+    pause: bool = True,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
+
+    ``batch`` fixes the rows per transaction; by default SQLite's batches are sized to
+    hold the write lock about PRUNE_BATCH_SECONDS each. ``pause=False`` deletes batch
+    after batch with no pause (SQLite): 0.1 s a batch faster, for a maintenance window;
+    running jobs would wait for the whole prune.
+
+    SQLite does not give deleted pages back to the filesystem; it reuses them for new
+    entries. ``vacuum="auto"`` runs VACUUM only when the free pages reach a quarter of the
+    file (below that the next jobs reuse the space anyway) and the file is at most 256
+    MiB: VACUUM rewrites the whole file while holding the write lock (claims wait for it,
+    lookups too during its final copy), a few seconds at that size, minutes for a
+    multi-GB cache, which is then left to ``vacuum="always"`` in a quiet hour. On PostgreSQL it
+    runs a plain VACUUM of the table (no exclusive lock; space is reused, files do not
+    shrink; VACUUM FULL would lock every reader out).
+    """
+    progress = progress or noop
+    if spec.is_empty():
+        raise ConfigError(
+            "prune", "(no selection)",
+            "at least one of --older-than, --keep-*/--torch/--triton/--device/--op, "
+            "--failed, --expired-claims, --invalid",
+        )
+    if not dry_run:
+        refuse_readonly(db, "prune")
+    started = time.perf_counter()
+    condition = admin.prune_condition(
+        older_than=spec.older_than, env=spec.env if spec.env else None,
+        failed=spec.failed, expired_claims=spec.expired_claims,
+    )
+    size_before = database_size(db)
+    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run}
+    invalid = list(_invalid_hashes(db)) if spec.invalid else []
+    if dry_run:
+        return _prune_listing(db, condition, invalid, report, started, progress, on_total)
+
+    # No count first: on SQLite that is a scan of the whole file (6 s for a million
+    # entries), so the progress bar follows the walk's position instead (per mille).
+    if on_total:
+        on_total(1000)
+    deleted = 0
+    batches = 0
+    walk = admin.prune_walk_column(db.dialect)
+    delete_range = admin.delete_pruned_range(condition, walk)
+    size = batch or PRUNE_BATCH[db.dialect]
+    timed = batch is None and db.is_sqlite
+    largest = 0
+    selects_rows = spec.older_than is not None or bool(spec.env) or spec.failed \
+        or spec.expired_claims
+    top = db.run(lambda c: admin.scalar(c, admin.select_walk_end(walk))) \
+        if selects_rows else None
+    after: Any = 0 if db.is_sqlite else ""
+    shown = 0
+    while top is not None:
+        def one_batch(conn: Connection) -> tuple[Any, int, int, float]:
+            locked = time.perf_counter()  # the write lock is ours from here (SQLite)
+            return (*admin.prune_batch(conn, condition, walk, delete_range, size, after, top),
+                    locked)
+
+        last, n, selected, locked = db.run(one_batch, write=True)
+        held = time.perf_counter() - locked  # until the commit is done
+        if last is None:
+            break
+        after = last
+        deleted += n
+        batches += 1
+        largest = max(largest, selected)
+        where = _walk_permille(after, top)
+        progress(where - shown)
+        shown = where
+        if timed and selected == size:
+            size = _next_batch_size(size, held)
+        if pause:
+            _yield_lock(db)
+    progress(1000 - shown)
+    # Invalid entries (done ones only; the condition pass may have taken some already).
+    for i in range(0, len(invalid), DELETE_BATCH):
+        chunk = [h for h, _ in invalid[i:i + DELETE_BATCH]]
+        n = db.run(lambda c: admin.delete_invalid_done(c, chunk), write=True)
+        deleted += n
+        batches += 1
+    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid))
+    report["vacuum"] = run_vacuum(db, vacuum, deleted)
+    report["size_before"] = size_before
+    report["size_after"] = database_size(db)
+    report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def _next_batch_size(size: int, held: float) -> int:
+    """SQLite: the rows the next batch may take to hold the lock ~PRUNE_BATCH_SECONDS,
+    from the last batch's ``size`` rows in ``held`` seconds. It at most doubles, since the
+    cost per row falls with the batch (the pace of a small one overestimates a big one)."""
+    fits = int(size * PRUNE_BATCH_SECONDS / max(held, 1e-3))
+    return max(PRUNE_BATCH_MIN, min(PRUNE_BATCH_MAX, 2 * size, fits))
+
+
+def _yield_lock(db: Database) -> None:
+    """Between two delete batches on SQLite, leave the lock free long enough for waiters.
+
+    A rollback-journal writer blocks every reader while it commits, and back-to-back
+    batches starve the lookups and claims of running jobs for the whole prune (measured:
+    5 lookups got through a 1 s prune). A waiter here retries at least every ~50 ms
+    (SQLite's busy handler gives up after _SQLITE_BUSY_SECONDS, trying at 33 and 50 ms;
+    Database.run then sleeps at most 30 ms), so a pause of PRUNE_PAUSE (0.1 s) lets every
+    waiter's next try land in it, and claims (a few ms each) through. It no longer grows
+    with the batch (it was 0.12 s + a quarter of the batch, for SQLite's own 100 ms
+    backoff): batches are sized to ~1 s, so a waiting claim waits about one batch either
+    way (1M entries: claim+publish p99 1.09 s), and the longer pause cost 2.5 s of a 33 s
+    prune. PostgreSQL readers never wait for a delete (MVCC) and writers only for the
+    rows deleted: no pause there.
+    """
+    if db.is_sqlite:
+        time.sleep(PRUNE_PAUSE)
+
+
+def _walk_permille(position: Any, top: Any) -> int:
+    """How far (0-1000) a walk at ``position`` is through an order that ends at ``top``."""
+    if isinstance(position, int):
+        return min(1000, position * 1000 // max(int(top), 1))
+    # Key hashes are uniform hex: their first 8 digits say how far through we are.
+    return min(1000, int(str(position)[:8].ljust(8, "0"), 16) * 1000 // 0xFFFFFFFF)
+
+
+def _prune_listing(
+    db: Database,
+    condition: Any,
+    invalid: list[tuple[str, str]],
+    report: dict[str, Any],
+    started: float,
+    progress: Callable[[int], None],
+    on_total: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    """--dry-run: every entry a prune would delete, in key order."""
+    matched = int(db.run(lambda c: admin.scalar(c, admin.count_pruned(condition))))
+    if on_total:
+        on_total(matched + len(invalid))
+    rows: list[dict[str, Any]] = []
+    for page in pages(db, lambda after: admin.select_pruned(condition, after, PAGE)) \
+            if matched else ():
+        rows.extend(listing_row(r) for r in page)
+        progress(len(page))
+    reasons = dict(invalid)
+    listed = set()
+    for row in rows:
+        listed.add(row["key_hash"])
+        if row["key_hash"] in reasons:
+            row["invalid"] = reasons[row["key_hash"]]
+    for h, reason in invalid:
+        if h in listed:
+            continue
+        got = show(db, h)
+        rows.append({**{k: got[k] for k in LISTING_KEYS}, "invalid": reason})
+        progress(1)
+    report.update(would_delete=len(rows), entries=rows, seconds=time.perf_counter() - started)
+    return report
+
+
+def run_vacuum(db: Database, mode: str, deleted: int) -> dict[str, Any]:
+    if mode == "never" or (mode == "auto" and not deleted):
+        return {"ran": False, "why": "not asked" if mode == "never" else "nothing deleted"}
+    if db.is_sqlite:
+        size = database_size(db)
+        share = size["free_bytes"] / size["bytes"] if size["bytes"] else 0.0
+        if mode == "auto" and share < VACUUM_FREE_SHARE:
+            return {"ran": False, "why": f"free pages are {share:.0%} of the file "
+                    f"(under {VACUUM_FREE_SHARE:.0%}); SQLite reuses them for new entries"}
+        if mode == "auto" and size["bytes"] > VACUUM_AUTO_MAX_BYTES:
+            return {"ran": False, "why": f"free pages are {share:.0%} of the file, but "
+                    f"VACUUM of {size['bytes'] / 2**20:.0f} MiB would hold the lock for "
+                    "tens of seconds; run `tunecache prune --vacuum ...` when no job runs"}
+        why = "asked" if mode == "always" else f"free pages were {share:.0%} of the file"
+    else:
+        why = "asked" if mode == "always" else "rows deleted; plain VACUUM makes space reusable"
+    started = time.perf_counter()
+    # VACUUM cannot run inside a transaction: a "read" run is autocommit on both engines.
+    db.run(admin.vacuum)
+    return {"ran": True, "why": why, "seconds": time.perf_counter() - started}
+
+

@@ -1,0 +1,341 @@
+"""Moving entries between caches: export to versioned JSON lines, import such a file,
+merge another database; every incoming entry validated, nothing supplied trusted."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import time
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
+
+from sqlalchemy import Connection
+
+from .. import __version__
+from ..errors import ConfigError, ExportFormatError, InvalidEntryError
+from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
+from ..store import Database, admin
+from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
+from .opening import refuse_readonly
+
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "CONFLICT_POLICIES", "ConflictPolicy",
+           "IMPORT_BATCH", "export", "parse_export", "import_records", "merge"]
+
+EXPORT_FORMAT = "tunecache-export"
+EXPORT_VERSION = 1
+CONFLICT_POLICIES = ("keep", "replace", "faster")
+ConflictPolicy = Literal["keep", "replace", "faster"]
+IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
+
+
+def _json_safe_timings(timings: Mapping[str, float]) -> dict[str, float | None]:
+    return {k: (None if v == math.inf else v) for k, v in sorted(timings.items())}
+
+
+def export(
+    db: Database,
+    out: TextIO,
+    *,
+    best_only: bool = False,
+    env: admin.EntryFilter | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write done entries as JSON lines: a header, then one entry per line.
+
+    ``best_only`` keeps the winning candidate's timing and writes every other candidate
+    as null ("not measured"): the file is smaller, a consumer still picks the same winner,
+    and Inductor, which needs a timing for every choice, gets a full hit (unmeasured
+    candidates count as infinitely slow) instead of benchmarking the missing ones.
+    """
+    progress = progress or noop
+    total = int(db.run(lambda c: admin.scalar(c, admin.count_done(env))))
+    if on_total:
+        on_total(total)
+    header = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "tunecache": __version__,
+        "exported_at": time.time(),
+        "source": db.display_url,
+        "best_only": best_only,
+        "entries": total,
+    }
+    out.write(json.dumps(header, sort_keys=True) + "\n")
+    written = 0
+    skipped: list[dict[str, str]] = []
+    for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
+        for row in page:
+            try:
+                timings = stored_timings(row.timings_json, row.key_hash)
+                key = stored_key(row.key_json)
+            except (InvalidEntryError, ValueError) as e:
+                # A bad row is left behind (and reported), never shipped to other clusters.
+                skipped.append({"key_hash": row.key_hash,
+                                "reason": getattr(e, "reason", None) or str(e)})
+                continue
+            best = best_candidate(timings)
+            if best_only:
+                timings = {name: (ms if name == best else math.inf)
+                           for name, ms in timings.items()}
+            line = {
+                "key": key,
+                "key_hash": row.key_hash,
+                "timings": _json_safe_timings(timings),
+                "best": best,
+                "tune_seconds": row.tune_seconds,
+                "created_at": row.created_at,
+                "updated_at": row.updated_at,
+            }
+            out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
+                                 allow_nan=False) + "\n")
+            written += 1
+        progress(len(page))
+    return {"database": db.display_url, "exported": written, "skipped_invalid": skipped,
+            "best_only": best_only}
+
+
+# -- import / merge ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Incoming:
+    where: str
+    key_hash: str
+    key_json: str
+    labels: dict[str, str | None]
+    timings: dict[str, float]
+    timings_json: str
+    best: str
+    tune_seconds: float | None
+
+
+def _validated(where: str, record: Any) -> _Incoming:
+    """Check one imported entry; raise ValueError(reason). Nothing supplied is trusted:
+    the hash is recomputed from the key, the winner from the timings."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    key = record.get("key")
+    if not isinstance(key, dict):
+        raise ValueError('"key" is missing or not a JSON object')
+    try:
+        h, key_json = key_hash(key)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad key: {e}") from None
+    except RecursionError:
+        raise ValueError(f"bad key: {TOO_DEEP}") from None
+    supplied = record.get("key_hash")
+    if supplied is not None and supplied != h:
+        raise ValueError(f'"key_hash" does not match the key (the key hashes to {h[:16]})')
+    if "timings" not in record:
+        raise ValueError('"timings" is missing')
+    try:
+        timings = stored_timings(record["timings"], h)
+    except InvalidEntryError as e:
+        raise ValueError(e.reason) from None
+    tune_seconds = record.get("tune_seconds")
+    if tune_seconds is not None and (
+        isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
+        or not math.isfinite(tune_seconds) or tune_seconds < 0
+    ):
+        raise ValueError(f'"tune_seconds" is {tune_seconds!r}, not a non-negative number')
+    # All-null timings are a result too ("no candidate runs here"); stored with an empty
+    # winner, as the coordinator publishes them.
+    best = best_candidate(timings) or ""
+    return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
+                     best, None if tune_seconds is None else float(tune_seconds))
+
+
+def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[str, Any]]:
+    """(where, record or ValueError) for each entry line of an export file.
+
+    The header must come first; a file that does not start with one is refused whole
+    (:class:`ExportFormatError`), a bad entry line only costs that line.
+    """
+    it = iter(lines)
+    number = 0
+    header: Any = None
+    for raw in it:
+        number += 1
+        if raw.strip():
+            try:
+                header = loads(raw)
+            except ValueError:
+                header = None
+            break
+    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+        raise ExportFormatError(source, f"line {number} is not a tunecache export header",
+                                EXPORT_FORMAT, EXPORT_VERSION)
+    if header.get("version") != EXPORT_VERSION:
+        raise ExportFormatError(
+            source, f"export format version {header.get('version')!r} is not supported "
+            f"(this tunecache reads version {EXPORT_VERSION}; upgrade tunecache)",
+            EXPORT_FORMAT, EXPORT_VERSION)
+    for raw in it:
+        number += 1
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_KEY_BYTES + 2 * 1024 * 1024:
+            yield f"line {number}", ValueError("line too long")
+            continue
+        try:
+            record = loads(raw)
+        except json.JSONDecodeError as e:
+            record = ValueError(f"not JSON ({e.msg} at column {e.colno})")
+        except ValueError as e:
+            record = ValueError(f"not JSON ({e})")
+        yield f"line {number}", record
+
+
+def _fastest(timings: Mapping[str, float]) -> float:
+    return min((ms for ms in timings.values() if math.isfinite(ms)), default=math.inf)
+
+
+def import_records(
+    db: Database,
+    records: Iterable[tuple[str, Any]],
+    *,
+    on_conflict: ConflictPolicy = "keep",
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Validate and write entries; see :data:`CONFLICT_POLICIES` and the CLI's help.
+
+    For a key already in the target:
+
+    - done: ``keep`` leaves it as it is (a done entry is immutable); ``replace`` overwrites
+      it; ``faster`` overwrites it only if the incoming fastest timing is lower;
+    - claimed and its lease running: left alone under every policy (someone is tuning it;
+      reported as busy);
+    - failed, or a claim whose lease has passed: replaced by the done entry under every
+      policy (a result beats no result; the old owner's late publish is fenced out).
+    """
+    if on_conflict not in CONFLICT_POLICIES:
+        raise ConfigError("--on-conflict", on_conflict, " or ".join(CONFLICT_POLICIES))
+    if not dry_run:
+        refuse_readonly(db, "import")
+    progress = progress or noop
+    owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
+    counts = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
+    bad: list[dict[str, str]] = []
+    seen: set[str] = set()
+
+    def flush(batch: list[_Incoming]) -> None:
+        def work(conn: Connection) -> dict[str, int]:
+            got = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
+            existing = admin.existing_for_import(conn, [i.key_hash for i in batch])
+            inserts: list[dict[str, Any]] = []
+            overwrites: list[dict[str, Any]] = []
+            for inc in batch:
+                params = {"p_key_hash": inc.key_hash, "p_timings_json": inc.timings_json,
+                          "p_best": inc.best, "p_tune_seconds": inc.tune_seconds}
+                row = existing.get(inc.key_hash)
+                if row is None:
+                    inserts.append({**params, "p_key_json": inc.key_json,
+                                    **{f"p_{k}": v for k, v in inc.labels.items()}})
+                    continue
+                if row.state == "claimed" and (row.lease_expires_at or 0.0) > row.now:
+                    got["busy"] += 1
+                    continue
+                if row.state == "done":
+                    if on_conflict == "keep" or row.timings_json == inc.timings_json:
+                        got["unchanged"] += 1
+                        continue
+                    if on_conflict == "faster":
+                        try:
+                            old = _fastest(stored_timings(row.timings_json, row.key_hash))
+                        except InvalidEntryError:
+                            old = math.inf  # an invalid stored entry loses to any result
+                        if not _fastest(inc.timings) < old:
+                            got["unchanged"] += 1
+                            continue
+                overwrites.append({**params, "p_token": row.token, "p_state": row.state,
+                                   "p_owner": owner})
+            if dry_run:
+                got["inserted"] += len(inserts)
+                got["replaced"] += len(overwrites)
+                return got
+            if inserts:
+                done = admin.insert_done_rows(conn, owner, inserts)
+                got["inserted"] += done
+                got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
+            for params in overwrites:
+                if admin.overwrite_done(conn, params):
+                    got["replaced"] += 1
+                else:
+                    got["busy"] += 1
+            return got
+
+        for name, n in db.run(work, write=True).items():
+            counts[name] += n
+        progress(len(batch))
+
+    batch: list[_Incoming] = []
+    for where, record in records:
+        if isinstance(record, ValueError):
+            bad.append({"where": where, "reason": str(record)})
+            progress(1)
+            continue
+        try:
+            inc = _validated(where, record)
+        except ValueError as e:
+            bad.append({"where": where, "reason": str(e)})
+            progress(1)
+            continue
+        if inc.key_hash in seen:
+            # Two entries of one key in one file: the first wins, like `keep` would.
+            counts["unchanged"] += 1
+            progress(1)
+            continue
+        seen.add(inc.key_hash)
+        batch.append(inc)
+        if len(batch) >= IMPORT_BATCH:
+            flush(batch)
+            batch = []
+    if batch:
+        flush(batch)
+    return {"database": db.display_url, "on_conflict": on_conflict, "dry_run": dry_run,
+            **counts, "invalid": len(bad), "bad": bad}
+
+
+def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
+    for page in pages(src, lambda after: admin.select_done_page(None, after, PAGE)):
+        for row in page:
+            where = f"entry {row.key_hash[:16]}"
+            try:
+                record = {"key": stored_key(row.key_json), "key_hash": row.key_hash,
+                          "timings": stored_timings(row.timings_json, row.key_hash),
+                          "tune_seconds": row.tune_seconds}
+            except InvalidEntryError as e:
+                yield where, ValueError(e.reason)
+                continue
+            except ValueError as e:
+                yield where, e
+                continue
+            yield where, record
+
+
+def merge(
+    src: Database,
+    into: Database,
+    *,
+    on_conflict: ConflictPolicy = "keep",
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Import every done entry of ``src`` into ``into`` (validated like an import file)."""
+    if src.url == into.url:
+        raise ConfigError("SRC_DB", src.display_url, "a database other than the target")
+    if not dry_run:
+        refuse_readonly(into, "merge")
+    if on_total:
+        on_total(int(src.run(lambda c: admin.scalar(c, admin.count_done(None)))))
+    report = import_records(into, _source_records(src), on_conflict=on_conflict,
+                            dry_run=dry_run, progress=progress)
+    report["source"] = src.display_url
+    return report
+
+
