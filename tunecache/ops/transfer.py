@@ -142,7 +142,7 @@ def _validated(where: str, record: Any) -> _Incoming:
     ):
         raise ValueError(f'"tune_seconds" is {tune_seconds!r}, not a non-negative number')
     # All-null timings are a result too ("no candidate runs here"); stored with an empty
-    # winner, as the coordinator publishes them.
+    # winner, as the core publishes them.
     best = best_candidate(timings) or ""
     return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
                      best, None if tune_seconds is None else float(tune_seconds))
