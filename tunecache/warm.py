@@ -21,7 +21,6 @@ torch is imported lazily: importing this module (or tunecache.cli) never imports
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +28,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .settings import Settings
 from .store import Database
@@ -240,62 +239,6 @@ def _my_order(tasks: Sequence[WarmTask], rank: int, world: int) -> list[WarmTask
     return list(tasks[start:]) + list(tasks[:start])
 
 
-def _config_value(text: str, current: Any) -> Any:
-    """A recorded str(config value) back in the type of the current value."""
-    if text == "None":
-        return None
-    if isinstance(current, bool):
-        return text == "True"
-    if isinstance(current, int):
-        return int(text)
-    if isinstance(current, float):
-        return float(text)
-    return text
-
-
-@contextlib.contextmanager
-def _recorded_settings(task: WarmTask) -> Iterator[None]:
-    """Compile under the settings that are part of the recorded key (precision, Inductor
-    flags, CPU threads, reduced-precision reductions), so this machine's key matches the
-    one a job with those settings computes."""
-    import torch
-    from torch._inductor import config
-
-    patches: dict[str, Any] = {}
-    for name, text in task.env.items():
-        if not name.startswith("inductor."):
-            continue
-        flag = name[len("inductor."):]
-        obj: Any = config
-        try:
-            for part in flag.split("."):
-                obj = getattr(obj, part)
-            if str(obj) != text:
-                patches[flag] = _config_value(text, obj)
-        except (AttributeError, ValueError):
-            logger.debug("tunecache warm: cannot apply recorded %s=%s", name, text)
-    old_precision = torch.get_float32_matmul_precision()
-    old_threads = torch.get_num_threads()
-    matmul = torch.backends.cuda.matmul
-    old_reduced = (matmul.allow_fp16_reduced_precision_reduction,
-                   matmul.allow_bf16_reduced_precision_reduction)
-    try:
-        torch.set_float32_matmul_precision(task.precision)
-        if task.env.get("device_type") == "cpu" and task.env.get("threads", "").isdigit():
-            torch.set_num_threads(int(task.env["threads"]))
-        if "fp16_reduced_reduction" in task.env:
-            matmul.allow_fp16_reduced_precision_reduction = task.env["fp16_reduced_reduction"] == "True"
-        if "bf16_reduced_reduction" in task.env:
-            matmul.allow_bf16_reduced_precision_reduction = task.env["bf16_reduced_reduction"] == "True"
-        with config.patch(patches):
-            yield
-    finally:
-        torch.set_float32_matmul_precision(old_precision)
-        torch.set_num_threads(old_threads)
-        (matmul.allow_fp16_reduced_precision_reduction,
-         matmul.allow_bf16_reduced_precision_reduction) = old_reduced
-
-
 def _make_base(spec: Input, device: Any) -> Any:
     """A 1-D tensor holding every element of ``spec``'s view (from storage offset 0)."""
     import torch
@@ -381,7 +324,6 @@ def warm(
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     import torch
     import torch._dynamo
-    from torch._inductor import config
 
     import tunecache
     from tunecache import inductor as tc_inductor
@@ -398,8 +340,7 @@ def warm(
     old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     started = time.perf_counter()
     try:
-        with config.patch({"fx_graph_cache": False, "autotune_local_cache": False,
-                           "autotune_remote_cache": False}):
+        with tc_inductor.local_caches_off():
             for i, task in enumerate(_my_order(tasks, rank, world)):
                 outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
                 counts[outcome["outcome"]] += 1
@@ -421,7 +362,7 @@ def _this_key_hash(task: WarmTask, device_type: str, tc_inductor: Any) -> str:
     """The hash of this machine's key for ``task``: what the compile must look up."""
     from .keys import key_hash
 
-    with _recorded_settings(task):
+    with tc_inductor.recorded_settings(task.precision, task.env):
         key = tc_inductor.make_key(task.op, task.inputs, None, device_type)
     return key_hash(key)[0]
 
@@ -492,9 +433,7 @@ def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
         torch._dynamo.reset()
         tc_inductor.stats.reset()
-        with _recorded_settings(task), torch.no_grad():
-            compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
-            compiled(*args)
+        tc_inductor.compile_and_run(fn, args, task.precision, task.env)
         s = tc_inductor.stats.as_dict()
         outcome, reason = classify(s["events"], s["fallbacks"], expected)
         record.update(outcome=outcome, benchmarks=s["benchmarks"],
@@ -509,6 +448,3 @@ def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
     record["seconds"] = time.perf_counter() - t0
     return record
 
-
-def summary_keys(report: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in report.items() if k != "tasks"}
