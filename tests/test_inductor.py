@@ -388,6 +388,9 @@ def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqli
         inductor_config._pre_fusion_custom_pass = None
 
 
+_MISSING = object()  # an attribute not in its owner's __dict__
+
+
 def _patched_inductor_attributes() -> dict[str, Any]:
     """Every Inductor attribute tunecache's hooks patch (torch 2.13), by name: the value
     each holds now (the object in the owner's ``__dict__`` for methods, so that a
@@ -397,7 +400,6 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     from torch._inductor.runtime import autotune_cache, triton_heuristics
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
 
-    missing = object()
     selector = get_algorithm_selector_cache()
     owners = {
         "AutotuneCache": (autotune_cache.AutotuneCache, ("create",)),
@@ -408,11 +410,11 @@ def _patched_inductor_attributes() -> dict[str, Any]:
         "TritonScheduling": (TritonScheduling, ("benchmark_codegened_module",)),
     }
     found: dict[str, Any] = {
-        f"{owner}.{name}": vars(cls).get(name, missing)
+        f"{owner}.{name}": vars(cls).get(name, _MISSING)
         for owner, (cls, names) in owners.items() for name in names
     }
     for name in ("lookup", "make_precompile_fn"):
-        found[f"selector.{name}"] = vars(selector).get(name, missing)
+        found[f"selector.{name}"] = vars(selector).get(name, _MISSING)
     for name in ("_pre_fusion_custom_pass", "autotune_remote_cache", "compile_threads",
                  "distributed_max_autotune_gemm"):
         found[f"config.{name}"] = getattr(inductor_config, name)
