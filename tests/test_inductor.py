@@ -36,6 +36,7 @@ from torch._inductor.select_algorithm import get_algorithm_selector_cache  # noq
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.inductor.state import REGISTRY  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -387,6 +388,64 @@ def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqli
         inductor_config._pre_fusion_custom_pass = None
 
 
+_MISSING = object()  # an attribute not in its owner's __dict__
+
+
+def _patched_inductor_attributes() -> dict[str, Any]:
+    """Every Inductor attribute tunecache's hooks patch (torch 2.13), by name: the value
+    each holds now (the object in the owner's ``__dict__`` for methods, so that a
+    restored staticmethod counts as restored only if it is the very same object)."""
+    from torch._inductor import remote_cache
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.runtime import autotune_cache, triton_heuristics
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    selector = get_algorithm_selector_cache()
+    owners = {
+        "AutotuneCache": (autotune_cache.AutotuneCache, ("create",)),
+        "CachingAutotuner": (triton_heuristics.CachingAutotuner,
+                             ("coordinate_descent_tuning", "autotune_to_one_config",
+                              "_dynamic_scale_rblock")),
+        "CoordescTuner": (CoordescTuner, ("autotune_single_field", "call_func")),
+        "TritonScheduling": (TritonScheduling, ("benchmark_codegened_module",)),
+    }
+    found: dict[str, Any] = {
+        f"{owner}.{name}": vars(cls).get(name, _MISSING)
+        for owner, (cls, names) in owners.items() for name in names
+    }
+    for name in ("lookup", "make_precompile_fn"):
+        found[f"selector.{name}"] = vars(selector).get(name, _MISSING)
+    for name in ("_pre_fusion_custom_pass", "autotune_remote_cache", "compile_threads",
+                 "distributed_max_autotune_gemm"):
+        found[f"config.{name}"] = getattr(inductor_config, name)
+    found["remote_cache.RemoteAutotuneCache"] = remote_cache.RemoteAutotuneCache
+    return found
+
+
+def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch):
+    from torch._inductor.runtime import triton_heuristics  # noqa: F401 - runtime hooks too
+
+    # Values enable() changes: compile workers that cannot read this database (it is not
+    # TUNECACHE_DB) make it set compile_threads=1, and it turns the flag off.
+    monkeypatch.delenv("TUNECACHE_DB", raising=False)
+    monkeypatch.setattr(inductor_config, "compile_threads", 4)
+    monkeypatch.setattr(inductor_config, "distributed_max_autotune_gemm", True)
+    monkeypatch.setattr(inductor_config, "autotune_remote_cache", None)
+    before = _patched_inductor_attributes()
+    with tunecache.open(str(tmp_path / "tune.db"), triton_configs=True) as cache:
+        assert tc_inductor.enable(cache)
+        try:
+            during = _patched_inductor_attributes()
+            changed = {name for name in before if during[name] is not before[name]}
+            assert changed == set(before), f"not patched: {set(before) - changed}"
+        finally:
+            tc_inductor.disable()
+    after = _patched_inductor_attributes()
+    assert {name for name in before if after[name] is not before[name]} == set()
+    assert REGISTRY.hooks is None and REGISTRY.triton is None
+    assert REGISTRY.runtime_hooks == [] and not REGISTRY.runtime_hooks_tried
+
+
 def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(sqlite_url):
     """torch 2.11 accepts only a ``CustomGraphPass`` as ``_pre_fusion_custom_pass`` (and
     reads its uuid); 2.13 only a ``CustomSchedulerPass``. Failing either made Inductor
@@ -446,7 +505,7 @@ def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, cap
 
 def test_unsupported_torch_version_warns_once_and_installs_nothing(monkeypatch, sqlite_url, caplog):
     monkeypatch.setattr(torch, "__version__", "2.10.0")
-    monkeypatch.setattr(tc_inductor, "_version_warned", False)
+    monkeypatch.setattr(REGISTRY, "version_warned", False)
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         assert tc_inductor.enable(db=sqlite_url) is False
         assert tc_inductor.enable(db=sqlite_url) is False

@@ -34,6 +34,10 @@ from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.inductor.state import REGISTRY  # noqa: E402
+from tunecache.inductor.triton import coordesc as tc_coordesc  # noqa: E402
+from tunecache.inductor.triton.remote import TritonCache  # noqa: E402
+from tunecache.inductor.triton.worker import EnvCache  # noqa: E402
 from tunecache.core import TuneCache  # noqa: E402
 from tunecache.store.store import Claim  # noqa: E402
 
@@ -422,7 +426,7 @@ def coordesc(tmp_path, monkeypatch):
         cfgs, autotune_cache, info = load(kernel_file(tmp_path, index, body), m)
         k = FakeKernel(autotune_cache, m)
         k.autotune_cache_info = info
-        key = tc_inductor._TRITON._key(autotune_cache.remote_cache_full_key,
+        key = REGISTRY.triton._key(autotune_cache.remote_cache_full_key,
                                        autotune_cache.remote_cache[1])[1]
         return k, FakeLauncher(cfgs[0]), key
 
@@ -481,7 +485,7 @@ def test_a_kernel_a_peer_tuned_first_adopts_its_config_without_tuning(coordesc):
 
 def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
         coordesc, monkeypatch):
-    monkeypatch.setattr(tc_inductor, "DEFERRED_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(tc_coordesc, "DEFERRED_CHECK_SECONDS", 0.05)
     k, launcher, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
     assert first_run(k, launcher) is launcher  # launched with autotune_to_one_config's pick
@@ -502,7 +506,7 @@ def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
 def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkeypatch):
     # The benchmark times whatever config runs, so running it untuned would decide the
     # fusion on the wrong timing.
-    monkeypatch.setattr(tc_inductor._fusion_local, "benchmarking", True, raising=False)
+    monkeypatch.setattr(REGISTRY.fusion_local, "benchmarking", True, raising=False)
     adopted = _first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert tc_inductor.triton_stats.deferred == 0
@@ -603,7 +607,7 @@ def test_a_failed_configs_benchmark_gives_the_key_back_at_once(coordesc):
 
 def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(
         coordesc, monkeypatch):
-    monkeypatch.setattr(tc_inductor, "_cuda_graph_trees_in_use", lambda kernel: True)
+    monkeypatch.setattr(tc_coordesc, "_cuda_graph_trees_in_use", lambda kernel: True)
     adopted = _first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
@@ -615,7 +619,7 @@ def test_a_deferred_kernel_recorded_in_a_cuda_graph_keeps_its_first_config(
     claim = coordesc.peer.claim(key)
     assert first_run(k, launcher) is launcher  # deferred
     publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
-    monkeypatch.setattr(tc_inductor, "_capturing", lambda: True)
+    monkeypatch.setattr(tc_coordesc, "_capturing", lambda: True)
     assert first_run(k, launcher) is launcher  # no compile while capturing
     assert launcher.config.found_by_coordesc is True and k.compiled == []
     assert k._cache_eligible is True and tc_inductor.triton_stats.kept_untuned == 1
@@ -640,7 +644,7 @@ def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
 
 
 def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc, monkeypatch):
-    monkeypatch.setattr(tc_inductor, "DEFERRED_CHECK_SECONDS", 0.01)
+    monkeypatch.setattr(tc_coordesc, "DEFERRED_CHECK_SECONDS", 0.01)
     k, launcher, key = coordesc.kernel(0)
     coordesc.peer.claim(key, lease_seconds=1.0)  # and never publishes
     t0 = time.monotonic()
@@ -880,8 +884,8 @@ def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_pat
     probe = ("import torch\n"
              "from torch._inductor.runtime import triton_heuristics\n"
              "from torch._inductor import remote_cache\n"
-             "import tunecache.inductor as t\n"
-             "print(remote_cache.RemoteAutotuneCache.__name__, t._TRITON.worker)\n")
+             "from tunecache.inductor.state import REGISTRY\n"
+             "print(remote_cache.RemoteAutotuneCache.__name__, REGISTRY.triton.worker)\n")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -892,8 +896,8 @@ def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_pat
 def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkeypatch):
     db = tmp_path / "tune.db"
     monkeypatch.setenv("TUNECACHE_DB", str(db))
-    monkeypatch.setattr(tc_inductor._EnvCache, "RETRY_SECONDS", 0.0)
-    env_cache = tc_inductor._EnvCache()
+    monkeypatch.setattr(EnvCache, "RETRY_SECONDS", 0.0)
+    env_cache = EnvCache()
     first = env_cache()
     assert first.lookup({"kind": "gemm", "op": "x"}) is None
     assert first.disabled_reason is not None and not db.exists()  # readonly: not created
@@ -913,8 +917,8 @@ def test_worker_reads_hold_no_postgresql_connection(pg_url, monkeypatch):
     monkeypatch.setenv("TUNECACHE_DB", pg_url)
     with tunecache.open(pg_url) as made:
         assert made.lookup({"kind": "gemm", "op": "none"}) is None  # schema in place
-    env_cache = tc_inductor._EnvCache()
-    worker = tc_inductor._TritonCache(env_cache, worker=True)
+    env_cache = EnvCache()
+    worker = TritonCache(env_cache, worker=True)
     info = json.dumps({"kernel": "k", "name": "triton_poi_fused_add_0", "device": "cuda"})
     for _ in range(3):
         assert worker.get("inductor-key", info) is None  # a miss, read through the store
@@ -1229,7 +1233,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
         deadline = time.monotonic() + 60
         while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-    tc_inductor.DEFERRED_CHECK_SECONDS = 0.01
+    tc_coordesc.DEFERRED_CHECK_SECONDS = 0.01
     deadline = time.monotonic() + 60
     while True:  # training steps, until every kernel runs its final config
         pending = [k for k in loaded

@@ -54,12 +54,14 @@ def _enable(target: str) -> None:
             return
         _done.add(target)
     try:
-        from . import inductor
-
         if target == _TARGET:
-            inductor._enable_from_env()
+            from .inductor.switch import enable_from_env
+
+            enable_from_env()
         else:
-            inductor._enable_triton_from_env()
+            from .inductor.triton import enable_triton_from_env
+
+            enable_triton_from_env()
     except Exception as e:  # noqa: BLE001 - activation must never break the user's job
         log.warning(
             "tunecache: could not enable the Inductor integration (%s: %s); Inductor "

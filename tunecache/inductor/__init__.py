@@ -1,0 +1,51 @@
+"""PyTorch Inductor integration: GEMM autotuning timings (and, with ``triton_configs`` on,
+Triton kernels' best configs and fusion-benchmark timings) from the shared tunecache.
+
+This package is the only part of tunecache that touches ``torch._inductor``. Its rooms:
+``switch`` (enable/disable), ``state`` (the one registry of installed hooks), ``stats``,
+``compat`` (supported versions), ``fingerprint`` (the environment part of a key),
+``gemm`` (selector hooks, candidate ids, GEMM keys), ``deferred`` (the pre-fusion pass),
+``triton/`` (keys, the remote-cache adapter, coordinate descent, fusion and split-size
+benchmarks, compile workers, install) and ``warmup`` (the compile of ``tunecache warm``).
+docs/design.md draws them.
+"""
+
+from __future__ import annotations
+
+from .compat import SUPPORTED_TORCH
+from .fingerprint import environment, recorded_settings
+from .gemm import candidate_id, candidate_ids, make_key
+from .state import REGISTRY
+from .stats import Stats, TritonStats
+from .switch import disable, enable, is_enabled
+from .triton import (TRITON_LEASE_SECONDS, fusion_benchmark_key, triton_config_from_entry,
+                     triton_key, triton_kernel_info)
+from .warmup import compile_and_run, local_caches_off
+
+__all__ = [
+    "enable",
+    "disable",
+    "is_enabled",
+    "stats",
+    "Stats",
+    "SUPPORTED_TORCH",
+    "candidate_id",
+    "candidate_ids",
+    "environment",
+    "make_key",
+    "triton_stats",
+    "TritonStats",
+    "triton_key",
+    "triton_kernel_info",
+    "triton_config_from_entry",
+    "fusion_benchmark_key",
+    "TRITON_LEASE_SECONDS",
+    "recorded_settings",
+    "local_caches_off",
+    "compile_and_run",
+]
+
+# The registry's counters, under the names the README and tools/bench_gpu.py use (the
+# same objects: reset() clears them in place).
+stats = REGISTRY.stats
+triton_stats = REGISTRY.triton_stats

@@ -1,0 +1,154 @@
+"""Turning the Inductor integration on and off: :func:`enable` installs the GEMM selector
+hooks, the deferred pass and Triton sharing; :func:`disable` undoes all of it."""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..settings import Settings, activation
+from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_names,
+                     refuse, torch_version)
+from .deferred import make_pre_fusion_pass
+from .gemm import GemmHooks
+from .state import REGISTRY
+from .triton.install import enable_triton, disable_triton
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .. import TuneCache
+
+__all__ = ["enable", "disable", "is_enabled", "enable_from_env"]
+
+log = logging.getLogger("tunecache")
+
+
+def is_enabled() -> bool:
+    """Whether the hooks are installed (in either mode)."""
+    return REGISTRY.hooks is not None
+
+
+def enable(
+    cache: TuneCache | None = None, *, count_only: bool = False, **settings: Any
+) -> bool:
+    """Route Inductor's GEMM autotuning through tunecache; returns whether hooks are on.
+
+    ``cache``: a ``tunecache.TuneCache`` to use; by default one is opened (lazily, at the
+    first autotuned op) with ``tunecache.open(**settings)``, i.e. from TUNECACHE_* unless
+    overridden. ``count_only=True`` installs only the benchmark counter (:data:`stats`),
+    no cache. TUNECACHE_MODE=off enables nothing. Calling it again replaces the hooks.
+    """
+    version = torch_version()
+    low, high = SUPPORTED_TORCH
+    if version is None or not (low <= version <= high):
+        import torch
+
+        return refuse(
+            f"torch {torch.__version__} is outside the supported "
+            f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
+        )
+    share_triton = False
+    chosen_url = ""
+    if not count_only:
+        chosen = cache.settings if cache is not None else Settings.from_env(**settings)
+        if chosen.mode == "off" and cache is None:
+            log.info("tunecache: TUNECACHE_MODE=off, Inductor autotunes as usual")
+            return False
+        share_triton = chosen.triton_configs
+        chosen_url = chosen.db_url
+
+    from torch._inductor import config
+    from torch._inductor import select_algorithm
+
+    selector = select_algorithm.get_algorithm_selector_cache()
+    cls = type(selector)
+    if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
+        cls.make_precompile_fn
+    ) != PRECOMPILE_PARAMS:
+        return refuse("AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+
+    with REGISTRY.enable_lock:
+        if REGISTRY.hooks is not None:
+            _disable_locked()
+        hooks = GemmHooks(selector, cache, settings, count_only)
+        orig_lookup = cls.lookup.__get__(selector, cls)
+        orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
+
+        def lookup(
+            self: Any,
+            choices: list[Any],
+            op: str,
+            inputs: str,
+            benchmark: Callable[[Any], dict[Any, float]] | None,
+            hint_override: int | None = None,
+        ) -> dict[Any, float]:
+            return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
+
+        def make_precompile_fn(
+            self: Any,
+            choices: list[Any],
+            name: str,
+            inputs_key: str,
+            precompilation_timeout_seconds: int | None = 60 * 60,
+        ) -> Callable[[], dict[Any, float]]:
+            try:
+                hooks.note_choices(choices, name, inputs_key)
+            except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
+                hooks.warn_once("recording a deferred GEMM", e)
+            return orig_precompile(
+                choices,
+                name,
+                inputs_key,
+                precompilation_timeout_seconds=precompilation_timeout_seconds,
+            )
+
+        selector.lookup = types.MethodType(lookup, selector)
+        selector.make_precompile_fn = types.MethodType(make_precompile_fn, selector)
+        if not count_only:
+            if getattr(config, "distributed_max_autotune_gemm", False):
+                hooks.prev_dist_flag = config.distributed_max_autotune_gemm
+                config.distributed_max_autotune_gemm = False
+                log.info(
+                    "tunecache: turned off torch._inductor.config.distributed_max_autotune_gemm; "
+                    "tunecache shares GEMM autotuning across ranks and jobs instead"
+                )
+            hooks.prev_pass = config._pre_fusion_custom_pass
+            hooks.our_pass = make_pre_fusion_pass(hooks, hooks.prev_pass)
+            config._pre_fusion_custom_pass = hooks.our_pass
+            if share_triton:
+                hooks.triton_patch = enable_triton(hooks.cache, chosen_url)
+        REGISTRY.hooks = hooks
+    log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
+    return True
+
+
+def _disable_locked() -> None:
+    hooks, REGISTRY.hooks = REGISTRY.hooks, None
+    if hooks is None:
+        return
+    disable_triton(hooks.triton_patch)
+    for name in ("lookup", "make_precompile_fn"):
+        hooks.selector.__dict__.pop(name, None)  # the class method shows through again
+    if hooks.our_pass is not None or hooks.prev_dist_flag is not None:
+        from torch._inductor import config
+
+        if config._pre_fusion_custom_pass is hooks.our_pass:
+            config._pre_fusion_custom_pass = hooks.prev_pass
+        # Put back the flag enable() turned off, unless it was set since (config.patch).
+        if hooks.prev_dist_flag is not None and config.distributed_max_autotune_gemm is False:
+            config.distributed_max_autotune_gemm = hooks.prev_dist_flag
+    hooks.close()
+
+
+def disable() -> None:
+    """Remove the hooks (Inductor's own autotuning again) and close the cache we opened."""
+    with REGISTRY.enable_lock:
+        _disable_locked()
+
+
+def enable_from_env() -> None:
+    """Called by the autoload hook (tunecache._autoload) once select_algorithm exists."""
+    if activation().count_only:
+        enable(count_only=True)
+    else:
+        enable()

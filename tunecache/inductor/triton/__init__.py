@@ -1,0 +1,14 @@
+"""Triton kernel autotuning through the shared cache: kernel keys, the remote autotune-cache
+adapter, coordinate descent, fusion and split-size benchmarks, and their install
+(triton/install.py has the notes on every hook)."""
+
+from __future__ import annotations
+
+from .install import enable_triton, disable_triton, enable_triton_from_env
+from .keys import (fusion_benchmark_key, triton_config_from_entry, triton_key,
+                   triton_kernel_info)
+from .remote import TRITON_LEASE_SECONDS, TritonCache
+
+__all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "enable_triton", "disable_triton",
+           "enable_triton_from_env", "fusion_benchmark_key", "triton_config_from_entry",
+           "triton_key", "triton_kernel_info"]

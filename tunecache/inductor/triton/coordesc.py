@@ -1,0 +1,276 @@
+"""Coordinate descent shared across ranks: a kernel's run adopts a stored result, claims
+and tunes the kernel, or runs it untuned while a peer tunes it (and the hooks of
+``autotune_to_one_config`` and ``_dynamic_scale_rblock`` that serve that plan)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+
+from ..state import REGISTRY
+
+__all__ = ["DEFERRED_CHECK_SECONDS", "sharing_coordesc", "sharing_one_config",
+           "keeping_hit_configs"]
+
+
+def _shared_kernel(kernel: Any, ours: type) -> tuple[str, str] | None:
+    """(Inductor's key, our key text) of a kernel whose autotune cache is ours, else None."""
+    autotune_cache = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
+    remote = getattr(autotune_cache, "remote_cache", None)
+    if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+        return autotune_cache.remote_cache_full_key, remote[1]
+    return None
+
+
+def _coordesc_tunes(kernel: Any) -> bool:
+    """Whether Inductor's coordinate descent would tune (and save) this kernel.
+
+    2.13+ asks ``_should_coordesc_tune``; 2.11 returns early for template, user and
+    fixed-config kernels, and those are the heuristics that property also excludes.
+    """
+    should = getattr(type(kernel), "_should_coordesc_tune", None)
+    if isinstance(should, property):
+        return bool(kernel._should_coordesc_tune)
+    kind = getattr(getattr(kernel, "heuristic_type", None), "name", "")
+    if kind in ("TEMPLATE", "USER_AUTOTUNE", "FIXED"):
+        return False
+    # 2.11 also leaves reductions alone in deterministic mode (their numerics).
+    return not (getattr(kernel, "deterministic_mode", False)
+                and kind in ("REDUCTION", "PERSISTENT_REDUCTION", "SPLIT_SCAN"))
+
+
+def _can_defer(kernel: Any) -> bool:
+    """Whether this kernel may run untuned and adopt a peer's config at a later run.
+
+    run() calls coordinate descent again at every launch while the launcher's config is
+    not ``found_by_coordesc``, except that 2.13+ then caches the launcher for a fast path
+    after the first launch; with it off (``_cache_eligible``) later launches take the
+    slow path again. A torch with a fast path we do not know could keep the untuned
+    config for good: no deferral there. Nor under CUDA graph trees: they record a
+    function's second call, so a later launch would be recorded before the peer's
+    config could be compiled (which is not safe while capturing) and the graph would
+    replay the untuned config for good.
+    """
+    if hasattr(kernel, "_cached_launcher") and not hasattr(kernel, "_cache_eligible"):
+        return False
+    return not _cuda_graph_trees_in_use(kernel)
+
+
+def _cuda_graph_trees_in_use(kernel: Any) -> bool:
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    try:
+        index = int(kernel.triton_meta["device"])
+        return trees.get_manager(index, create_if_none_exists=False) is not None
+    except Exception:  # noqa: BLE001 - unknown: assume they are, and do not defer
+        return True
+
+
+# On a deferred kernel: (its own ``_cache_eligible`` (None where there is none), to put
+# back; when to look for the peer's result next).
+_DEFERRED = "_tunecache_deferred"
+# How often a deferred kernel's runs look for the peer's result: a kernel can run
+# thousands of times a second, and each look reads the database.
+DEFERRED_CHECK_SECONDS = 0.1
+
+
+def _capturing() -> bool:
+    """Whether this thread's current CUDA stream is capturing a CUDA graph."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _same_config(a: Any, b: Any) -> bool:
+    return ((a.num_warps, a.num_stages, dict(a.kwargs))
+            == (b.num_warps, b.num_stages, dict(b.kwargs)))
+
+
+def _adopt(kernel: Any, launcher: Any, best: dict[str, Any]) -> Any:
+    """The launcher of the stored coordinate-descent config ``best`` of ``kernel``."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    autotune_cache = kernel.save_cache_hook.__self__
+    # Inductor's own reading of a saved best config (the one a kernel load uses).
+    config = ac._load_cached_autotuning(
+        dict(best), autotune_cache.configs_hash, kernel.configs, kernel.inductor_meta
+    )
+    if config is None:
+        raise ValueError("the stored config is not one of this kernel's")
+    if _same_config(config, launcher.config):
+        launcher.config.found_by_coordesc = True
+        REGISTRY.triton_stats.add(coordesc_restored=1)
+        return launcher
+    ensure_loaded = getattr(kernel, "_ensure_kernel_loaded", None)
+    if ensure_loaded is not None:
+        ensure_loaded()
+    elif kernel.fn.fn is None:  # 2.11: what its coordinate descent does first
+        kernel.fn = kernel._reload_kernel().fn
+    with kernel.lock:  # as Inductor's coordinate descent compiles a config
+        adopted = kernel._precompile_config(config).make_launcher()
+    adopted.config.found_by_coordesc = True
+    try:
+        from torch._inductor.triton_bundler import TritonBundler
+
+        if hasattr(TritonBundler, "put_winner"):  # 2.13+: the FX cache bundles winners
+            TritonBundler.put_winner(adopted.cache_hash)
+    except ImportError:
+        pass
+    REGISTRY.triton_stats.add(adopted=1)
+    return adopted
+
+
+def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``CachingAutotuner.coordinate_descent_tuning`` through the shared cache.
+
+    Inductor calls it at a kernel's first run (and at every run while the launcher's
+    config is not ``found_by_coordesc``). Ranks run the same kernels in the same order,
+    so a claim-or-wait here would only make one rank idle while the other tunes. Instead
+    (:meth:`TritonCache.plan_coordesc`): a stored result is adopted; a free key is
+    claimed and tuned here; a key a peer is tuning is launched with the config
+    autotune_to_one_config chose, and keeps running it, while this rank goes on to the
+    next kernels, until a later run finds the peer's result and adopts it. The ranks
+    thus take turns along the graph and each tunes about half of its kernels, and once
+    the results are in every rank runs the same configs. Inside a fusion benchmark the
+    config decides a timing, so there the rank waits for the peer instead.
+
+    It also covers hits read in compile workers: their ``found_by_coordesc`` mark does
+    not survive the trip back (triton.Config.__setstate__ restores only its own fields,
+    triton 3.x), so without this their first run would tune again.
+    """
+
+    def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        state = REGISTRY.triton
+        # Run at every launch of a kernel coordinate descent leaves alone (templates): the
+        # cheapest test first.
+        if state is None or not _coordesc_tunes(self):
+            return orig(self, launcher, *args, **kwargs)
+        kernel = _shared_kernel(self, ours)
+        if kernel is None:
+            return orig(self, launcher, *args, **kwargs)
+        deferred = self.__dict__.get(_DEFERRED)
+        if deferred is not None:
+            if _capturing():
+                # CUDA graphs record this launch (cudagraph trees record a function's
+                # second call): compiling the peer's config now is not safe, and the
+                # recorded graph would replay whatever runs. Keep the first config.
+                _end_deferral(self)
+                launcher.config.found_by_coordesc = True
+                REGISTRY.triton_stats.add(kept_untuned=1)
+                return launcher
+            if time.monotonic() < deferred[1]:
+                return launcher
+        waits = getattr(REGISTRY.fusion_local, "benchmarking", False) or not _can_defer(self)
+        try:
+            action, best = state.plan_coordesc(*kernel, waits=waits)
+            if action == "adopt":
+                _end_deferral(self)
+                return _adopt(self, launcher, best or {})
+        except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
+            state.warn_once("sharing a Triton kernel's coordinate descent", e)
+            state.release_claim(*kernel, e)
+            _end_deferral(self)
+            return orig(self, launcher, *args, **kwargs)
+        if action == "defer":
+            if deferred is None:
+                REGISTRY.triton_stats.add(deferred=1)
+                deferred = (getattr(self, "_cache_eligible", None),)
+                if hasattr(self, "_cache_eligible"):
+                    self._cache_eligible = False
+            setattr(self, _DEFERRED, (deferred[0], time.monotonic() + DEFERRED_CHECK_SECONDS))
+            return launcher
+        _end_deferral(self)
+        # Normally the save inside publishes it; if not (it raised, or saved nothing),
+        # the key is given back now rather than make peers wait out the lease.
+        try:
+            winner = orig(self, launcher, *args, **kwargs)
+        except BaseException as e:
+            state.release_claim(*kernel, e)
+            raise
+        state.release_claim(*kernel, "coordinate descent published no result")
+        try:
+            stored = state.stored_instead(*kernel)
+            if stored is not None:  # a peer's result won: run it, as every rank does
+                return _adopt(self, winner, stored)
+        except Exception as e:  # noqa: BLE001 - our own result still runs correctly
+            state.warn_once("adopting the stored config of a Triton kernel tuned here", e)
+        return winner
+
+    return coordinate_descent_tuning
+
+
+def sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``CachingAutotuner.autotune_to_one_config`` that benchmarks a kernel's configs only
+    on the rank that will tune its coordinate descent.
+
+    Inductor benchmarks a kernel's max-autotune configs at its first run and starts
+    coordinate descent from the fastest. So the kernel's coordinate descent is planned
+    here, before that benchmark (:meth:`TritonCache.plan_coordesc`, ``ahead``): a
+    free key is claimed and the benchmark runs. Where the result will be a peer's (stored,
+    or a peer holds the claim), the benchmark would only pick the config the kernel runs
+    until the result is adopted; so it is skipped and the kernel's first config picked.
+    Inductor's own method still runs around that pick (2.13+ prunes launchers and bundles
+    the winner there): only its ``benchmark_all_configs`` is answered, on this instance
+    and for this call. Should the peer die and this rank take the kernel over,
+    coordinate descent starts from that first config.
+    """
+
+    def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = REGISTRY.triton
+        if (state is None or not _coordesc_tunes(self)
+                or not self.inductor_meta.get("coordinate_descent_tuning")):
+            return orig(self, *args, **kwargs)
+        kernel = _shared_kernel(self, ours)
+        try:
+            action = "local" if kernel is None else \
+                state.plan_coordesc(*kernel, waits=False, ahead=True)[0]
+        except Exception as e:  # noqa: BLE001 - Inductor benchmarks as usual
+            state.warn_once("sharing a Triton kernel's coordinate descent", e)
+            action = "local"
+        if action in ("tune", "local"):
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as e:
+                if kernel is not None:
+                    state.release_claim(*kernel, e)
+                raise
+        first = self.launchers[0]
+        self.benchmark_all_configs = lambda *_a, **_k: {
+            launcher: 0.0 if launcher is first else 1.0 for launcher in self.launchers
+        }
+        try:
+            result = orig(self, *args, **kwargs)
+        finally:
+            self.__dict__.pop("benchmark_all_configs", None)
+        REGISTRY.triton_stats.add(configs_benchmark_skipped=1)
+        return result
+
+    return autotune_to_one_config
+
+
+def _end_deferral(kernel: Any) -> None:
+    """Put back what deferring ``kernel`` held off (2.13+'s launcher fast path)."""
+    deferred = kernel.__dict__.pop(_DEFERRED, None)
+    if deferred is not None and deferred[0] is not None:
+        kernel._cache_eligible = deferred[0]
+
+
+def keeping_hit_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CachingAutotuner._dynamic_scale_rblock`` that leaves a cache hit's config alone.
+
+    2.11 adds smaller-R0_BLOCK variants of a reduction config that uses many registers
+    at every precompile, a hit's single stored config included, and then benchmarks the
+    two (a warm job tuned again). 2.13 returns early for a hit: the stored config was
+    chosen with those variants among the candidates. This is that check.
+    """
+
+    def _dynamic_scale_rblock(self: Any, *args: Any, **kwargs: Any) -> Any:
+        info = getattr(self, "autotune_cache_info", None) or {}
+        if info.get("autotune_cache_state") == "hit":
+            return None
+        return orig(self, *args, **kwargs)
+
+    return _dynamic_scale_rblock

@@ -1,0 +1,321 @@
+"""Installing and removing Triton sharing: Inductor's remote autotune cache, the re-keyed
+``AutotuneCache.create``, and the runtime hooks on CachingAutotuner, CoordescTuner and
+TritonScheduling, each recorded in the registry so that it can be put back."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from ... import keys as tc_keys
+from ...settings import Settings
+from ..compat import SUPPORTED_TORCH, param_names, torch_version
+from ..state import REGISTRY
+from .coordesc import keeping_hit_configs, sharing_coordesc, sharing_one_config
+from .fusion import install_fusion_sharing
+from .keys import triton_kernel_info
+from .remote import TritonCache, remote_cache_class
+from .split import splitting_single_field, stopping_unwanted
+from .worker import EnvCache, workers_read_cache
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ... import TuneCache
+
+__all__ = ["TritonPatch", "enable_triton", "disable_triton", "enable_triton_from_env"]
+
+log = logging.getLogger("tunecache")
+
+# Notes on the hooks. Everything in the triton package serves issue 6: the best config of
+# every Triton kernel that Inductor autotunes (pointwise, reduction, template ...; the
+# autotune_to_one_config benchmark and coordinate descent) goes through the shared cache.
+# docs/triton-autotune.md has the reasoning; the facts it rests on (torch 2.13,
+# torch/_inductor/runtime/autotune_cache.py and triton_heuristics.py, checked against
+# 2.11's sources):
+#
+# * Inductor keeps one ``AutotuneCache`` per kernel module. ``check_autotune_cache`` calls
+#   ``AutotuneCache.create(inductor_meta, filename, configs_hash)`` when the kernel is
+#   loaded, then ``read_best`` -> remote ``get``; ``CachingAutotuner`` calls
+#   ``save_cache_hook`` (``AutotuneCache.save`` -> remote ``put``) at the kernel's first
+#   run, after autotune_to_one_config and again after coordinate descent.
+# * The remote cache is whatever class ``torch._inductor.remote_cache`` exports under the
+#   name ``RemoteAutotuneCache`` (``create_cache`` looks it up by name), and it is used
+#   when the kernel's ``inductor_meta["autotune_remote_cache"]`` (from
+#   ``config.autotune_remote_cache`` at code generation) is true.
+# * With parallel compile (the default), kernels load in compile-worker subprocesses;
+#   the AutotuneCache built there travels back to the compiling process inside the
+#   pickled kernel (CachingAutotuner.__getstate__ keeps save_cache_hook), and the save
+#   happens there, at the kernel's first run. Workers start with the parent's environment
+#   (SubprocPool, python_subprocess_env), so where tunecache was activated by
+#   TUNECACHE_DB and its ``torch.backends`` entry point is installed, the entry point
+#   runs in each worker too and :func:`enable_triton_from_env` plugs the cache in when
+#   ``torch._inductor.runtime.autotune_cache`` is imported there (tunecache._autoload).
+#   Otherwise (explicit enable() with other settings, or autoload off) the workers could
+#   not read the cache and Inductor would try its own Redis class: we then set
+#   ``config.compile_threads = 1`` so that every kernel loads in this process.
+# * Loads never wait. Inductor autotunes a kernel at its first run, after the whole graph
+#   has compiled, so a load that waited for a peer's claim would stall this rank's compile
+#   until the peer ran its graph, and two ranks holding each other's claims would both
+#   stall for the whole lease. The claim comes at the first run, around coordinate
+#   descent (_sharing_coordesc), where ranks split the kernels between them. Other saves
+#   claim and publish at once; the first publish of a key wins (entries are immutable).
+# * Inductor's remote key hashes the kernel source, and the source embeds
+#   ``DeviceProperties(type='cuda', index=N, ...)``: rank N's key would differ from rank
+#   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
+#   cache with the source hashed without the device index and without the kernel's
+#   per-graph number (triton_poi_fused_add_3), which shifts when fusion differs earlier
+#   in the graph (seen on 2xH200, torch 2.11: 8 of 13 warm misses before this).
+# * Fusion decisions and the split size of a mix-order reduction are decided by timing
+#   generated modules with ``TritonScheduling.benchmark_codegened_module`` (2.11-2.14);
+#   the split size by ``CoordescTuner.autotune_single_field``, a search whose first round
+#   always measures init // 2, init and init * 2, in simd.py's _codegen_mix_order_reduction
+#   (on 2xH200 most of the Triton tuning of a llama block). Both are wrapped; Inductor
+#   still makes every decision, from the shared timings.
+# * 2.11's ``CachingAutotuner._dynamic_scale_rblock`` re-expands a cache hit's reduction
+#   config at precompile, so a warm job benchmarked again; 2.13 returns early for a hit
+#   (``autotune_cache_info["autotune_cache_state"] == "hit"``), and so do we.
+
+
+def ensure_runtime_hooks(ours: type) -> None:
+    """Install the runtime hooks (:func:`_install_runtime_hooks`) once
+    CachingAutotuner exists.
+
+    Triton sharing can be enabled inside the import of triton_heuristics itself (it
+    imports autotune_cache, whose import the autoload hook watches), before the class
+    exists; then this waits for the first kernel load in this process (create()), which
+    runs triton_heuristics code. Usually the class exists at enable() already (the GEMM
+    hooks are enabled after select_algorithm, which imports it), and it must be there
+    by then: with parallel compile the first in-process kernel load can come after the
+    forward graph's first run, whose kernels would otherwise all be tuned on every rank
+    (seen on 2xH200). Compile workers never need them (no runs, no benchmarks).
+    """
+    state = REGISTRY.triton
+    if state is None or state.worker or REGISTRY.runtime_hooks_tried:
+        return
+    th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
+    if getattr(th, "CachingAutotuner", None) is None:
+        return
+    with REGISTRY.runtime_hooks_lock:
+        if REGISTRY.runtime_hooks_tried:
+            return
+        REGISTRY.runtime_hooks_tried = True
+        _install_runtime_hooks(th.CachingAutotuner, ours, state)
+
+
+def _install_runtime_hooks(cls: type, ours: type, state: TritonCache) -> None:
+    """Wrap, each on its own (one that fails leaves the others in place):
+    ``CachingAutotuner.coordinate_descent_tuning`` (:func:`sharing_coordesc`),
+    ``CachingAutotuner.autotune_to_one_config`` (:func:`sharing_one_config`),
+    ``CachingAutotuner._dynamic_scale_rblock`` (:func:`keeping_hit_configs`) and
+    ``CoordescTuner.autotune_single_field`` (:func:`splitting_single_field`, with
+    ``CoordescTuner.call_func``: :func:`stopping_unwanted`)."""
+
+    def coordesc() -> None:
+        orig = cls.__dict__.get("coordinate_descent_tuning")
+        if not callable(orig) or param_names(orig)[:1] != ("launcher",):
+            raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
+        _replace(cls, "coordinate_descent_tuning", sharing_coordesc(orig, ours))
+
+    def one_config() -> None:
+        orig = cls.__dict__.get("autotune_to_one_config")
+        if not callable(orig) or "benchmark_all_configs" not in cls.__dict__:
+            raise TypeError("CachingAutotuner.autotune_to_one_config changed")
+        _replace(cls, "autotune_to_one_config", sharing_one_config(orig, ours))
+
+    def rblock() -> None:
+        orig = cls.__dict__.get("_dynamic_scale_rblock")
+        if not callable(orig) or param_names(orig) != ():
+            raise TypeError("CachingAutotuner._dynamic_scale_rblock() changed")
+        _replace(cls, "_dynamic_scale_rblock", keeping_hit_configs(orig))
+
+    def single_field() -> None:
+        from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+        orig = CoordescTuner.__dict__.get("autotune_single_field")
+        if not isinstance(orig, staticmethod) or param_names(orig.__func__) != (
+            "fn", "init_val", "min_val", "max_val"
+        ):
+            raise TypeError("CoordescTuner.autotune_single_field(fn, init_val, ...) changed")
+        _replace(CoordescTuner, "autotune_single_field",
+                 staticmethod(splitting_single_field(orig.__func__)))
+        orig = CoordescTuner.__dict__.get("call_func")
+        if not callable(orig) or param_names(orig) != ("func", "config"):
+            raise TypeError("CoordescTuner.call_func(func, config) changed")
+        _replace(CoordescTuner, "call_func", stopping_unwanted(orig))
+
+    for what, install in (("sharing coordinate descent", coordesc),
+                          ("leaving a peer's kernels unbenchmarked", one_config),
+                          ("keeping stored reduction configs", rblock),
+                          ("splitting the split-size search", single_field)):
+        try:
+            install()
+        except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
+            state.warn_once(what, e)
+
+
+def _replace(owner: type, name: str, value: Any) -> None:
+    REGISTRY.runtime_hooks.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
+
+
+def remove_runtime_hooks() -> None:
+    REGISTRY.runtime_hooks_tried = False
+    while REGISTRY.runtime_hooks:
+        owner, name, orig = REGISTRY.runtime_hooks.pop()
+        setattr(owner, name, orig)
+
+
+def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
+    """``AutotuneCache.create``, re-keying our remote cache without the device index."""
+
+    def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
+        if not REGISTRY.runtime_hooks_tried:
+            ensure_runtime_hooks(ours)
+        cache = orig(inductor_meta, filename, configs_hash)
+        remote = getattr(cache, "remote_cache", None)
+        if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+            try:
+                with open(filename, encoding="utf-8") as f:
+                    source = f.read()
+                info = triton_kernel_info(source, inductor_meta or {})
+                cache.remote_cache = (remote[0], tc_keys.canonical_json(info))
+            except Exception as e:  # noqa: BLE001 - Inductor's own key still works
+                if REGISTRY.triton is not None:
+                    REGISTRY.triton.warn_once("keying a Triton kernel without its device index", e)
+        return cache
+
+    return create
+
+
+@dataclasses.dataclass
+class TritonPatch:
+    """What enable_triton changed, to put back."""
+
+    remote_cls: Any
+    autotune_remote_cache: Any
+    compile_threads: Any
+    create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
+    ours: Any
+    fusion: tuple[type, Any] | None = None  # (TritonScheduling, its own benchmark method)
+
+
+def enable_triton(
+    cache: Callable[[], TuneCache], db_url: str, *, worker: bool = False
+) -> TritonPatch | None:
+    """Plug tunecache in as Inductor's remote autotune cache (see the notes in triton/install.py).
+
+    ``cache`` returns the TuneCache (opened lazily) of the database ``db_url``;
+    ``worker``: see :class:`TritonCache`.
+    """
+    if REGISTRY.triton_env_patch is not None:
+        # Enabled from the environment when autotune_cache was imported, before the
+        # GEMM hooks: take it over, with the hooks' cache.
+        disable_triton(REGISTRY.triton_env_patch)
+        REGISTRY.triton_env_patch = None
+    try:
+        from torch._inductor import config
+        from torch._inductor import remote_cache as rc
+        from torch._inductor.runtime import autotune_cache as ac
+
+        missing = [
+            what for what, ok in (
+                ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
+                ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
+                ("remote_cache.RemoteCachePassthroughSerde",
+                 hasattr(rc, "RemoteCachePassthroughSerde")),
+                ("AutotuneCache.create", isinstance(ac.AutotuneCache.__dict__.get("create"),
+                                                    staticmethod)),
+                ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
+                ("config.compile_threads", hasattr(config, "compile_threads")),
+            ) if not ok
+        ]
+        create = ac.AutotuneCache.__dict__.get("create")
+        if not missing and param_names(create.__func__) != (
+            "inductor_meta", "filename", "configs_hash"
+        ):
+            missing.append("AutotuneCache.create(inductor_meta, filename, configs_hash)")
+        if missing:
+            log.warning(
+                "tunecache: Triton kernel autotuning is not shared (missing: %s); GEMM "
+                "autotuning is", ", ".join(missing),
+            )
+            return None
+        ours = remote_cache_class()
+        patch = TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
+                             config.compile_threads, create, ours)
+        REGISTRY.triton = TritonCache(cache, worker=worker)
+        rc.RemoteAutotuneCache = ours
+        ac.AutotuneCache.create = staticmethod(rekey_create(create.__func__, ours))
+        config.autotune_remote_cache = True
+        ensure_runtime_hooks(ours)
+        if not worker:  # compile workers never benchmark fusions
+            try:
+                patch.fusion = install_fusion_sharing()
+            except Exception as e:  # noqa: BLE001 - fusion benchmarks run as usual
+                log.warning("tunecache: fusion benchmark timings are not shared (%s: %s)",
+                            type(e).__name__, e)
+        if not worker and config.compile_threads != 1 and not workers_read_cache(db_url):
+            config.compile_threads = 1
+            log.info(
+                "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
+                "kernels load (and read the shared autotune cache) in this process: "
+                "compile workers only reach it when TUNECACHE_DB names this database and "
+                "tunecache's torch.backends entry point is installed (docs/triton-autotune.md)"
+            )
+        if not REGISTRY.triton_atexit:
+            REGISTRY.triton_atexit = True
+            atexit.register(flush_triton)
+        return patch
+    except Exception as e:  # noqa: BLE001 - the GEMM hooks stay; Triton as usual
+        log.warning("tunecache: Triton kernel autotuning is not shared (%s: %s)",
+                    type(e).__name__, e)
+        return None
+
+
+def disable_triton(patch: TritonPatch | None) -> None:
+    state, REGISTRY.triton = REGISTRY.triton, None
+    if state is not None:
+        state.flush()
+        if isinstance(state.cache, EnvCache):
+            state.cache.close()  # the hooks' cache is closed with the hooks
+    if patch is None:
+        return
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
+    from torch._inductor.runtime import autotune_cache as ac
+
+    remove_runtime_hooks()
+    if patch.fusion is not None:
+        cls, orig = patch.fusion
+        cls.benchmark_codegened_module = orig  # type: ignore[attr-defined]
+    if rc.RemoteAutotuneCache is patch.ours:
+        rc.RemoteAutotuneCache = patch.remote_cls
+    ac.AutotuneCache.create = patch.create
+    config.autotune_remote_cache = patch.autotune_remote_cache
+    config.compile_threads = patch.compile_threads
+
+
+def flush_triton() -> None:
+    state = REGISTRY.triton
+    if state is not None:
+        try:
+            state.flush()
+        except Exception:  # noqa: BLE001 - never fail interpreter shutdown
+            pass
+
+
+def enable_triton_from_env() -> None:
+    """Called by the autoload hook when ``torch._inductor.runtime.autotune_cache`` is
+    imported: in Inductor's compile workers, the only way our code runs there (the
+    notes above). In the compiling process the GEMM hooks take it over moments later
+    (:func:`enable`), when select_algorithm is imported."""
+    settings = Settings.from_env()
+    if REGISTRY.triton is not None or settings.mode == "off" or not settings.triton_configs:
+        return
+    version = torch_version()
+    low, high = SUPPORTED_TORCH
+    if version is None or not (low <= version <= high):
+        return  # enable() says why, once, in the compiling process
+    REGISTRY.triton_env_patch = enable_triton(EnvCache(), settings.db_url, worker=True)

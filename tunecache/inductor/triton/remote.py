@@ -1,0 +1,364 @@
+"""The remote autotune-cache adapter: Inductor's ``RemoteAutotuneCache`` get/put of a
+Triton kernel's best config, and the claims around coordinate descent and fusion
+benchmarks, over the shared TuneCache."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ... import keys as tc_keys
+from ..gemm import to_ms
+from ..state import REGISTRY
+from .keys import (NO_SAVE_HEURISTICS, coordesc_result, fusion_ms_from_entry,
+                   triton_config_from_entry, triton_key)
+from .signals import released_as
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ... import TuneCache
+
+__all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "remote_cache_class"]
+
+log = logging.getLogger("tunecache")
+
+
+# The lease of the claim a save takes just before it publishes (the two are back to back;
+# only a process killed between them leaves the claim, which then expires).
+TRITON_LEASE_SECONDS = 60.0
+
+
+class TritonCache:
+    """get/put of Inductor's remote autotune cache, over the shared TuneCache.
+
+    get (at kernel load, in this process or a compile worker): a stored, valid best config
+    -> it; else None, and Inductor tunes the kernel at its first run. It never claims or
+    waits (see the notes in triton/install.py). plan_coordesc (at the first run, before
+    coordinate descent): adopt, claim, or defer to a peer. put (at the first run, always in the
+    compiling process): publish under plan_coordesc's claim, or claim the key and publish
+    at once, unless it is done already. With
+    coordinate descent on, Inductor saves twice per kernel (the autotune_to_one_config
+    winner, then the coordinate descent result); entries are immutable, so the first is
+    held back until the second replaces it, or until this thread moves on to another
+    kernel.
+
+    ``cache`` returns the TuneCache to use (opened lazily). ``worker``: this process is a
+    compile worker, which only reads; it drops its connection after each read, because
+    every rank has up to 32 workers and a PostgreSQL server has ~100 connections.
+    """
+
+    def __init__(self, cache: Callable[[], TuneCache], *, worker: bool = False) -> None:
+        self.cache = cache
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+        self._claims: dict[str, Any] = {}  # key hash -> Claim, from plan_coordesc to put
+        # thread -> key hash of a claim plan_coordesc(ahead=True) took for the coordinate
+        # descent that follows on that thread
+        self._claimed_ahead: dict[int, str] = {}
+        self._unpublished: set[str] = set()  # plan_coordesc's claims whose publish failed
+        self._warned: set[str] = set()
+
+    @staticmethod
+    def _info(key_text: str) -> dict[str, Any]:
+        try:
+            info = json.loads(key_text)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "kernel" not in info:
+            # Inductor's own key (the re-keying wrapper did not run): correct, but it
+            # hashes the device index, so ranks on other GPUs do not share it.
+            info = {"kernel": key_text}
+        return info
+
+    def _key(self, inductor_key: str, key_text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """(info, key, key hash) of the kernel Inductor names by these two strings."""
+        info = self._info(key_text)
+        key = triton_key(inductor_key, info)
+        return info, key, tc_keys.key_hash(key)[0]
+
+    def _stored_best(self, key: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """(found, best config): whether a done entry is stored, and its config if valid."""
+        cache = self.cache()
+        try:
+            answer = cache.lookup(key)
+        finally:
+            if self.worker:
+                cache.release_connections()
+        if answer is None or answer.source == "failed":
+            return False, None
+        return True, triton_config_from_entry(answer.timings)
+
+    def warn_once(self, what: str, error: BaseException) -> None:
+        REGISTRY.triton_stats.add(errors=1)
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(
+                "tunecache: %s failed (%s: %s); Inductor autotunes that Triton kernel as "
+                "usual (further failures are logged at debug level)",
+                what, type(error).__name__, error,
+            )
+        else:
+            log.debug("tunecache: %s failed again: %r", what, error)
+
+    # -- Inductor's calls
+
+    def get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        t0 = time.perf_counter()
+        REGISTRY.triton_stats.add(lookups=1)
+        try:
+            self.flush(threading.get_ident())
+            return self._get(inductor_key, key_text)
+        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel load
+            self.warn_once("reading a Triton kernel's best config", e)
+            return None
+        finally:
+            REGISTRY.triton_stats.add(wait_seconds=time.perf_counter() - t0)
+
+    def put(self, inductor_key: str, key_text: str, value: Any) -> None:
+        REGISTRY.triton_stats.add(puts=1)
+        try:
+            self._put(inductor_key, key_text, value)
+        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel run
+            self.warn_once("publishing a Triton kernel's best config", e)
+
+    def flush(self, thread: int | None = None) -> None:
+        """Publish held results (of one thread, or all)."""
+        with self._lock:
+            ready = [h for h, (t, _, _) in self._held.items() if thread is None or t == thread]
+            items = [self._held.pop(h) for h in ready]
+        for _, key, value in items:
+            try:
+                self._publish(key, value)
+            except Exception as e:  # noqa: BLE001 - see put()
+                self.warn_once("publishing a Triton kernel's best config", e)
+
+    # -- the protocol
+
+    def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        info, key, key_hash = self._key(inductor_key, key_text)
+        found, best = self._stored_best(key)
+        if not found:
+            REGISTRY.triton_stats.add(misses=1)
+            return None
+        if best is None:
+            REGISTRY.triton_stats.add(invalid=1)
+            if key_hash not in self._warned:
+                self._warned.add(key_hash)
+                log.warning("tunecache: the stored Triton config of %s (%s) is not valid; "
+                            "Inductor tunes it here", info.get("name", "?"), key_hash[:16])
+            return None
+        REGISTRY.triton_stats.add(hits=1)
+        return best
+
+    def plan_coordesc(
+        self, inductor_key: str, key_text: str, *, waits: bool, ahead: bool = False
+    ) -> tuple[str, dict[str, Any] | None]:
+        """What a kernel's run does instead of, or around, coordinate descent.
+
+        ``("adopt", best)``: the store has the coordinate-descent result; run it.
+        ``("tune", None)``: this process claimed the key; tune and publish it.
+        ``("defer", None)``: a peer is tuning it; launch it untuned and ask again at a
+        later run. ``("local", None)``: tune here without the cache (store down,
+        readonly, a failed or invalid entry, or a peer's result that never came).
+        ``waits``: wait for a peer's result rather than defer (a kernel that cannot be
+        deferred, or one whose timing decides a benchmark). ``ahead``: asked before
+        autotune_to_one_config's benchmark, which only the tuning rank needs: a claim
+        taken then is this thread's for the coordinate descent that follows, so a peer
+        at the same kernel at the same moment skips that benchmark too. Should another
+        kernel be planned on this thread first (a caller that tunes no further), the
+        claim is given back then.
+        """
+        _, key, key_hash = self._key(inductor_key, key_text)
+        thread = threading.get_ident()
+        with self._lock:
+            # The autotune_to_one_config save held for this key: coordinate descent
+            # decides now, and its result (ours or a peer's) is the one that counts.
+            self._held.pop(key_hash, None)
+            early = self._claimed_ahead.pop(thread, None)
+            if early == key_hash and key_hash in self._claims:
+                return "tune", None
+        if early is not None and early != key_hash:
+            self._release(early, "no coordinate descent followed its configs' benchmark",
+                          failed=False)
+        state, value = self._claim_step(key, waits, coordesc_result)
+        if state == "claimed":
+            with self._lock:
+                self._claims[key_hash] = value
+                if ahead:
+                    self._claimed_ahead[thread] = key_hash
+            return "tune", None
+        return {"done": "adopt", "busy": "defer"}.get(state, "local"), value
+
+    def _claim_step(
+        self, key: Mapping[str, Any], waits: bool, read: Callable[[Mapping[str, float]], Any],
+        *, again: bool = True,
+    ) -> tuple[str, Any]:
+        """Where ``key`` stands, claiming it if it is free: ``("done", read(timings))``
+        for a stored entry that ``read`` accepts (not None); ``("claimed", claim)``: this
+        process is to measure and publish it; ``("busy", None)``: a peer holds it (only
+        when not ``waits``, else this waits out the peer's claim, one lease at most);
+        ``("local", None)``: measure without sharing (store down or readonly, a failed or
+        refused entry, or a peer's result that never came). ``again``: look once more
+        if the peer's claim that the claim found is gone by the time it is checked."""
+        from tunecache import Result  # lazy: the core imports SQLAlchemy
+
+        cache = self.cache()
+        answer: Any = cache.lookup(key)
+        if answer is None:
+            t0 = time.perf_counter()
+            answer = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS,
+                                 wait=TRITON_LEASE_SECONDS + 5.0 if waits else 0.0)
+            if waits:
+                REGISTRY.triton_stats.add(peer_wait_seconds=time.perf_counter() - t0)
+        if isinstance(answer, Result):
+            value = None if answer.source == "failed" else read(answer.timings)
+            return ("local", None) if value is None else ("done", value)
+        if answer is not None:
+            return "claimed", answer
+        if waits:
+            return "local", None
+        if cache.in_progress(key):
+            return "busy", None
+        if again:
+            # The claim found a peer's claim, which has ended since: ranks in step reach a
+            # kernel just as the peer that claimed it publishes it. Look again rather than
+            # measure what the peer has just published (issue 13, a flaky two-process test).
+            return self._claim_step(key, waits, read, again=False)
+        return "local", None
+
+    def release_claim(self, inductor_key: str, key_text: str,
+                      error: BaseException | str) -> None:
+        """Give back this process's claim on a kernel if it was not published.
+        ``error``: what stopped the tuning (:func:`released_as`)."""
+        try:
+            text, failed = released_as(error)
+            self._release(self._key(inductor_key, key_text)[2], text, failed=failed)
+        except Exception as e:  # noqa: BLE001 - called on Inductor's paths, even its errors'
+            self.warn_once("giving back a Triton kernel's claim", e)
+
+    def _release(self, key_hash: str, error: str, *, failed: bool = True) -> None:
+        with self._lock:
+            claim = self._claims.pop(key_hash, None)
+            for thread, held in list(self._claimed_ahead.items()):
+                if held == key_hash:
+                    del self._claimed_ahead[thread]
+        if claim is not None:
+            self.cache().release(claim, error, failed=failed)
+
+    def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            return
+        info, key, key_hash = self._key(inductor_key, key_text)
+        REGISTRY.triton_stats.saved(str(key["op"]))
+        thread = threading.get_ident()
+        # With coordinate descent on, autotune_to_one_config saves first (it passes the
+        # winner's triton_cache_hash), then coordinate descent saves the final config
+        # (without one). Hold the first: the second replaces it.
+        first_of_two = (
+            info.get("coordesc")
+            and info.get("heuristic") not in NO_SAVE_HEURISTICS + ("user_autotune",)
+            and value.get("triton_cache_hash") is not None
+        )
+        with self._lock:
+            self._held.pop(key_hash, None)  # a second save replaces a held first one
+        self.flush(thread)  # this thread has moved on from any other kernel it held
+        if first_of_two:
+            with self._lock:
+                self._held[key_hash] = (thread, key, dict(value))
+            return
+        self._publish(key, value)
+
+    def _publish(self, key: dict[str, Any], value: Mapping[str, Any]) -> None:
+        from tunecache import Result  # lazy: the core imports SQLAlchemy
+
+        key_hash, _ = tc_keys.key_hash(key)
+        entry = {k: v for k, v in value.items() if k != "time_taken_ms"}
+        ms = to_ms(value.get("time_taken_ms", 0))
+        timings = {tc_keys.canonical_json(entry): 0.0 if ms == math.inf else ms}
+        if triton_config_from_entry(timings) is None:
+            log.debug("tunecache: not publishing an unexpected Triton config %r", entry)
+            REGISTRY.triton_stats.add(unpublished=1)
+            return
+        cache = self.cache()
+        with self._lock:
+            claim: Any = self._claims.pop(key_hash, None)  # taken by plan_coordesc
+        planned = claim is not None
+        if claim is None:
+            claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
+        if claim is None or isinstance(claim, Result):
+            # Done already (a peer published first, or this is a hit saved again), a
+            # peer is publishing it right now, or the store is unavailable or readonly.
+            REGISTRY.triton_stats.add(unpublished=1)
+            return
+        stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000)
+        REGISTRY.triton_stats.add(**{"published" if stored is not None else "unpublished": 1})
+        if planned and stored is None:
+            with self._lock:
+                self._unpublished.add(key_hash)
+
+    def fusion_timing(self, key: Mapping[str, Any], *, waits: bool) -> tuple[str, Any]:
+        """Where a fusion benchmark stands (:meth:`_claim_step`): ``("done", ms)``: decide
+        on the stored timing, do not run it; ``("claimed", claim)``: run it here and
+        :meth:`publish_fusion_ms`; ``"busy"`` or ``"local"``: see there."""
+        return self._claim_step(key, waits, fusion_ms_from_entry)
+
+    def publish_fusion_ms(self, key: Mapping[str, Any], claim: Any, ms: float) -> float:
+        """Publish a fusion benchmark measured under ``claim``; return the timing every
+        rank decides on: ``ms``, or the stored one where this process lost its claim
+        (it stalled past the lease and a peer measured the module meanwhile)."""
+        if self.cache().publish(claim, {"ms": ms}, tune_seconds=0.0) is not None:
+            return ms
+        answer = self.cache().lookup(key)
+        stored = None if answer is None else fusion_ms_from_entry(answer.timings)
+        return ms if stored is None else stored
+
+    def stored_instead(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
+        """After this process tuned a kernel under a claim it then failed to publish (it
+        stalled past the lease and a peer took the key over): the stored config, which
+        every other rank runs. None if the publish went through or nothing valid is stored.
+        """
+        _, key, key_hash = self._key(inductor_key, key_text)
+        with self._lock:
+            if key_hash not in self._unpublished:
+                return None
+            self._unpublished.discard(key_hash)
+        answer = self.cache().lookup(key)
+        return None if answer is None or answer.source == "failed" \
+            else coordesc_result(answer.timings)
+
+
+@functools.lru_cache(maxsize=None)
+def remote_cache_class() -> type:
+    """Our ``RemoteAutotuneCache``: Inductor's RemoteCache over a tunecache backend."""
+    from torch._inductor import remote_cache as rc
+
+    serde_cls = getattr(rc, "RemoteCachePassthroughSerde", None)
+
+    class TuneCacheAutotuneBackend(rc.RemoteCacheBackend):  # type: ignore[misc, valid-type]
+        def __init__(self, cache_id: str) -> None:
+            super().__init__()
+            self.cache_id = cache_id
+
+        def _get(self, key: str) -> Any:
+            state = REGISTRY.triton
+            return None if state is None else state.get(self.cache_id, key)
+
+        def _put(self, key: str, data: Any) -> None:
+            state = REGISTRY.triton
+            if state is not None:
+                state.put(self.cache_id, key, data)
+
+    class TuneCacheAutotuneCache(rc.RemoteCache):  # type: ignore[misc, valid-type]
+        """Inductor's remote autotune cache, backed by tunecache (tunecache.inductor)."""
+
+        def __init__(self, cache_id: str) -> None:
+            super().__init__(TuneCacheAutotuneBackend(cache_id), serde_cls())
+
+    return TuneCacheAutotuneCache

@@ -1,0 +1,84 @@
+"""Choosing what to warm: the distinct GEMMs recorded in the database (done gemm keys),
+and the recorded keys skipped, each with its reason (no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Sequence
+
+from ..store import Database
+from ..store import admin
+from .inputs import check_inputs, parse_inputs
+from .ops import WARM_OPS, not_warmed_reason
+
+__all__ = ["WarmTask", "select_tasks"]
+
+
+@dataclasses.dataclass
+class WarmTask:
+    """One GEMM to compile: (op, inputs, precision, hint_override) and where it was seen."""
+
+    op: str
+    inputs: str
+    precision: str
+    env: dict[str, str]  # the first recorded environment's fingerprint (config flags)
+    seen_in: list[dict[str, str | None]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ident(self) -> tuple[str, str, str]:
+        return (self.op, self.inputs, self.precision)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "inputs": self.inputs, "precision": self.precision,
+                "seen_in": self.seen_in}
+
+
+def select_tasks(
+    db: Database,
+    ops: Sequence[str] | None = None,
+    *,
+    from_torch: Sequence[str] = (),
+    from_device: Sequence[str] = (),
+    limit: int | None = None,
+) -> tuple[list[WarmTask], list[dict[str, str]]]:
+    """Distinct recorded GEMMs of ``ops`` (done gemm entries), and the keys skipped.
+
+    ``ops`` None: every recorded gemm key; those of ops warm cannot rebuild (not in
+    WARM_OPS) come back in the skipped list, each with its reason.
+    """
+    env = admin.EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
+                            ops=list(ops or ()), kinds=["gemm"])
+    tasks: dict[tuple[str, str, str], WarmTask] = {}
+    skipped: list[dict[str, str]] = []
+    after = ""
+    while True:
+        page = db.run(lambda c: c.execute(admin.select_done_page(env, after, 1000)).all())
+        if not page:
+            break
+        for row in page:
+            op = None
+            try:
+                key = json.loads(row.key_json)
+                op = str(key["op"])
+                if op not in WARM_OPS:
+                    raise ValueError(not_warmed_reason(op))
+                inputs = key["inputs"]
+                check_inputs(op, parse_inputs(inputs))
+                if key.get("hint_override") is not None:
+                    raise ValueError("recorded with a hint override (dynamic shapes)")
+                if key.get("extra_candidates"):
+                    continue  # a top-up entry of a base key that is warmed anyway
+                task_env = {k: str(v) for k, v in (key.get("env") or {}).items()}
+                task = WarmTask(op, inputs, str(key.get("precision", "highest")), task_env)
+            except (ValueError, KeyError, TypeError) as e:
+                skipped.append({"key_hash": row.key_hash, "op": op, "reason": str(e)})
+                continue
+            got = tasks.setdefault(task.ident, task)
+            where = {"device": task_env.get("device"), "torch": task_env.get("torch"),
+                     "triton": task_env.get("triton")}
+            if where not in got.seen_in:
+                got.seen_in.append(where)
+        after = page[-1].key_hash
+    ordered = sorted(tasks.values(), key=lambda t: t.ident)
+    return (ordered[:limit] if limit else ordered), skipped

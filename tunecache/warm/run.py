@@ -1,0 +1,176 @@
+"""Running a warm-up: compile every chosen GEMM with tunecache enabled, rank by rank, and
+classify each compile's outcome from the hooks' lookup events."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import tunecache
+
+from .. import inductor as tc_inductor
+from ..keys import key_hash
+from ..settings import Settings
+from ..store import Database
+from .build import build_call, device_for
+from .choose import WarmTask
+from .inputs import check_inputs, parse_inputs
+
+__all__ = ["warm", "classify"]
+
+log = logging.getLogger("tunecache")
+
+
+def _rank() -> tuple[int, int, int]:
+    def env_int(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    return env_int("RANK", 0), max(1, env_int("WORLD_SIZE", 1)), env_int("LOCAL_RANK", 0)
+
+
+def _my_order(tasks: Sequence[WarmTask], rank: int, world: int) -> list[WarmTask]:
+    """Rank r starts at its share of the list (r/world of the way in): the ranks claim
+    disjoint keys first and meet their peers' finished keys at the end."""
+    if world <= 1 or not tasks:
+        return list(tasks)
+    start = (len(tasks) * rank) // world
+    return list(tasks[start:]) + list(tasks[:start])
+
+
+def warm(
+    settings: Settings,
+    db: Database,
+    tasks: Sequence[WarmTask],
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Compile every task with tunecache enabled; returns counts and per-task outcomes."""
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    import torch
+    import torch._dynamo
+
+    progress = progress or (lambda _n: None)
+    rank, world, local_rank = _rank()
+    cache = tunecache.TuneCache(settings)
+    if not tc_inductor.enable(cache):
+        cache.close()
+        raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
+    counts = {"tuned": 0, "hit": 0, "peer": 0, "local": 0, "not_autotuned": 0, "error": 0}
+    outcomes: list[dict[str, Any]] = []
+    scratch = tempfile.mkdtemp(prefix="tunecache-warm-")
+    old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    started = time.perf_counter()
+    try:
+        with tc_inductor.local_caches_off():
+            for i, task in enumerate(_my_order(tasks, rank, world)):
+                outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
+                counts[outcome["outcome"]] += 1
+                outcomes.append(outcome)
+                progress(1)
+    finally:
+        tc_inductor.disable()
+        cache.close()
+        if old_dir is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"database": db.display_url, "rank": rank, "world_size": world, "keys": len(tasks),
+            **counts, "seconds": time.perf_counter() - started, "tasks": outcomes}
+
+
+def _this_key_hash(task: WarmTask, device_type: str, tc_inductor: Any) -> str:
+    """The hash of this machine's key for ``task``: what the compile must look up."""
+    with tc_inductor.recorded_settings(task.precision, task.env):
+        key = tc_inductor.make_key(task.op, task.inputs, None, device_type)
+    return key_hash(key)[0]
+
+
+def _is_done(h: str, cache: Any) -> bool:
+    """Whether the cache already has key ``h`` done.
+
+    Read straight from the store: a warm-up's look is not a hit a job had, so it must not
+    count in the usage figures. (An entry whose candidate set differs from what this
+    compile would build is topped up by the next job; warm does not chase that.)
+    """
+    row = cache.store.read([h]).get(h)
+    return row is not None and row.state == "done"
+
+
+# The outcome of a compile that looked up the task's own key, by the lookup's source, in
+# order of precedence (tunecache.inductor.Stats events).
+_SOURCE_OUTCOME = (("tuned", "tuned"), ("peer", "peer"), ("local", "local"),
+                   ("hit", "hit"), ("memo", "hit"))
+
+
+def classify(events: Sequence[Mapping[str, Any]], fallbacks: int,
+             expected: str) -> tuple[str, str | None]:
+    """(outcome, reason) of one warm compile from the hook's lookup events.
+
+    Only a lookup of ``expected`` (this machine's key for the recorded op and inputs)
+    warms the task: a compile that autotuned other keys, or nothing, is not_autotuned,
+    with the reason.
+    """
+    sources = {e.get("source") for e in events if e.get("key_hash") == expected}
+    for source, outcome in _SOURCE_OUTCOME:
+        if source in sources:
+            return outcome, None
+    if fallbacks:
+        # tunecache failed (warned above); Inductor's own lookup answered, unshared.
+        return "local", "tunecache failed during the lookup; Inductor tuned locally"
+    others = sorted({f"{e.get('op')} {str(e.get('key_hash'))[:12]}" for e in events
+                     if e.get("key_hash")})
+    if others:
+        return "not_autotuned", ("the compile autotuned other keys (" + ", ".join(others)
+                                 + "), not this machine's key for the recorded op and "
+                                 "inputs")
+    return "not_autotuned", ("Inductor autotuned nothing: it had a single candidate for "
+                             "this op here (e.g. fp32 mm, int_mm or mm_plus_mm on CPU: "
+                             "ATen only), so no job benchmarks this key on this machine")
+
+
+def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
+              tc_inductor: Any, cache: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {**task.as_dict()}
+    t0 = time.perf_counter()
+    try:
+        specs = parse_inputs(task.inputs)
+        check_inputs(task.op, specs)
+        device = device_for(specs[0].device_type, local_rank)
+        expected = _this_key_hash(task, specs[0].device_type, tc_inductor)
+        try:
+            done = _is_done(expected, cache)
+        except Exception as e:  # noqa: BLE001 - the pre-check only saves time; compile
+            log.debug("tunecache warm: pre-check failed: %r", e)
+            done = False
+        if done:
+            record.update(outcome="hit", benchmarks=0, key_hashes=[expected],
+                          seconds=time.perf_counter() - t0)
+            return record
+        fn, args = build_call(task.op, specs, device)
+        # A fresh Inductor cache directory per compile: nothing local may answer for us.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
+        torch._dynamo.reset()
+        tc_inductor.stats.reset()
+        tc_inductor.compile_and_run(fn, args, task.precision, task.env)
+        s = tc_inductor.stats.as_dict()
+        outcome, reason = classify(s["events"], s["fallbacks"], expected)
+        record.update(outcome=outcome, benchmarks=s["benchmarks"],
+                      key_hashes=sorted({e["key_hash"] for e in s["events"]
+                                         if e.get("key_hash")}))
+        if reason is not None:
+            record["reason"] = reason
+    except Exception as e:  # noqa: BLE001 - one bad key must not stop a nightly warm-up
+        log.warning("tunecache warm: %s %s failed: %s: %s", task.op, task.inputs,
+                       type(e).__name__, e)
+        record.update(outcome="error", error=f"{type(e).__name__}: {e}")
+    record["seconds"] = time.perf_counter() - t0
+    return record
