@@ -427,20 +427,21 @@ def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch
 
     # Values enable() changes: compile workers that cannot read this database (it is not
     # TUNECACHE_DB) make it set compile_threads=1, and it turns the flag off.
+    # (Inductor's own config.patch, not monkeypatch: monkeypatch's undo deletes a config
+    # module attribute, after which torch says it "does not exist" in every later test.)
     monkeypatch.delenv("TUNECACHE_DB", raising=False)
-    monkeypatch.setattr(inductor_config, "compile_threads", 4)
-    monkeypatch.setattr(inductor_config, "distributed_max_autotune_gemm", True)
-    monkeypatch.setattr(inductor_config, "autotune_remote_cache", None)
-    before = _patched_inductor_attributes()
-    with tunecache.open(str(tmp_path / "tune.db"), triton_configs=True) as cache:
-        assert tc_inductor.enable(cache)
-        try:
-            during = _patched_inductor_attributes()
-            changed = {name for name in before if during[name] is not before[name]}
-            assert changed == set(before), f"not patched: {set(before) - changed}"
-        finally:
-            tc_inductor.disable()
-    after = _patched_inductor_attributes()
+    with inductor_config.patch(compile_threads=4, distributed_max_autotune_gemm=True,
+                               autotune_remote_cache=None):
+        before = _patched_inductor_attributes()
+        with tunecache.open(str(tmp_path / "tune.db"), triton_configs=True) as cache:
+            assert tc_inductor.enable(cache)
+            try:
+                during = _patched_inductor_attributes()
+                changed = {name for name in before if during[name] is not before[name]}
+                assert changed == set(before), f"not patched: {set(before) - changed}"
+            finally:
+                tc_inductor.disable()
+        after = _patched_inductor_attributes()
     assert {name for name in before if after[name] is not before[name]} == set()
     assert REGISTRY.hooks is None and REGISTRY.triton is None
     assert REGISTRY.runtime_hooks == [] and not REGISTRY.runtime_hooks_tried
