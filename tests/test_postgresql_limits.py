@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 import tunecache
 from tunecache.store import Claim
 from conftest import PG_ADMIN_URL
+from test_concurrency import _gather
 
 ctx = mp.get_context("fork")
 
@@ -214,24 +215,7 @@ def test_40_processes_on_8_connection_slots_tune_each_key_once_and_share_every_r
     # Before: each process held pooled connections for its life; those past the limit got
     # "too many connections", tuned every key locally and kept their own winners.
     n_procs, n_keys = 40, 20
-    barrier, queue = ctx.Barrier(n_procs), ctx.Queue()
-    workers = [ctx.Process(target=_share, args=(limited_pg_url, n_keys, barrier, queue))
-               for _ in range(n_procs)]
-    for w in workers:
-        w.start()
-    reports: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 300
-    while len(reports) < n_procs:
-        got = _next(queue, 1)
-        if got is not None:
-            reports.append(got)
-            continue
-        died = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
-        assert not died, f"a worker died before reporting (exit codes {died})"
-        assert time.monotonic() < deadline, "the workers did not report in time"
-    for w in workers:
-        w.join(timeout=30)
-        assert w.exitcode == 0
+    reports = _gather(_share, n_procs, (limited_pg_url, n_keys), timeout=300)
 
     assert sorted(i for r in reports for i in r["tuned"]) == list(range(n_keys))
     assert all(set(r["sources"]) <= {"tuned", "peer", "hit"} for r in reports), \
