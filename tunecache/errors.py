@@ -21,6 +21,7 @@ __all__ = [
     "EntryNotFoundError",
     "ExportFormatError",
     "SourceNotFoundError",
+    "SigningKeyError",
 ]
 
 
@@ -180,3 +181,16 @@ class SourceNotFoundError(ConfigError):
 
     def __str__(self) -> str:
         return f"{self.name} {self.value}: no such database file"
+
+
+class SigningKeyError(TuneCacheError):
+    """A key file of compiled-graph signing cannot be used (missing, unreadable, not an
+    Ed25519 key, readable by everyone) or cannot be written (it exists already)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"tunecache key file {self.path}: {self.reason}"

@@ -10,7 +10,8 @@ from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "Mode", "Activation", "activation", "resolve_db_url", "default_db_path"]
+__all__ = ["Settings", "Mode", "Activation", "GraphSharing", "activation", "resolve_db_url",
+           "default_db_path"]
 
 Mode = Literal["readwrite", "readonly", "off"]
 MODES: tuple[str, ...] = ("readwrite", "readonly", "off")
@@ -127,6 +128,17 @@ class Settings:
     # timings. Off by default until it has more GPU hours than docs/benchmarks.md's runs
     # (docs/triton-autotune.md).
     triton_configs: bool = False
+    # Compiled-graph sharing (issue 14), on only with a key: ``signing_key``, the path of
+    # the private key (this job publishes graphs it compiles and verifies with the public
+    # half); ``verify_key``, the path of the public key (a consumer that loads verified
+    # graphs and never publishes); ``graphs``: False turns it off even with keys. These
+    # never stop tuning sharing: a bad value turns graph sharing off (graph_sharing()
+    # says why, and the Inductor integration warns once).
+    signing_key: str | None = None
+    verify_key: str | None = None
+    graphs: bool = True
+    _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
+                                                    compare=False)
 
     _ENV = {
         "db_url": "TUNECACHE_DB",
@@ -136,6 +148,9 @@ class Settings:
         "lock_timeout": "TUNECACHE_LOCK_TIMEOUT",
         "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
         "triton_configs": "TUNECACHE_TRITON_CONFIGS",
+        "signing_key": "TUNECACHE_SIGNING_KEY",
+        "verify_key": "TUNECACHE_VERIFY_KEY",
+        "graphs": "TUNECACHE_GRAPHS",
     }
 
     def __post_init__(self) -> None:
@@ -167,6 +182,38 @@ class Settings:
         object.__setattr__(
             self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
         )
+        self._graph_settings()
+
+    def _graph_settings(self) -> None:
+        problems = []
+        try:
+            object.__setattr__(self, "graphs", _flag(self._ENV["graphs"], self.graphs))
+        except ConfigError as e:
+            object.__setattr__(self, "graphs", False)
+            problems.append(str(e))
+        for name in ("signing_key", "verify_key"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                problems.append(str(ConfigError(self._ENV[name], value, "a file path")))
+                value = None
+            text = os.fspath(value).strip() if value is not None else ""
+            # Unset and empty are the same: `TUNECACHE_SIGNING_KEY= job` turns it off.
+            path = str(Path(text).expanduser().absolute()) if text else None
+            object.__setattr__(self, name, path)
+        object.__setattr__(self, "_graphs_problem", "; ".join(problems) or None)
+
+    def graph_sharing(self) -> "GraphSharing":
+        """Whether and how this process shares compiled graphs (never raises)."""
+        if self._graphs_problem is not None:
+            return GraphSharing("invalid", problem=self._graphs_problem)
+        if not self.graphs or self.mode == "off":
+            return GraphSharing("off")
+        if self.signing_key is not None and self.mode == "readwrite":
+            return GraphSharing("publish", self.signing_key, self.verify_key)
+        if self.signing_key is not None or self.verify_key is not None:
+            # A readonly process never writes, whatever key it holds.
+            return GraphSharing("verify", self.signing_key, self.verify_key)
+        return GraphSharing("unconfigured")
 
     @classmethod
     def from_env(
@@ -196,6 +243,21 @@ class Settings:
     @property
     def is_postgresql(self) -> bool:
         return self.db_url.startswith("postgresql")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSharing:
+    """:meth:`Settings.graph_sharing`: ``publish`` (sign and publish, verify with the
+    private key's public half, or with ``verify_key`` where given: they must match),
+    ``verify`` (load verified graphs, publish nothing: a verify key only, or a readonly
+    process), ``unconfigured`` (no key: off, with one info line on how to turn it on),
+    ``off`` (TUNECACHE_GRAPHS=0) or ``invalid`` (a bad setting: off, ``problem`` says
+    which)."""
+
+    state: Literal["publish", "verify", "unconfigured", "off", "invalid"]
+    signing_key: str | None = None
+    verify_key: str | None = None
+    problem: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,13 @@ class TuneCache:
     def store(self) -> Store:
         return self._store
 
+    def database(self) -> Database | None:
+        """The database at the head schema, for the services that share it (compiled
+        graphs, tunecache.core.graphs); None while this process tunes locally (the store
+        failed, or TUNECACHE_MODE=off), as the tuning protocol then does not use it either.
+        """
+        return self._db if self._ensure_available() else None
+
     def get_or_tune(self, key: KeyLike, tune: Callable[[], Mapping[str, float]]) -> Result:
         """The timings of ``key``, from the cache, a peer, or ``tune()``.
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from .stats import Stats, TritonStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..core.graphs import GraphShare
     from .gemm import GemmHooks
+    from .graphs import GraphPatch
     from .triton.install import TritonPatch
     from .triton.remote import TritonCache
 
@@ -53,6 +55,12 @@ class Registry:
         # deferring).
         self.fusion_local = threading.local()
         self.version_warned = False  # the unsupported-version warning was logged
+        # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
+        # and AOTAutograd caches reach (None when off), and whether the one line on how
+        # to turn it on, or why it is off, has been logged in this process.
+        self.graphs: GraphShare | None = None
+        self.graph_patch: GraphPatch | None = None  # what enable_graphs changed
+        self.graphs_explained = False
 
 
 REGISTRY = Registry()

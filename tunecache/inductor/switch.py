@@ -1,5 +1,6 @@
 """Turning the Inductor integration on and off: :func:`enable` installs the GEMM selector
-hooks, the deferred pass and Triton sharing; :func:`disable` undoes all of it."""
+hooks, the deferred pass, Triton sharing and compiled-graph sharing; :func:`disable`
+undoes all of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_na
                      refuse, torch_version)
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
+from .graphs import disable_graphs, enable_graphs
 from .state import REGISTRY
 from .triton.install import enable_triton, disable_triton
 
@@ -49,6 +51,7 @@ def enable(
         )
     share_triton = False
     chosen_url = ""
+    chosen: Settings | None = None
     if not count_only:
         chosen = cache.settings if cache is not None else Settings.from_env(**settings)
         if chosen.mode == "off" and cache is None:
@@ -117,6 +120,8 @@ def enable(
             config._pre_fusion_custom_pass = hooks.our_pass
             if share_triton:
                 hooks.triton_patch = enable_triton(hooks.cache, chosen_url)
+            if chosen is not None:
+                REGISTRY.graph_patch = enable_graphs(hooks.cache, chosen)
         REGISTRY.hooks = hooks
     log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
     return True
@@ -127,6 +132,8 @@ def _disable_locked() -> None:
     if hooks is None:
         return
     disable_triton(hooks.triton_patch)
+    patch, REGISTRY.graph_patch = REGISTRY.graph_patch, None
+    disable_graphs(patch)
     for name in ("lookup", "make_precompile_fn"):
         hooks.selector.__dict__.pop(name, None)  # the class method shows through again
     if hooks.our_pass is not None or hooks.prev_dist_flag is not None:

@@ -1,0 +1,220 @@
+"""Compiled graphs shared through the database, signed by the jobs that publish them.
+
+:class:`GraphShare` serves opaque byte strings under (kind, key): the Inductor package
+puts the FX graph and AOTAutograd cache entries through it (tunecache.inductor.graphs),
+and knowing nothing of Inductor, this module never unpickles anything.
+
+- ``publish``: compress (zlib), sign (kind, key, sha256 of the compressed bytes) with the
+  private key, and store; the first publish of a (kind, key) wins, later ones write
+  nothing (tunecache.store.artifacts).
+- ``load``: read, recompute the digest of the bytes actually read, verify the signature
+  with the public key, and only then decompress. An entry that is unsigned, altered,
+  truncated, moved under another key or signed with another key is None, so Inductor
+  compiles as usual; nothing of it reaches the caller.
+- Nothing raises into the caller. Each reason for a refused entry is warned about once
+  per process (a database full of them logs one line, not one per graph); a database
+  error is warned about once and turns graph sharing off in this process, as a store
+  failure turns tuning sharing off (docs/design.md, "Failure policy").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import zlib
+from collections import Counter
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import SigningKeyError, StoreError
+from ..settings import GraphSharing
+from .signing import Signer, Verifier, load_signer, load_verifier
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..store.artifacts import ArtifactStore
+    from .cache import TuneCache
+
+__all__ = ["GraphShare", "MAX_GRAPH_BYTES"]
+
+log = logging.getLogger("tunecache")
+
+# The largest decompressed entry load() returns. Entries are verified before they are
+# decompressed, so this only bounds what a buggy (or stolen-key) publisher can make a
+# reader allocate; a model's compiled graph with its constants is far below it.
+MAX_GRAPH_BYTES = 4 * 2**30
+# zlib's default level: a compiled graph (pickle and source) shrinks about 4x, and a
+# 10 MB entry compresses in a fraction of a second, once per cluster.
+_LEVEL = 6
+
+
+class GraphShare:
+    """Signed compiled graphs in the shared database (see the module docstring).
+
+    ``cache`` returns the TuneCache whose database holds them (opened lazily, shared
+    with tuning); ``signer``: the private key, or None for a consumer that never
+    publishes; ``verifier``: the public key every entry must verify with.
+    """
+
+    def __init__(self, cache: Callable[[], TuneCache], *, signer: Signer | None,
+                 verifier: Verifier) -> None:
+        self._cache = cache
+        self._signer = signer
+        self._verifier = verifier
+        self._lock = threading.Lock()
+        self._store: ArtifactStore | None = None
+        self._off: str | None = None  # why this process stopped sharing graphs
+        self._warned: set[str] = set()
+        # (kind, key) this process has loaded or published: they are in the database.
+        self._known: set[tuple[str, str]] = set()
+        # loaded, absent, refused, published, present (published by someone first)
+        self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, plan: GraphSharing, cache: Callable[[], TuneCache]) -> GraphShare:
+        """The service :meth:`Settings.graph_sharing` asks for (``publish`` or
+        ``verify``); raises SigningKeyError for a key file it cannot use."""
+        if plan.state not in ("publish", "verify"):
+            raise ValueError(f"graph sharing is {plan.state}")
+        signer = load_signer(plan.signing_key) if plan.signing_key else None
+        verifier = load_verifier(plan.verify_key) if plan.verify_key else None
+        if signer is not None and verifier is not None \
+                and signer.verifier.public_raw != verifier.public_raw:
+            raise SigningKeyError(
+                str(plan.verify_key), f"is not the public half of TUNECACHE_SIGNING_KEY="
+                f"{plan.signing_key}; graphs this job signs would not verify. Set the pair "
+                "`tunecache keygen` wrote, or only one of the two")
+        if verifier is None:
+            if signer is None:
+                raise ValueError("graph sharing names neither a signing nor a verify key")
+            verifier = signer.verifier
+        return cls(cache, signer=signer if plan.state == "publish" else None,
+                   verifier=verifier)
+
+    @property
+    def publishes(self) -> bool:
+        return self._signer is not None
+
+    @property
+    def fingerprint(self) -> str:
+        """The public key's short name (for messages)."""
+        return self._verifier.fingerprint
+
+    # -- the two calls
+
+    def load(self, kind: str, key: str) -> bytes | None:
+        """The bytes published under (kind, key) if present and signed by our key pair;
+        None otherwise (absent, refused, or the database failed)."""
+        store = self._artifacts()
+        if store is None:
+            return None
+        try:
+            artifact = store.get(kind, key)
+        except StoreError as e:
+            self._stop(e)
+            return None
+        except Exception as e:  # noqa: BLE001 - never fail Inductor's cache lookup
+            self._warn_once("read", f"tunecache: reading a compiled graph failed ({type(e).__name__}: "
+                            f"{e}); Inductor compiles as usual")
+            return None
+        if artifact is None:
+            self.counts["absent"] += 1
+            return None
+        # The digest of the bytes read, not the one stored beside them: the signature
+        # must cover exactly what would be unpickled.
+        digest = hashlib.sha256(artifact.payload).hexdigest()
+        if not artifact.signature:
+            return self._refuse(kind, key, "unsigned", "is not signed")
+        if not self._verifier.verify(kind, key, digest, artifact.signature):
+            return self._refuse(
+                kind, key, "signature",
+                f"does not verify with the public key {self.fingerprint} (altered, moved "
+                "from another key, or signed with another key)")
+        data = _decompress(artifact.payload)
+        if data is None:
+            return self._refuse(kind, key, "payload", "is signed but does not decompress")
+        with self._lock:
+            self._known.add((kind, key))
+        self.counts["loaded"] += 1
+        return data
+
+    def publish(self, kind: str, key: str, data: bytes, torch_version: str) -> bool:
+        """Sign and store ``data`` under (kind, key) unless an entry is there; True when
+        this call published it. A consumer (no private key) publishes nothing."""
+        if self._signer is None:
+            return False
+        with self._lock:
+            if (kind, key) in self._known:
+                return False
+        store = self._artifacts()
+        if store is None:
+            return False
+        try:
+            payload = zlib.compress(data, _LEVEL)
+            signature = self._signer.sign(kind, key, hashlib.sha256(payload).hexdigest())
+            published = store.put(kind, key, payload, signature, torch_version)
+        except StoreError as e:
+            self._stop(e)
+            return False
+        except Exception as e:  # noqa: BLE001 - a graph not shared is compiled elsewhere
+            self._warn_once("write", f"tunecache: publishing a compiled graph failed "
+                            f"({type(e).__name__}: {e}); it stays in Inductor's local cache")
+            return False
+        with self._lock:
+            self._known.add((kind, key))
+        self.counts["published" if published else "present"] += 1
+        return published
+
+    # -- helpers
+
+    def _artifacts(self) -> ArtifactStore | None:
+        if self._off is not None:
+            return None
+        try:
+            db = self._cache().database()
+        except Exception as e:  # noqa: BLE001 - the cache could not be opened
+            self._stop(e)
+            return None
+        if db is None:
+            return None  # the tuning cache has warned why it does not use the database
+        with self._lock:
+            if self._store is None or self._store.db is not db:
+                from ..store.artifacts import ArtifactStore  # SQLAlchemy: first use only
+
+                self._store = ArtifactStore(db)
+            return self._store
+
+    def _refuse(self, kind: str, key: str, reason: str, what: str) -> None:
+        self.counts["refused"] += 1
+        self._warn_once(
+            reason,
+            f"tunecache: compiled graph {kind} {key[:24]} in the database {what}; it is "
+            "ignored and Inductor compiles this graph as usual (`tunecache prune` removes "
+            "such entries; further ones are logged at debug level)")
+        return None
+
+    def _stop(self, error: BaseException) -> None:
+        with self._lock:
+            first = self._off is None
+            self._off = str(error) or type(error).__name__
+        if first:
+            log.warning("tunecache: compiled graphs are not shared in this process from now "
+                        "on: %s", error)
+
+    def _warn_once(self, reason: str, message: str) -> None:
+        with self._lock:
+            first = reason not in self._warned
+            self._warned.add(reason)
+        log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
+
+
+def _decompress(payload: bytes) -> bytes | None:
+    """The decompressed bytes, or None if they are not one whole zlib stream of at most
+    MAX_GRAPH_BYTES."""
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(payload, MAX_GRAPH_BYTES)
+    except zlib.error:
+        return None
+    if inflater.unconsumed_tail or not inflater.eof or inflater.unused_data:
+        return None
+    return data

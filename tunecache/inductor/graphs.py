@@ -1,0 +1,272 @@
+"""Compiled graphs shared through the database: tunecache as Inductor's remote FX graph
+cache and remote AOTAutograd cache (issue 14, items 2 and 3).
+
+How Inductor reaches a remote graph cache (read in torch 2.13 and 2.14, and in earlier
+releases' autograd_cache.py; the same in each):
+
+* ``FxGraphCache.get_remote_cache()`` and ``AOTAutogradCache.get_remote_cache()`` call
+  ``remote_cache.create_cache(cache_id, is_fbcode, "Fb…", "RemoteFxGraphCache" /
+  "RemoteAOTAutogradCache")``, which looks the class up **by name** in
+  ``torch._inductor.remote_cache`` (open-source builds: a Redis client). Replacing those
+  two names is the one override point both caches share, as tunecache already does for
+  ``RemoteAutotuneCache`` (triton/remote.py). ``AOTAutogradCache.get_remote_cache`` is
+  ``functools.cache``d: its cache is cleared when we install and remove ours.
+* They are used when ``torch._inductor.config.fx_graph_remote_cache`` and
+  ``torch._functorch.config.enable_remote_autograd_cache`` are true (None, the default,
+  means off outside fbcode). The first is left out of the FX graph's cache key; the
+  second is part of the AOTAutograd key (functorch's ``config.save_config()``), so
+  every job that shares graphs (publisher or consumer) has it on, and their keys agree.
+* Inductor puts ``{"data": base64 of the pickled entry, "time_taken_ms": n}`` and, on
+  a hit, base64-decodes ``data`` and **unpickles** it. The local caches stay first in
+  line: a local hit never asks the remote one, and a remote hit is also written locally.
+* Triton kernels travel inside FX graph entries where
+  ``config.bundle_triton_into_fx_graph_cache`` is on (the open-source default), so a
+  graph loaded from the database runs without compiling a kernel.
+
+The stored bytes are ``TCG1`` + the entry's JSON fields but ``data`` + a newline + the
+pickle itself (not its base64): tunecache.core.graphs compresses, signs and verifies them
+and hands them back only when the signature holds, so nothing reaches Inductor's unpickler
+unverified.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import functools
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..core.graphs import GraphShare
+from ..errors import SigningKeyError
+from ..settings import Settings
+from .state import REGISTRY
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .. import TuneCache
+
+__all__ = ["GraphPatch", "enable_graphs", "disable_graphs", "encode_entry", "decode_entry",
+           "KIND_OF_CLASS"]
+
+log = logging.getLogger("tunecache")
+
+# Inductor's class name in torch._inductor.remote_cache -> our artifact kind.
+KIND_OF_CLASS = {"RemoteFxGraphCache": "fxgraph", "RemoteAOTAutogradCache": "autograd"}
+_MAGIC = b"TCG1"
+
+_HOW_TO = (
+    "tunecache: compiled graphs are not shared through the database (no key configured); "
+    "to share them, run `tunecache keygen DIR` once, then set "
+    "TUNECACHE_SIGNING_KEY=DIR/tunecache-signing.key on jobs that publish graphs, or "
+    "TUNECACHE_VERIFY_KEY=DIR/tunecache-verify.pub on jobs that only load them "
+    "(TUNECACHE_GRAPHS=0 silences this line)"
+)
+
+
+def encode_entry(value: Any) -> bytes | None:
+    """The bytes stored for Inductor's remote-cache value, or None for a value of a shape
+    this tunecache does not know (then nothing is published)."""
+    if not isinstance(value, dict) or not isinstance(value.get("data"), (str, bytes)):
+        return None
+    try:
+        raw = base64.b64decode(value["data"], validate=True)
+        fields = json.dumps({k: v for k, v in value.items() if k != "data"},
+                            sort_keys=True, allow_nan=False)
+    except (binascii.Error, TypeError, ValueError):
+        return None
+    return _MAGIC + fields.encode() + b"\n" + raw  # json.dumps never writes a raw newline
+
+
+def decode_entry(data: bytes) -> dict[str, Any] | None:
+    """Inductor's remote-cache value from verified bytes, or None if malformed."""
+    if not data.startswith(_MAGIC):
+        return None
+    fields, sep, raw = data[len(_MAGIC):].partition(b"\n")
+    try:
+        value = json.loads(fields) if sep else None
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    value["data"] = base64.b64encode(raw).decode("ascii")
+    return value
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def remote_cache_classes() -> dict[str, type]:
+    """Our stand-ins for Inductor's remote graph caches, by Inductor's class name."""
+    from torch._inductor import remote_cache as rc
+
+    class TuneCacheGraphBackend(rc.RemoteCacheBackend):  # type: ignore[misc, valid-type]
+        """get/put of one kind of compiled graph through REGISTRY.graphs."""
+
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            self.kind = kind
+
+        def _get(self, key: str) -> Any:
+            share = REGISTRY.graphs
+            if share is None:
+                return None
+            data = share.load(self.kind, key)
+            if data is None:
+                return None
+            value = decode_entry(data)
+            if value is None:
+                # Signed by our key pair, yet not our format: a newer tunecache's.
+                log.debug("tunecache: compiled graph %s %s has an unknown format", self.kind, key)
+            return value
+
+        def _put(self, key: str, data: Any) -> None:
+            share = REGISTRY.graphs
+            if share is None or not share.publishes:
+                return
+            frame = encode_entry(data)
+            if frame is None:
+                log.debug("tunecache: not publishing a %s entry of unexpected shape", self.kind)
+                return
+            share.publish(self.kind, key, frame, _torch_version())
+
+    def cache_class(name: str, kind: str) -> type:
+        def __init__(self: Any, cache_id: str) -> None:
+            rc.RemoteCache.__init__(self, TuneCacheGraphBackend(kind),
+                                    rc.RemoteCachePassthroughSerde())
+
+        # Inductor reports cache use (TORCH_LOGS=cache) under the class's name.
+        return type(name, (rc.RemoteCache,), {
+            "__init__": __init__, "__module__": __name__,
+            "__doc__": f"Inductor's {kind} remote cache, backed by tunecache's database."})
+
+    return {
+        "RemoteFxGraphCache": cache_class("TuneCacheFxGraphCache", "fxgraph"),
+        "RemoteAOTAutogradCache": cache_class("TuneCacheAOTAutogradCache", "autograd"),
+    }
+
+
+@dataclasses.dataclass
+class GraphPatch:
+    """What enable_graphs changed, to put back."""
+
+    classes: dict[str, Any]  # Inductor's class name -> its own class
+    fx_graph_remote_cache: Any
+    enable_remote_autograd_cache: Any
+
+
+def _explain_once(level: int, message: str, *args: Any) -> None:
+    if not REGISTRY.graphs_explained:
+        REGISTRY.graphs_explained = True
+        log.log(level, message, *args)
+
+
+def _missing() -> list[str]:
+    """The Inductor internals graph sharing needs that this torch lacks."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._inductor import codecache, config
+    from torch._inductor import remote_cache as rc
+
+    return [what for what, ok in (
+        ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
+        ("remote_cache.RemoteCacheBackend", hasattr(rc, "RemoteCacheBackend")),
+        ("remote_cache.RemoteCachePassthroughSerde", hasattr(rc, "RemoteCachePassthroughSerde")),
+        ("remote_cache.RemoteFxGraphCache", hasattr(rc, "RemoteFxGraphCache")),
+        ("remote_cache.RemoteAOTAutogradCache", hasattr(rc, "RemoteAOTAutogradCache")),
+        ("remote_cache.create_cache", callable(getattr(rc, "create_cache", None))),
+        ("FxGraphCache.get_remote_cache",
+         callable(getattr(getattr(codecache, "FxGraphCache", None), "get_remote_cache", None))),
+        ("AOTAutogradCache.get_remote_cache",
+         callable(getattr(getattr(autograd_cache, "AOTAutogradCache", None),
+                          "get_remote_cache", None))),
+        ("config.fx_graph_remote_cache", hasattr(config, "fx_graph_remote_cache")),
+        ("functorch config.enable_remote_autograd_cache",
+         hasattr(functorch_config, "enable_remote_autograd_cache")),
+    ) if not ok]
+
+
+def _clear_autograd_remote_cache() -> None:
+    # AOTAutogradCache.get_remote_cache is functools.cache'd (2.13, 2.14): an instance
+    # made before the switch would outlive it.
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    clear = getattr(AOTAutogradCache.get_remote_cache, "cache_clear", None)
+    if callable(clear):
+        clear()
+
+
+def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> GraphPatch | None:
+    """Serve Inductor's remote FX graph and AOTAutograd caches from the database, if
+    ``settings`` configure a key; otherwise say once how to (or why not) and change
+    nothing. ``cache`` returns the TuneCache of the database (opened lazily)."""
+    plan = settings.graph_sharing()
+    if plan.state == "off":
+        return None
+    if plan.state == "unconfigured":
+        _explain_once(logging.INFO, "%s", _HOW_TO)
+        return None
+    if plan.state == "invalid":
+        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
+                      "tuning is shared as usual", plan.problem)
+        return None
+    try:
+        share = GraphShare.from_settings(plan, cache)
+    except SigningKeyError as e:
+        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
+                      "tuning is shared as usual", e)
+        return None
+    try:
+        missing = _missing()
+        if missing:
+            _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared "
+                          "(this torch lacks %s); tuning is shared as usual",
+                          ", ".join(missing))
+            return None
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config
+        from torch._inductor import remote_cache as rc
+
+        ours = remote_cache_classes()
+        patch = GraphPatch({name: getattr(rc, name) for name in ours},
+                           config.fx_graph_remote_cache,
+                           functorch_config.enable_remote_autograd_cache)
+        REGISTRY.graphs = share
+        for name, cls in ours.items():
+            setattr(rc, name, cls)
+        config.fx_graph_remote_cache = True
+        functorch_config.enable_remote_autograd_cache = True
+        _clear_autograd_remote_cache()
+    except Exception as e:  # noqa: BLE001 - tuning is shared all the same
+        REGISTRY.graphs = None
+        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared (%s: %s); "
+                      "tuning is shared as usual", type(e).__name__, e)
+        return None
+    log.debug("tunecache: compiled graphs shared (%s, key %s)",
+              "publish and load" if share.publishes else "load only", share.fingerprint)
+    return patch
+
+
+def disable_graphs(patch: GraphPatch | None) -> None:
+    REGISTRY.graphs = None
+    if patch is None:
+        return
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
+
+    ours = remote_cache_classes()
+    for name, orig in patch.classes.items():
+        if getattr(rc, name, None) is ours[name]:
+            setattr(rc, name, orig)
+    # Put back the flags enable_graphs turned on, unless they were set since.
+    if config.fx_graph_remote_cache is True:
+        config.fx_graph_remote_cache = patch.fx_graph_remote_cache
+    if functorch_config.enable_remote_autograd_cache is True:
+        functorch_config.enable_remote_autograd_cache = patch.enable_remote_autograd_cache
+    _clear_autograd_remote_cache()
