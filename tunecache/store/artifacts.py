@@ -43,6 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from ..errors import ReadonlyModeError, StoreError
 from .blobs import DIGEST, BlobDir, blob_dir_for
 from .engine import Database
 from .schema import artifacts
@@ -321,8 +322,6 @@ class ArtifactStore:
         return Artifact(kind, key, digest, signature, data, torch_version, created_at), row
 
     def _touch(self, params: dict[str, Any]) -> None:
-        from ..errors import StoreError
-
         try:
             self.db.run(lambda c: c.execute(_TOUCH, params), write=True)
         except StoreError as e:  # bookkeeping: the read has succeeded either way
@@ -333,9 +332,13 @@ class ArtifactStore:
         """Publish; True when this call published, False when (kind, key) was there.
 
         Raises ValueError for arguments that cannot be stored (key over 512 characters,
-        payload over MAX_PAYLOAD_BYTES, ...), and the store's errors for the database's.
+        payload over MAX_PAYLOAD_BYTES, ...), ReadonlyModeError on a readonly database,
+        and the store's errors (tunecache.errors.StoreError) for the database's.
         """
         _validate_put(kind, key, payload, signature, torch_version)
+        if self.db.readonly:
+            # Before any blob is written: a readonly job leaves nothing behind.
+            raise ReadonlyModeError(self.db.display_url, "publishing a compiled graph")
         payload = bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
         params = {"p_kind": kind, "p_key": key, "p_digest": digest,
@@ -350,15 +353,16 @@ class ArtifactStore:
         if self.blobs is None:
             params["p_payload"] = payload
             return self._insert(params)
-        with self.blobs.locked(digest) as path:
-            # Ranks that waited for the lock: the first one's row is there now.
+        with self.blobs.publishing(kind, key):
+            # Ranks that waited for the key's lock: the first one's row is there now.
             if self.db.run(lambda c: c.execute(_EXISTS, params).first()) is not None:
                 return False
-            if not self.blobs.intact(path, digest, len(payload)):
-                self.blobs.write(path, payload)
-            # Still under the blob's lock: a prune deletes a blob only under it, after
-            # seeing no row, so this row's blob cannot vanish before the row exists.
-            return self._insert(params)
+            with self.blobs.locked(digest) as path:
+                if not self.blobs.intact(path, digest, len(payload)):
+                    self.blobs.write(path, payload)
+                # Still under the blob's lock: a prune deletes a blob only under it,
+                # after seeing no row, so this blob cannot vanish before its row exists.
+                return self._insert(params)
 
     def _insert(self, params: dict[str, Any]) -> bool:
         statement = _INSERT[self.db.dialect]

@@ -11,6 +11,8 @@ file or none. Two writers of one digest are kept apart by a ``filelock`` on
 ``<digest>.lock``; the lock is only there to save work and to order a write against a
 prune's delete (see :meth:`BlobDir.delete_unless`): two writers of one digest write the
 same bytes, so the rename keeps the result whole even where the lock does not reach.
+Publishers of one (kind, key) also hold a lock of that key (:meth:`BlobDir.publishing`),
+so that ranks compiling the same graph at once write one blob between them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 # flight alone.
 ORPHAN_SECONDS = 3600.0
 _TMP = ".tmp."
+_KEYS = "keys"  # the publishers' locks of (kind, key): <root>/keys/<h[:2]>/<h>.lock
 _LOCK = ".lock"
 _READ_CHUNK = 1 << 20
 
@@ -82,6 +85,17 @@ class BlobDir:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with FileLock(path + _LOCK, timeout=self.lock_timeout):
             yield path
+
+    @contextlib.contextmanager
+    def publishing(self, kind: str, key: str) -> Iterator[None]:
+        """Held by a publisher of (kind, key) from its second look for the row to its
+        commit: ranks that compiled one graph at once (their pickles need not be equal
+        byte for byte) then write one blob, not one each."""
+        name = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
+        path = os.path.join(self.root, _KEYS, name[:2], name + _LOCK)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with FileLock(path, timeout=self.lock_timeout):
+            yield
 
     def read(self, digest: str, size: int) -> bytes | str:
         """The blob's bytes, or why not (missing, short, long, digest mismatch)."""
@@ -153,8 +167,12 @@ class BlobDir:
         root, in no particular order."""
         if not os.path.isdir(self.root):
             return
-        for shard in sorted(os.listdir(self.root)):
-            shard_path = os.path.join(self.root, shard)
+        shards = [(s, os.path.join(self.root, s)) for s in sorted(os.listdir(self.root))
+                  if s != _KEYS]
+        keys = os.path.join(self.root, _KEYS)
+        if os.path.isdir(keys):
+            shards += [("", os.path.join(keys, s)) for s in sorted(os.listdir(keys))]
+        for shard, shard_path in shards:
             if not os.path.isdir(shard_path):
                 continue
             for name in os.listdir(shard_path):
@@ -163,7 +181,7 @@ class BlobDir:
                     st = os.stat(path)
                 except OSError:
                     continue  # deleted meanwhile
-                if DIGEST.match(name) and name[:2] == shard:
+                if shard and DIGEST.match(name) and name[:2] == shard:
                     kind = "blob"
                 elif _TMP in name:
                     kind = "tmp"
@@ -189,7 +207,8 @@ class BlobDir:
                 old_blobs[name] = (path, size)
             elif kind == "tmp":
                 stale.append((path, size))
-            elif kind == "lock" and not os.path.exists(path[: -len(_LOCK)]):
+            elif kind == "lock" and (os.path.basename(os.path.dirname(os.path.dirname(path)))
+                                     == _KEYS or not os.path.exists(path[: -len(_LOCK)])):
                 stale.append((path, 0))
         report = {"orphan_blobs": 0, "orphan_bytes": 0, "stale_files": 0}
         digests = sorted(old_blobs)
