@@ -3,9 +3,21 @@ this (tests/test_migrations.py compares a migrated database with it)."""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
 
-__all__ = ["metadata", "entries", "usage", "STATES"]
+__all__ = ["metadata", "entries", "usage", "artifacts", "STATES"]
 
 metadata = MetaData()
 
@@ -67,4 +79,29 @@ usage = Table(
     Column("local", Integer, nullable=False),
     Column("seconds_saved", Float, nullable=False),
     Column("seconds_tuning", Float, nullable=False),
+)
+
+# Compiled graphs (Inductor's FX graph and AOTAutograd cache entries), published once per
+# (kind, key): the first publish wins and the row never changes but for last_used_at.
+# On SQLite the payload lives in a content-addressed file beside the database
+# (tunecache.store.blobs), so that megabytes are never written under the database's write
+# lock, and ``payload`` stays NULL; on PostgreSQL it is this column, stored out of line
+# and uncompressed (migration 0004: STORAGE EXTERNAL; the payload is compressed already),
+# so stats, ls and prune, which never select it, never read it.
+artifacts = Table(
+    "tunecache_artifacts",
+    metadata,
+    Column("kind", String(32), nullable=False),
+    Column("cache_key", String(512), nullable=False),
+    Column("digest", String(64), nullable=False),  # sha256 hex of the payload
+    Column("signature", LargeBinary, nullable=False),  # opaque to the store
+    Column("size", BigInteger, nullable=False),
+    Column("torch_version", String(256)),
+    Column("created_at", Float, nullable=False),
+    # Set on publish, then at most once an hour by reads, so reads stay reads.
+    Column("last_used_at", Float),
+    Column("payload", LargeBinary),
+    PrimaryKeyConstraint("kind", "cache_key", name="pk_tunecache_artifacts"),
+    # Whether a blob is still referenced, when a prune deletes rows.
+    Index("ix_tunecache_artifacts_digest", "digest"),
 )
