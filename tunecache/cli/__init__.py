@@ -9,13 +9,14 @@ Importing it imports neither SQLAlchemy, Alembic nor torch.
 from .app import cli
 from .inspecting import doctor, ls, show, stats
 from .pruning import prune
+from .signing import keygen
 from .transferring import export, import_, merge
 from .upgrading import upgrade
 from .warming import warm
 
 __all__ = ["main", "cli"]
 
-for _command in (stats, prune, export, import_, merge, doctor, ls, show, upgrade, warm):
+for _command in (stats, prune, export, import_, merge, doctor, ls, show, upgrade, warm, keygen):
     cli.add_command(_command)
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..ops import EntryFilter
     from ..store import Database
 
-__all__ = ["KINDS", "Out", "common", "Duration", "LibraryChoice", "Selection", "entry_filters",
+__all__ = ["KINDS", "Out", "common", "json_only", "Duration", "LibraryChoice", "Selection", "entry_filters",
            "op_option", "kind_option", "opened"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,16 +57,30 @@ class Out:
             human()
 
 
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
 def common(fn: F) -> F:
     """--db and --json, handed to the command as one :class:`Out`."""
 
     @click.option("--db", metavar="PATH|URL", default=None,
                   help="Database: a SQLite path or sqlite:/// / postgresql:// URL "
                        "(default: $TUNECACHE_DB, else ~/.cache/tunecache/tunecache.db).")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+    @_json_option
     @functools.wraps(fn)
     def wrapper(*args: Any, db: str | None, as_json: bool, **kwargs: Any) -> Any:
         return fn(Out(db, as_json), *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_only(fn: F) -> F:
+    """--json alone, for a command that needs no database, handed over as an :class:`Out`."""
+
+    @_json_option
+    @functools.wraps(fn)
+    def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
+        return fn(Out(None, as_json), *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 

@@ -1,0 +1,289 @@
+"""Signed compiled graphs without Inductor: key pairs (tunecache.core.signing and
+`tunecache keygen`), the graph service's publish and verify-before-decompress load
+(tunecache.core.graphs) over the real artifact store, and the graph settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import zlib
+from pathlib import Path
+
+import pytest
+from sqlalchemy import delete, update
+
+import tunecache
+from cli_helpers import run
+from tunecache.core.graphs import GraphShare
+from tunecache.core.signing import (PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer,
+                                    load_verifier, signed_message, write_key_pair)
+from tunecache.errors import SigningKeyError
+from tunecache.settings import Settings
+from tunecache.store import ArtifactStore
+from tunecache.store.schema import artifacts
+
+DIGEST = "ab" * 32
+
+
+@pytest.fixture
+def keys(tmp_path) -> Path:
+    write_key_pair(tmp_path / "keys")
+    return tmp_path / "keys"
+
+
+def _share(url: str, keys: Path, *, publish: bool = True,
+           **settings) -> tuple[GraphShare, tunecache.TuneCache]:
+    cache = tunecache.open(url, **settings)
+    if publish:
+        plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME)).graph_sharing()
+    else:
+        plan = Settings.from_env({}, verify_key=str(keys / PUBLIC_KEY_NAME)).graph_sharing()
+    return GraphShare.from_settings(plan, lambda: cache), cache
+
+
+# -- signatures
+
+
+def test_signature_verifies_only_for_its_kind_key_and_digest(keys):
+    signer = load_signer(keys / PRIVATE_KEY_NAME)
+    verifier = load_verifier(keys / PUBLIC_KEY_NAME)
+    signature = signer.sign("fxgraph", "k1", DIGEST)
+    assert verifier.verify("fxgraph", "k1", DIGEST, signature)
+    assert not verifier.verify("fxgraph", "k2", DIGEST, signature)  # moved to another key
+    assert not verifier.verify("autograd", "k1", DIGEST, signature)  # or another kind
+    assert not verifier.verify("fxgraph", "k1", "cd" * 32, signature)  # other bytes
+    assert not verifier.verify("fxgraph", "k1", DIGEST, signature[:-1] + b"\0")
+    assert not verifier.verify("fxgraph", "k1", DIGEST, b"")
+
+
+def test_signed_message_is_unambiguous_where_fields_could_run_together():
+    assert signed_message("fx", "graphkey", DIGEST) != signed_message("fxgraph", "key", DIGEST)
+
+
+def test_another_key_pair_does_not_verify(keys, tmp_path):
+    other = write_key_pair(tmp_path / "other")
+    signature = load_signer(other.private_key).sign("fxgraph", "k", DIGEST)
+    assert not load_verifier(keys / PUBLIC_KEY_NAME).verify("fxgraph", "k", DIGEST, signature)
+
+
+# -- key files and `tunecache keygen`
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads_and_a_public_key(tmp_path):
+    done = run("keygen", str(tmp_path / "k"), "--json")
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    private, public = Path(report["private_key"]), Path(report["public_key"])
+    assert (private.name, public.name) == (PRIVATE_KEY_NAME, PUBLIC_KEY_NAME)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert stat.S_IMODE(public.stat().st_mode) == 0o644
+    signer, verifier = load_signer(private), load_verifier(public)
+    assert signer.fingerprint == verifier.fingerprint == report["fingerprint"]
+    assert verifier.verify("fxgraph", "k", DIGEST, signer.sign("fxgraph", "k", DIGEST))
+
+
+def test_keygen_group_lets_the_group_read_the_private_key(tmp_path):
+    old = os.umask(0o077)  # a strict umask must not take the group's read away
+    try:
+        done = run("keygen", str(tmp_path / "k"), "--group", "--json")
+    finally:
+        os.umask(old)
+    assert done.exit_code == 0, done.output
+    private = Path(json.loads(done.stdout)["private_key"])
+    assert stat.S_IMODE(private.stat().st_mode) == 0o640
+    load_signer(private)  # not readable by others: accepted
+
+
+@pytest.mark.parametrize("existing", [PRIVATE_KEY_NAME, PUBLIC_KEY_NAME])
+def test_keygen_refuses_to_overwrite_either_key_file(tmp_path, existing):
+    folder = tmp_path / "k"
+    folder.mkdir()
+    (folder / existing).write_bytes(b"precious")
+    done = run("keygen", str(folder))
+    assert done.exit_code == 1
+    assert "exists already; refusing to overwrite it" in done.output
+    assert (folder / existing).read_bytes() == b"precious"
+    assert sorted(p.name for p in folder.iterdir()) == [existing]  # nothing else written
+
+
+def test_a_private_key_everyone_can_read_is_refused(keys):
+    private = keys / PRIVATE_KEY_NAME
+    private.chmod(0o644)
+    with pytest.raises(SigningKeyError, match="readable by every user"):
+        load_signer(private)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a key", b"-----BEGIN PUBLIC KEY-----\nAAAA\n"])
+def test_a_key_file_that_is_not_a_key_is_a_one_line_error(tmp_path, content):
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    for load in (load_signer, load_verifier):
+        with pytest.raises(SigningKeyError) as error:
+            load(path)
+        assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_public_key_is_not_accepted_as_the_private_one(keys):
+    with pytest.raises(SigningKeyError, match="not an unencrypted PEM private key"):
+        load_signer(keys / PUBLIC_KEY_NAME)
+
+
+# -- settings
+
+
+def test_graph_sharing_settings_name_what_each_process_does(tmp_path):
+    key, pub = str(tmp_path / "s.key"), str(tmp_path / "v.pub")
+    cases = {
+        (): "unconfigured",
+        (("TUNECACHE_SIGNING_KEY", key),): "publish",
+        (("TUNECACHE_VERIFY_KEY", pub),): "verify",
+        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_MODE", "readonly")): "verify",
+        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_GRAPHS", "0")): "off",
+        (("TUNECACHE_SIGNING_KEY", "  "),): "unconfigured",
+        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_GRAPHS", "maybe")): "invalid",
+    }
+    for env, state in cases.items():
+        plan = Settings.from_env(dict(env)).graph_sharing()
+        assert plan.state == state, (env, plan)
+    plan = Settings.from_env({"TUNECACHE_GRAPHS": "maybe"}).graph_sharing()
+    assert plan.problem == "TUNECACHE_GRAPHS='maybe' is invalid: expected 1 or 0"
+
+
+def test_a_bad_graph_setting_leaves_the_tuning_settings_usable():
+    settings = Settings.from_env({"TUNECACHE_GRAPHS": "maybe", "TUNECACHE_LEASE_SECONDS": "40"})
+    assert settings.lease_seconds == 40 and settings.graph_sharing().state == "invalid"
+
+
+def test_signing_and_verify_keys_of_different_pairs_are_refused(keys, tmp_path):
+    other = write_key_pair(tmp_path / "other")
+    plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME),
+                             verify_key=str(other.public_key)).graph_sharing()
+    with pytest.raises(SigningKeyError, match="not the public half"):
+        GraphShare.from_settings(plan, lambda: None)  # type: ignore[arg-type, return-value]
+
+
+# -- the service over the real store
+
+
+def test_published_graph_loads_on_another_process_handle(db_url, keys):
+    publisher, cache = _share(db_url, keys)
+    data = os.urandom(1000) + b"compiled graph " * 10_000
+    assert publisher.publish("fxgraph", "key-1", data, "2.13.0") is True
+    consumer, cache2 = _share(db_url, keys, publish=False)
+    assert consumer.load("fxgraph", "key-1") == data
+    assert consumer.load("autograd", "key-1") is None
+    stored = ArtifactStore(cache.database()).get("fxgraph", "key-1")
+    assert len(stored.payload) < len(data) / 3, "stored compressed"
+    assert consumer.counts == {"loaded": 1, "absent": 1}
+    cache.close()
+    cache2.close()
+
+
+def test_a_consumer_with_the_public_key_only_publishes_nothing(db_url, keys):
+    consumer, cache = _share(db_url, keys, publish=False)
+    assert not consumer.publishes
+    assert consumer.publish("fxgraph", "k", b"graph", "2.13.0") is False
+    assert cache.database().run(
+        lambda c: c.execute(artifacts.select()).all()) == []
+    cache.close()
+
+
+def test_second_publish_of_a_key_keeps_the_first(sqlite_url, keys):
+    first, cache = _share(sqlite_url, keys)
+    second, cache2 = _share(sqlite_url, keys)
+    assert first.publish("fxgraph", "k", b"first", "2.13.0") is True
+    assert second.publish("fxgraph", "k", b"second", "2.13.0") is False
+    assert second.load("fxgraph", "k") == b"first"
+    cache.close()
+    cache2.close()
+
+
+def _tamper(url: str, keys: Path, tmp_path: Path, how: str) -> None:
+    """Damage the published entry fxgraph/k the way an attacker with write access to
+    the database would (through the store, so the row stays self-consistent)."""
+    cache = tunecache.open(url)
+    store = ArtifactStore(cache.database())
+    good = store.get("fxgraph", "k")
+    payload, signature = good.payload, good.signature
+    if how == "unsigned":
+        signature = b""
+    elif how == "signature replaced":
+        signature = os.urandom(64)
+    elif how == "payload replaced":
+        payload = zlib.compress(b"evil")
+    elif how == "other key pair":
+        payload = zlib.compress(b"evil")
+        other = write_key_pair(tmp_path / "attacker")
+        signature = load_signer(other.private_key).sign(
+            "fxgraph", "k", hashlib.sha256(payload).hexdigest())
+    elif how == "moved from another key":
+        publisher, other_cache = _share(url, keys)
+        publisher.publish("fxgraph", "other", b"evil", "2.13.0")
+        other_cache.close()
+        moved = store.get("fxgraph", "other")
+        payload, signature = moved.payload, moved.signature
+    cache.database().run(lambda c: c.execute(delete(artifacts).where(
+        artifacts.c.cache_key == "k")), write=True)
+    if how == "unsigned":
+        store.put("fxgraph", "k", payload, b"x", "2.13.0")
+        cache.database().run(lambda c: c.execute(update(artifacts).where(
+            artifacts.c.cache_key == "k").values(signature=b"")), write=True)
+    else:
+        store.put("fxgraph", "k", payload, signature, "2.13.0")
+    cache.close()
+
+
+@pytest.mark.parametrize("how", ["unsigned", "signature replaced", "payload replaced",
+                                 "other key pair", "moved from another key"])
+def test_an_entry_that_does_not_verify_is_refused_with_one_warning(db_url, keys, tmp_path,
+                                                                    how, caplog):
+    publisher, cache = _share(db_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    cache.close()
+    _tamper(db_url, keys, tmp_path, how)
+    consumer, cache = _share(db_url, keys, publish=False)
+    with caplog.at_level(logging.DEBUG, logger="tunecache"):
+        assert consumer.load("fxgraph", "k") is None
+        assert consumer.load("fxgraph", "k") is None  # the same reason again: debug only
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, caplog.text
+    assert "fxgraph k" in warnings[0].getMessage()
+    assert consumer.counts["refused"] == 2 and consumer.counts["loaded"] == 0
+    cache.close()
+
+
+def test_a_signed_entry_is_decompressed_only_after_it_verifies(sqlite_url, keys, tmp_path,
+                                                              monkeypatch):
+    publisher, cache = _share(sqlite_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    _tamper(sqlite_url, keys, tmp_path, "payload replaced")
+    inflated: list[bytes] = []
+    real = zlib.decompressobj
+
+    def spy(*args, **kwargs):
+        inflated.append(b"")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zlib, "decompressobj", spy)
+    consumer, cache2 = _share(sqlite_url, keys, publish=False)
+    assert consumer.load("fxgraph", "k") is None
+    assert inflated == [], "decompressed before verifying"
+    publisher.publish("fxgraph", "k2", b"good graph", "2.13.0")
+    assert consumer.load("fxgraph", "k2") == b"good graph"
+    assert inflated == [b""]  # the spy does see a verified entry's decompression
+    cache.close()
+    cache2.close()
+
+
+def test_an_unreachable_database_is_one_warning_and_no_graphs(keys, caplog):
+    share, cache = _share("postgresql://nobody@127.0.0.1:9/none", keys, lock_timeout=1)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert share.load("fxgraph", "k") is None
+        assert share.publish("fxgraph", "k", b"graph", "2.13.0") is False
+        assert share.load("autograd", "k") is None
+    assert len(caplog.records) == 1, caplog.text
+    cache.close()
