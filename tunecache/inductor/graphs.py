@@ -161,9 +161,10 @@ class GraphPatch:
 
 
 def _explain_once(level: int, message: str, *args: Any) -> None:
-    if not REGISTRY.graphs_explained:
-        REGISTRY.graphs_explained = True
-        log.log(level, message, *args)
+    text = message % args
+    if text not in REGISTRY.graphs_explained:
+        REGISTRY.graphs_explained.add(text)
+        log.log(level, "%s", text)
 
 
 def _missing() -> list[str]:

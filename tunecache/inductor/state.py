@@ -56,11 +56,11 @@ class Registry:
         self.fusion_local = threading.local()
         self.version_warned = False  # the unsupported-version warning was logged
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
-        # and AOTAutograd caches reach (None when off), and whether the one line on how
-        # to turn it on, or why it is off, has been logged in this process.
+        # and AOTAutograd caches reach (None when off), and the lines on how to turn it
+        # on, or why it is off, logged in this process (each once).
         self.graphs: GraphShare | None = None
         self.graph_patch: GraphPatch | None = None  # what enable_graphs changed
-        self.graphs_explained = False
+        self.graphs_explained: set[str] = set()
 
 
 REGISTRY = Registry()
