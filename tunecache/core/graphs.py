@@ -117,7 +117,7 @@ class GraphShare:
                             f"{e}); Inductor compiles as usual")
             return None
         if artifact is None:
-            self.counts["absent"] += 1
+            self._count("absent")
             return None
         # The digest of the bytes read, not the one stored beside them: the signature
         # must cover exactly what would be unpickled.
@@ -134,7 +134,7 @@ class GraphShare:
             return self._refuse(kind, key, "payload", "is signed but does not decompress")
         with self._lock:
             self._known.add((kind, key))
-        self.counts["loaded"] += 1
+            self.counts["loaded"] += 1
         return data
 
     def publish(self, kind: str, key: str, data: bytes, torch_version: str) -> bool:
@@ -161,7 +161,7 @@ class GraphShare:
             return False
         with self._lock:
             self._known.add((kind, key))
-        self.counts["published" if published else "present"] += 1
+            self.counts["published" if published else "present"] += 1
         return published
 
     # -- helpers
@@ -183,8 +183,12 @@ class GraphShare:
                 self._store = ArtifactStore(db)
             return self._store
 
+    def _count(self, what: str) -> None:
+        with self._lock:  # Inductor may compile graphs on several threads
+            self.counts[what] += 1
+
     def _refuse(self, kind: str, key: str, reason: str, what: str) -> None:
-        self.counts["refused"] += 1
+        self._count("refused")
         self._warn_once(
             reason,
             f"tunecache: compiled graph {kind} {key[:24]} in the database {what}; it is "
