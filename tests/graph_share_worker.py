@@ -24,6 +24,8 @@ def main() -> int:
     parser.add_argument("--log", required=True)
     parser.add_argument("--widths", type=lambda text: [int(w) for w in text.split(",")],
                         default=[64], help="one model (its hidden width) per compiled step")
+    parser.add_argument("--autoload", action="store_true",
+                        help="activate through the torch.backends entry point, not enable()")
     args = parser.parse_args()
 
     handler = logging.FileHandler(args.log, encoding="utf-8")
@@ -32,6 +34,14 @@ def main() -> int:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
+    if args.autoload:
+        # What `import torch` does with our entry point installed (torch/__init__.py,
+        # _import_device_backends): tunecache enables itself once Inductor's autotuner
+        # module is imported, in the middle of the first compile's imports.
+        from tunecache import _autoload
+
+        _autoload.torch_backend_entry()
+
     import torch
     from torch._dynamo.utils import counters
     from torch._inductor import remote_cache
@@ -39,7 +49,7 @@ def main() -> int:
     from tunecache import inductor as tc_inductor
     from tunecache.inductor.state import REGISTRY
 
-    enabled = tc_inductor.enable()
+    enabled = tc_inductor.enable() if not args.autoload else None
     outputs = []
     for width in args.widths:
         torch.manual_seed(0)
@@ -52,6 +62,8 @@ def main() -> int:
         outputs.append({"loss": loss.item(),
                         "grads": [p.grad.flatten().tolist() for p in model.parameters()]})
     share = REGISTRY.graphs
+    if enabled is None:
+        enabled = tc_inductor.is_enabled()
     result = {
         "enabled": enabled,
         "inductor": dict(counters["inductor"]),

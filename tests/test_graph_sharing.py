@@ -43,9 +43,16 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 
-def _job(tmp: Path, name: str, db: str, *, widths: str = "64", **extra: str) -> dict[str, Any]:
+def _job(tmp: Path, name: str, db: str, *, widths: str = "64", autoload: bool = False,
+         **extra: str) -> dict[str, Any]:
     """Run one job on a new node (a fresh Inductor cache directory); its result, with
-    the lines it logged on the ``tunecache`` logger under "log"."""
+    the lines it logged on the ``tunecache`` logger under "log". ``autoload``: activated
+    by the environment alone, as in production, rather than by ``enable()``."""
+    return _finish(_start(tmp, name, db, widths=widths, autoload=autoload, **extra))
+
+
+def _start(tmp: Path, name: str, db: str, *, widths: str = "64", autoload: bool = False,
+           **extra: str) -> tuple[subprocess.Popen, Path, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
     cache_dir = tmp / f"inductor-{name}"
     cache_dir.mkdir(parents=True)
@@ -58,12 +65,23 @@ def _job(tmp: Path, name: str, db: str, *, widths: str = "64", **extra: str) -> 
     )
     env.update(extra)
     out, log = tmp / f"{name}.json", tmp / f"{name}.log"
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(TESTS / "graph_share_worker.py"), "--out", str(out),
-         "--log", str(log), "--widths", widths],
-        env=env, cwd=str(tmp), capture_output=True, text=True, timeout=400,
+         "--log", str(log), "--widths", widths, *(["--autoload"] if autoload else [])],
+        env=env, cwd=str(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return proc, out, log
+
+
+def _finish(started: tuple[subprocess.Popen, Path, Path]) -> dict[str, Any]:
+    proc, out, log = started
+    try:
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-6000:]
     result = json.loads(out.read_text())
     result["log"] = log.read_text().splitlines()
     assert result["enabled"], result
@@ -141,13 +159,27 @@ def test_new_node_loads_the_graphs_another_node_published_on_sqlite(published, k
 
 
 def test_new_node_loads_the_graphs_another_node_published_on_postgresql(pg_url, keys, tmp_path):
+    """The new node is activated by TUNECACHE_* alone (the autoload hook enables
+    tunecache in the middle of Inductor's imports: graph sharing must come up there too)."""
     signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
     first = _job(tmp_path, "publisher", pg_url, **signing)
     _assert_published_everything(first, pg_url)
-    job = _job(tmp_path, "new-node", pg_url, **signing)
+    job = _job(tmp_path, "new-node", pg_url, autoload=True, **signing)
     _assert_loaded_everything(job)
     assert job["outputs"] == first["outputs"]
     assert _warnings(first) == _warnings(job) == []
+
+
+def test_two_nodes_compiling_one_graph_at_once_publish_it_once(sqlite_url, keys, tmp_path):
+    """Every (kind, key) is published by exactly one of them: the other finds it there
+    (or loads it, if it arrives after), whatever the timing."""
+    signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
+    started = [_start(tmp_path, f"node-{i}", sqlite_url, **signing) for i in range(2)]
+    jobs = [_finish(s) for s in started]
+    assert sum(job["graphs"].get("published", 0) for job in jobs) == 3, jobs
+    assert sorted(kind for kind, _, _ in _rows(sqlite_url)) == ["autograd", "fxgraph", "fxgraph"]
+    assert jobs[0]["outputs"] == jobs[1]["outputs"]
+    assert [_warnings(job) for job in jobs] == [[], []]
 
 
 def test_readonly_consumer_loads_verified_graphs_and_publishes_none(published, keys, tmp_path):
