@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..errors import ReadonlyModeError, StoreError
+from .admin import EntryFilter
 from .blobs import DIGEST, BlobDir, blob_dir_for
 from .engine import Database
 from .schema import artifacts
@@ -242,6 +243,24 @@ class GraphFilter:
     torch_keep: tuple[str, ...] = ()
     older_than: float | None = None
 
+    @classmethod
+    def of_entries(cls, env: EntryFilter | None, older_than: float | None = None
+                   ) -> "GraphFilter | None":
+        """The compiled graphs that the filters of tuning entries select (prune, export),
+        or None for none: graphs have a kind and a torch version but no op, device,
+        triton version or state, so a filter on one of those matches no graph."""
+        if env is not None and (env.ops or env.states or any(
+                env.only.get(k) or env.keep.get(k) for k in ("device", "triton"))):
+            return None
+        if env is None:
+            return cls(older_than=older_than)
+        return cls(kinds=tuple(env.kinds), torch_only=tuple(env.only.get("torch", ())),
+                   torch_keep=tuple(env.keep.get("torch", ())), older_than=older_than)
+
+    def __bool__(self) -> bool:
+        return bool(self.kinds or self.torch_only or self.torch_keep
+                    or self.older_than is not None)
+
     def condition(self) -> Any:
         parts: list[Any] = []
         if self.kinds:
@@ -414,6 +433,15 @@ class ArtifactStore:
             if len(page) < _PAGE:
                 return
             after = (page[-1].kind, page[-1].cache_key)
+
+    def count(self, where: GraphFilter | None = None) -> int:
+        cond = where.condition() if where else true()
+        statement = select(func.count()).select_from(artifacts).where(cond)
+        return int(self.db.run(lambda c: c.execute(statement).scalar_one()))
+
+    def exists(self, kind: str, key: str) -> bool:
+        params = {"p_kind": kind, "p_key": key}
+        return self.db.run(lambda c: c.execute(_EXISTS, params).first()) is not None
 
     def listing(self, where: GraphFilter | None, limit: int) -> list[ArtifactInfo]:
         """The most recently used first."""
