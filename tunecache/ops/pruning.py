@@ -231,12 +231,15 @@ def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dic
         chosen = {(x.kind, x.key) for x in selected}
         rest = [info for page in store.infos() for info in page
                 if (info.kind, info.key) not in chosen]
+        # A row whose digest or size does not read serves no job: it goes first.
+        over_budget = [x for x in rest if x.digest is None or x.size is None]
+        rest = [x for x in rest if x.digest is not None and x.size is not None]
         rest.sort(key=lambda x: (-x.last_use, x.kind, x.key))  # most recently used first
         kept = 0
         for i, info in enumerate(rest):
             kept += info.size or 0
             if kept > spec.max_graph_bytes:
-                over_budget = rest[i:]  # this one and every one used less recently
+                over_budget += rest[i:]  # this one and every one used less recently
                 break
     doomed = selected + over_budget
     report: dict[str, Any] = {

@@ -222,10 +222,15 @@ _STATS = select(
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
 # A row is deleted by a prune only if it is still the one the prune read (same digest)
 # and no read has recorded a use since (a graph just used is not "least recently used").
+# A last use that is no finite number (SQLite keeps text or bytes in a REAL column) is no
+# recorded use: comparing it would spare a hostile row from every prune.
+_USED_SINCE = and_(artifacts.c.last_used_at.is_not(None),
+                   artifacts.c.last_used_at.between(-1e300, 1e300),
+                   artifacts.c.last_used_at > bindparam("p_last_use"))
 _DELETE_IF_UNCHANGED = (
     delete(artifacts)
     .where(_IDENTITY, artifacts.c.digest == bindparam("p_digest"),
-           _LAST_USE <= bindparam("p_last_use"))
+           or_(artifacts.c.last_used_at.is_(None), ~_USED_SINCE))
     .returning(artifacts.c.digest, artifacts.c.size)
 )
 _DELETE_BY_IDENTITY = delete(artifacts).where(_IDENTITY)
