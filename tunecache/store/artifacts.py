@@ -29,6 +29,7 @@ import os
 import re
 from typing import Any, Iterator, Sequence
 
+from filelock import Timeout
 from sqlalchemy import (
     Connection,
     and_,
@@ -43,7 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..errors import ReadonlyModeError, StoreError
+from ..errors import ReadonlyModeError, StoreError, StoreTimeoutError
 from .admin import EntryFilter
 from .blobs import DIGEST, BlobDir, blob_dir_for
 from .engine import Database
@@ -377,16 +378,27 @@ class ArtifactStore:
         if self.blobs is None:
             params["p_payload"] = payload
             return self._insert(params)
-        with self.blobs.publishing(kind, key):
-            # Ranks that waited for the key's lock: the first one's row is there now.
-            if self.db.run(lambda c: c.execute(_EXISTS, params).first()) is not None:
-                return False
-            with self.blobs.locked(digest) as path:
-                if not self.blobs.intact(path, digest, len(payload)):
-                    self.blobs.write(path, payload)
-                # Still under the blob's lock: a prune deletes a blob only under it,
-                # after seeing no row, so this blob cannot vanish before its row exists.
-                return self._insert(params)
+        try:
+            with self.blobs.publishing(kind, key):
+                # Ranks that waited for the key's lock: the first one's row is there now.
+                if self.db.run(lambda c: c.execute(_EXISTS, params).first()) is not None:
+                    return False
+                with self.blobs.locked(digest) as path:
+                    if not self.blobs.intact(path, digest, len(payload)):
+                        self.blobs.write(path, payload)
+                    # Still under the blob's lock: a prune deletes a blob only under it,
+                    # after seeing no row, so this blob cannot vanish before its row
+                    # exists.
+                    return self._insert(params)
+        except Timeout as e:
+            # A publisher of this key (or a prune of this blob) held its lock for the
+            # whole lock timeout: frozen or on a stalled filesystem. Same as a locked
+            # database for the caller.
+            raise StoreTimeoutError(self.db.display_url, f"lock {e.lock_file} still held "
+                                    f"after {self.db.lock_timeout:g}s") from e
+        except OSError as e:
+            raise StoreError(self.db.display_url, f"compiled graph blob in {self.blobs.root}:"
+                             f" {e.strerror or e}") from e
 
     def _insert(self, params: dict[str, Any]) -> bool:
         statement = _INSERT[self.db.dialect]
@@ -405,10 +417,14 @@ class ArtifactStore:
             healthy = False
         if healthy:
             return
-        with self.blobs.locked(digest) as path:
-            if not self.blobs.intact(path, digest, len(payload)):
-                logger.warning("tunecache: blob %s was missing or damaged; rewritten", path)
-                self.blobs.write(path, payload)
+        try:
+            with self.blobs.locked(digest) as path:
+                if not self.blobs.intact(path, digest, len(payload)):
+                    logger.warning("tunecache: blob %s was missing or damaged; rewritten",
+                                   path)
+                    self.blobs.write(path, payload)
+        except (OSError, Timeout) as e:  # a repair; the publish itself was not ours
+            logger.debug("tunecache: blob %s not repaired: %s", path, e)
 
     # -- the operators' side ------------------------------------------------------------
 
