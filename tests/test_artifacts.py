@@ -325,3 +325,14 @@ def test_blob_dirs_and_locks_are_group_writable_in_a_group_shared_directory(tmp_
     assert made and all(p.stat().st_mode & 0o020 for p in made), [
         (str(p), oct(p.stat().st_mode)) for p in made]
     store.db.dispose()
+
+
+def test_postgresql_read_errors_are_store_errors(pg_url):
+    """The binary read runs on the driver's connection: its errors must still come out as
+    the store's, for the core to turn into one warning."""
+    store = _store(pg_url)
+    store.db.run(lambda c: c.execute(text("ALTER TABLE tunecache_artifacts RENAME TO gone")),
+                 write=True)
+    with pytest.raises(StoreError, match="tunecache_artifacts"):
+        store.get("fxgraph", "k")
+    store.db.dispose()

@@ -35,6 +35,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    exc,
     func,
     or_,
     select,
@@ -186,6 +187,29 @@ _READ = {
     "sqlite": select(*_META, _NOW.label("now")).where(_IDENTITY),
     "postgresql": select(*_META, artifacts.c.payload, _NOW.label("now")).where(_IDENTITY),
 }
+# The PostgreSQL read, as psycopg runs it (compiled once from the statement above): in
+# binary format, a bytea comes as its bytes; in text format (all SQLAlchemy asks for) as
+# hex, twice its size, to be decoded. 10 MB on this 2-core VM: 0.03 s against 0.20 s.
+_PG_READ_SQL = str(_READ["postgresql"].compile(dialect=postgresql.psycopg.dialect()))
+
+
+def _pg_read_binary(conn: Connection, params: dict[str, Any]) -> Any:
+    """The row of _READ["postgresql"], read in binary format on the driver's connection.
+    A driver error is wrapped as SQLAlchemy would have, so that Database.run retries
+    and translates it as it does every other."""
+    import psycopg
+    from psycopg.rows import namedtuple_row
+
+    driver = conn.connection.driver_connection
+    try:
+        with driver.cursor(binary=True, row_factory=namedtuple_row) as cur:
+            cur.execute(_PG_READ_SQL, params)
+            return cur.fetchone()
+    except psycopg.Error as e:
+        raise exc.DBAPIError.instance(_PG_READ_SQL, params, e, psycopg.Error,
+                                      dialect=conn.dialect) from e
+
+
 _EXISTS = select(artifacts.c.digest, artifacts.c.size).where(_IDENTITY)
 _TOUCH = (
     update(artifacts)
@@ -319,7 +343,10 @@ class ArtifactStore:
 
     def _fetch(self, kind: str, key: str) -> tuple[Artifact | str | None, Any]:
         params = {"p_kind": kind, "p_key": key}
-        row = self.db.run(lambda c: c.execute(_READ[self.db.dialect], params).first())
+        if self.db.dialect == "postgresql":
+            row = self.db.run(lambda c: _pg_read_binary(c, params))
+        else:
+            row = self.db.run(lambda c: c.execute(_READ["sqlite"], params).first())
         if row is None:
             return None, None
         digest = _text(row.digest, 64)
