@@ -13,9 +13,11 @@ given; PostgreSQL: a new database beside the one named, dropped at the end, unle
 (b) claims: --claimers processes claim fresh tuning keys through Store.step (the claim
     write transaction every job runs), --claims each; p50/p99/max of one claim, first
     alone, then while --publishers processes publish --size-mb artifacts (fresh random
-    bytes, fresh keys) without pause. The ratio with/without says what sharing compiled
-    graphs costs the claims; on SQLite it shows whether megabytes are written under the
-    database's write lock (they must not be: tunecache.store.blobs).
+    bytes, fresh keys) without pause, and then while the same processes only hash and
+    write (fsync) the same bytes to files, with no database: the control, the CPU and disk
+    a publish costs on this machine whatever the store does. Claims with publishers close
+    to the control: publishing holds no lock the claims wait for. --naive (SQLite) adds
+    publishers that write their bytes inside a write transaction, the design avoided.
 
 Prints one JSON document. Runs anywhere (CPU only).
 """
@@ -23,6 +25,7 @@ Prints one JSON document. Runs anywhere (CPU only).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -103,25 +106,37 @@ def _write_under_the_lock(db: Database, path: str, payload: bytes) -> None:
     db.run(work, write=True)
 
 
-def _publisher(url: str, size: int, inside_lock: bool, stop: Any, barrier: Any,
+def _write_file_only(path: str, payload: bytes) -> None:
+    """The control: the same bytes hashed and written (and fsynced) with no database."""
+    hashlib.sha256(payload).hexdigest()
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _publisher(url: str, size: int, mode: str, stop: Any, barrier: Any,
                queue: Any) -> None:
     store = ArtifactStore(Database(url))
     published = 0
     seconds = 0.0
-    scratch = f"{store.db.sqlite_path}.naive-{os.getpid()}"
+    scratch = os.path.join(os.path.dirname(store.db.sqlite_path or os.path.join(
+        tempfile.gettempdir(), "x")), f"bench-scratch-{os.getpid()}")
     barrier.wait()
     started = time.perf_counter()
     while not stop.is_set():
         payload = os.urandom(size)  # fresh bytes: a content-addressed write is never skipped
         t0 = time.perf_counter()
-        if inside_lock:
+        if mode == "inside_lock":
             _write_under_the_lock(store.db, scratch, payload)
+        elif mode == "files_only":
+            _write_file_only(scratch, payload)
         else:
             assert store.put("fxgraph", f"bench-{os.getpid()}-{published}", payload, SIG,
                              "bench")
         seconds += time.perf_counter() - t0
         published += 1
-    if inside_lock:
+    if mode != "store":
         os.unlink(scratch)
     queue.put({"published": published, "put_seconds": seconds,
                "elapsed": time.perf_counter() - started})
@@ -129,13 +144,13 @@ def _publisher(url: str, size: int, inside_lock: bool, stop: Any, barrier: Any,
 
 
 def bench_claims(url: str, claimers: int, claims: int, publishers: int,
-                 size: int, inside_lock: bool = False) -> dict[str, Any]:
+                 size: int, mode: str = "store") -> dict[str, Any]:
     barrier = ctx.Barrier(claimers + publishers)
     queue, stop = ctx.Queue(), ctx.Event()
     tag = uuid.uuid4().hex[:8]
     procs = [ctx.Process(target=_claimer, args=(url, claims, tag, barrier, queue))
              for _ in range(claimers)]
-    procs += [ctx.Process(target=_publisher, args=(url, size, inside_lock, stop, barrier, queue))
+    procs += [ctx.Process(target=_publisher, args=(url, size, mode, stop, barrier, queue))
               for _ in range(publishers)]
     for p in procs:
         p.start()
@@ -217,8 +232,10 @@ def main() -> None:
                 read = bench_read(url, size, args.reads)
                 alone = bench_claims(url, args.claimers, args.claims, 0, size)
                 busy = bench_claims(url, args.claimers, args.claims, args.publishers, size)
+                control = bench_claims(url, args.claimers, args.claims, args.publishers,
+                                       size, mode="files_only")
                 naive = (bench_claims(url, args.claimers, args.claims, args.publishers, size,
-                                      inside_lock=True)
+                                      mode="inside_lock")
                          if args.naive and url.startswith("sqlite") else None)
             finally:
                 cleanup()
@@ -229,7 +246,9 @@ def main() -> None:
 
         result = {"backend": Database(url).dialect, "db": spec, "read": read,
                   "claims_alone": alone, "claims_with_publishers": busy,
-                  "ratio_with_publishers": ratio(busy)}
+                  "ratio_with_publishers": ratio(busy),
+                  "claims_with_file_writers": control,
+                  "ratio_with_file_writers": ratio(control)}
         if naive is not None:
             result["claims_with_publishers_inside_lock"] = naive
             result["ratio_inside_lock"] = ratio(naive)
