@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from ..ops import EntryFilter
     from ..store import Database
 
-__all__ = ["KINDS", "Out", "common", "Duration", "ByteSize", "LibraryChoice", "Selection", "entry_filters",
-           "op_option", "kind_option", "opened"]
+__all__ = ["KINDS", "Out", "common", "Duration", "ByteSize", "LibraryChoice", "Selection",
+           "entry_filters", "op_option", "kind_option", "opened"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -119,9 +119,9 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
     Every entry is validated (key size and JSON, timings, tune_seconds); its key_hash is
     recomputed from the key, never trusted. A compiled graph is validated (kind, key,
     base64, sizes; its digest recomputed) and stored if its key is absent (first publish
-    wins, whatever --on-conflict says); its signature is checked by the jobs that read it. Valid entries are imported even when others
-    are not; each bad line is reported (line number and reason) and the exit code is 1
-    unless --skip-invalid.
+    wins, whatever --on-conflict says); its signature is checked by the jobs that read it.
+    Valid entries are imported even when others are not; each bad line is reported (line
+    number and reason) and the exit code is 1 unless --skip-invalid.
     """
     from .. import ops
 

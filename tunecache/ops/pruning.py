@@ -30,7 +30,8 @@ from .entries import (
 from .opening import refuse_readonly
 from .statistics import database_size
 
-__all__ = ["PruneSpec", "prune", "prune_graphs", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS", "PRUNE_BATCH_MIN",
+__all__ = ["PruneSpec", "prune", "prune_graphs", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS",
+           "PRUNE_BATCH_MIN",
            "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH", "VACUUM_FREE_SHARE",
            "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
 
