@@ -17,7 +17,7 @@ from queue import Empty
 import pytest
 from sqlalchemy import text, update
 
-from tunecache.errors import ReadonlyModeError
+from tunecache.errors import ReadonlyModeError, StoreError, StoreTimeoutError
 from tunecache.keys import Key
 from tunecache.store import ArtifactStore, Database, Store, ensure_schema
 from tunecache.store.artifacts import MAX_KEY_CHARS, TOUCH_SECONDS
@@ -285,3 +285,54 @@ def test_blob_path_refuses_a_digest_that_is_not_one(tmp_path):
     for bad in ("../" * 10 + "etc/passwd", "ab", "A" * 64, "g" * 64):
         with pytest.raises(ValueError):
             blobs.path(bad)
+
+
+def test_blob_directory_that_cannot_be_written_is_a_store_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    store = _store(url)
+    Path(store.blobs.root).write_text("a file where the blob directory goes")
+    with pytest.raises(StoreError, match="compiled graph blob"):
+        store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
+    assert store.get("fxgraph", "k") is None
+    store.db.dispose()
+
+
+def test_publish_waits_for_a_held_blob_lock_at_most_the_lock_timeout(sqlite_url):
+    from filelock import FileLock
+
+    store = _store(sqlite_url, lock_timeout=0.5)
+    digest = hashlib.sha256(b"payload").hexdigest()
+    holder = FileLock(store.blobs.path(digest) + ".lock", is_singleton=False)
+    Path(store.blobs.path(digest)).parent.mkdir(parents=True)
+    with holder:
+        with pytest.raises(StoreTimeoutError):
+            store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
+    assert store.put("fxgraph", "k", b"payload", SIG, "2.13.0") is True
+    store.db.dispose()
+
+
+def test_blob_dirs_and_locks_are_group_writable_in_a_group_shared_directory(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)
+    store = _store(f"sqlite:///{shared / 'tune.db'}")
+    old = os.umask(0o022)  # a user whose umask would keep the group out
+    try:
+        store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
+    finally:
+        os.umask(old)
+    made = [p for p in Path(store.blobs.root).rglob("*") if p.is_dir() or p.suffix == ".lock"]
+    assert made and all(p.stat().st_mode & 0o020 for p in made), [
+        (str(p), oct(p.stat().st_mode)) for p in made]
+    store.db.dispose()
+
+
+def test_postgresql_read_errors_are_store_errors(pg_url):
+    """The binary read runs on the driver's connection: its errors must still come out as
+    the store's, for the core to turn into one warning."""
+    store = _store(pg_url)
+    store.db.run(lambda c: c.execute(text("ALTER TABLE tunecache_artifacts RENAME TO gone")),
+                 write=True)
+    with pytest.raises(StoreError, match="tunecache_artifacts"):
+        store.get("fxgraph", "k")
+    store.db.dispose()

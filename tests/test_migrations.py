@@ -11,7 +11,7 @@ from pathlib import Path
 from alembic import command
 from alembic.autogenerate import compare_metadata
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
@@ -128,3 +128,25 @@ def test_head_read_from_the_scripts_without_alembic_is_alembics_head():
     from tunecache.store.migrate import _linear_head, _scripts
 
     assert _linear_head() == _scripts().get_current_head()
+
+
+def test_0004_adds_the_compiled_graphs_table_and_downgrade_drops_it(db_url):
+    """Migration 0004: tunecache_artifacts; on PostgreSQL its payload is stored out of
+    line and not compressed again (it comes compressed)."""
+    db = Database(db_url)
+    ensure_schema(db)
+
+    def tables(conn):
+        return set(inspect(conn).get_table_names())
+
+    assert "tunecache_artifacts" in db.run(tables)
+    if db.dialect == "postgresql":
+        storage = db.run(lambda c: c.execute(text(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = "
+            "'tunecache_artifacts'::regclass AND attname = 'payload'")).scalar_one())
+        assert storage == "e"
+    _migrate(db, "0003", command.downgrade)
+    assert "tunecache_artifacts" not in db.run(tables)
+    _migrate(db, "head", command.upgrade)
+    assert "tunecache_artifacts" in db.run(tables)
+    db.dispose()

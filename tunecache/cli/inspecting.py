@@ -11,6 +11,7 @@ import json
 import click
 
 from . import format as fmt
+from .app import BadArgument
 from .options import Out, Selection, common, entry_filters, opened
 
 __all__ = ["stats", "ls", "show", "doctor"]
@@ -51,6 +52,10 @@ def stats(out: Out) -> None:
         claims = data["claims"]
         click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
         click.echo(f"failed    {data['failed']['count']} keys")
+        graphs = data["graphs"]
+        kinds = ", ".join(f"{r['kind']} {r['count']}" for r in graphs["by_kind"])
+        click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
+                   + (f" ({kinds})" if kinds else ""))
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
@@ -71,6 +76,11 @@ def stats(out: Out) -> None:
             if len(data["by_op"]) > len(shown):
                 click.echo(f"  ... and {len(data['by_op']) - len(shown)} more ops "
                            "(--json lists all)")
+        if graphs["groups"]:
+            click.echo("compiled graphs by kind and torch:")
+            fmt.table(("kind", "torch", "graphs", "size", "last used"),
+                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]),
+                        fmt.when(g["last_used_at"])) for g in graphs["groups"]])
         if claims["live"]:
             click.echo("claims in flight:")
             fmt.table(("key", "op", "owner", "age", "lease left"),
@@ -88,12 +98,25 @@ def stats(out: Out) -> None:
 
 @click.command("ls")
 @entry_filters(states=True)
+@click.option("--graphs", is_flag=True,
+              help="List compiled graphs (Inductor's FX graph and AOTAutograd entries), most "
+                   "recently used first, instead of tuning entries; --kind fxgraph or "
+                   "--kind autograd implies it. Filters: --kind, --torch.")
 @click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
 @common
-def ls(out: Out, selection: Selection, limit: int) -> None:
-    """List entries, most recently updated first."""
+def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
+    """List entries, most recently updated first (or, --graphs, compiled graphs)."""
     from .. import ops
 
+    graph_kinds = {"fxgraph", "autograd"}
+    if selection.kinds and set(selection.kinds) <= graph_kinds:
+        graphs = True
+    if graphs:
+        if selection.ops or selection.states or selection.devices:
+            raise BadArgument("compiled graphs have no op, state or device: with --graphs, "
+                              "filter by --kind and --torch")
+        _ls_graphs(out, selection, limit)
+        return
     with opened(out) as db:
         rows = ops.ls(db, selection.entry_filter(), limit)
 
@@ -102,6 +125,21 @@ def ls(out: Out, selection: Selection, limit: int) -> None:
                [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
                  fmt.clip(r["best"], 40), fmt.dur(r["tune_seconds"]), r["hits"],
                  fmt.when(r["updated_at"])) for r in rows], indent="")
+
+    out.emit(rows, human)
+
+
+def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
+    from .. import ops
+
+    with opened(out) as db:
+        rows = ops.ls_graphs(db, ops.GraphFilter.of_entries(selection.entry_filter()), limit)
+
+    def human() -> None:
+        fmt.table(("kind", "key", "size", "torch", "created", "last used"),
+                  [(r["kind"], fmt.clip(r["key"], 24), fmt.size(r["size"]),
+                    fmt.clip(r["torch_version"], 24), fmt.when(r["created_at"]),
+                    fmt.when(r["last_used_at"])) for r in rows], indent="")
 
     out.emit(rows, human)
 

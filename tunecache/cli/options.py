@@ -25,13 +25,14 @@ if TYPE_CHECKING:
     from ..ops import EntryFilter
     from ..store import Database
 
-__all__ = ["KINDS", "Out", "common", "json_only", "Duration", "LibraryChoice", "Selection", "entry_filters",
-           "op_option", "kind_option", "opened"]
+__all__ = ["KINDS", "Out", "common", "json_only", "Duration", "ByteSize", "LibraryChoice",
+           "Selection", "entry_filters", "op_option", "kind_option", "opened"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The kinds of entries tunecache writes, for --kind's help (any kind is accepted).
-KINDS = "gemm, triton_config, fusion_benchmark"
+# The kinds of entries tunecache writes, for --kind's help (any kind is accepted); the
+# last two are compiled graphs (Inductor's FX graph and AOTAutograd cache entries).
+KINDS = "gemm, triton_config, fusion_benchmark, fxgraph, autograd"
 
 
 @dataclasses.dataclass
@@ -113,6 +114,22 @@ class Duration(click.ParamType):
                 self.fail(f"{value!r} has no unit: use s, m, h, d or w ({text}d is {text} "
                           f"days, {text}s {text} seconds)", param, ctx)
             self.fail(f"{value!r} is not a duration (use {DURATION_HELP})", param, ctx)
+
+
+class ByteSize(click.ParamType):
+    """A size with a unit ('2GB', '500MiB'), as bytes; a bare number is refused."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from ..ops.size import SIZE_HELP, parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ConfigError:
+            self.fail(f"{value!r} is not a size with a unit (use {SIZE_HELP})", param, ctx)
 
 
 class LibraryChoice(click.Choice):

@@ -7,7 +7,7 @@ import click
 
 from . import format as fmt
 from .app import BadArgument
-from .options import KINDS, Duration, Out, common, kind_option, op_option, opened
+from .options import KINDS, ByteSize, Duration, Out, common, kind_option, op_option, opened
 
 __all__ = ["prune"]
 
@@ -35,6 +35,9 @@ __all__ = ["prune"]
               help="Drop claims whose lease has passed (their owner is gone).")
 @click.option("--invalid", is_flag=True,
               help="Drop done entries whose key or timings fail validation.")
+@click.option("--max-graph-bytes", type=ByteSize(), default=None, metavar="SIZE",
+              help="Compiled graphs: keep at most this many payload bytes (2GB, 500MiB, "
+                   "0B), deleting the least recently used first.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
 @click.option("--vacuum/--no-vacuum", default=None,
               help="SQLite: VACUUM after deleting (default: only when a quarter of the "
@@ -52,7 +55,8 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
           triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
           kind: tuple[str, ...], failed: bool,
-          expired_claims: bool, invalid: bool, dry_run: bool, vacuum: bool | None,
+          expired_claims: bool, invalid: bool, max_graph_bytes: int | None, dry_run: bool,
+          vacuum: bool | None,
           batch_size: int | None, no_pause: bool) -> None:
     """Delete entries, in small batches, safely while jobs run.
 
@@ -60,6 +64,12 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
     entries that match every filter given among --older-than, --keep-*, --torch,
     --triton, --device, --op and --kind. A claim whose lease runs is never deleted. A deleted done
     entry is tuned again by the next job that needs it.
+
+    Compiled graphs (kinds fxgraph, autograd) are selected by the same filters where they
+    apply (--older-than, --torch, --keep-torch, --kind; a filter on --op, --device or
+    --triton selects no graph), and by --max-graph-bytes. On SQLite the blob files of
+    deleted graphs go with them, and so do orphan blob files older than an hour. A deleted
+    graph is compiled again by the next job that needs it.
     """
     from .. import ops
 
@@ -68,12 +78,12 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         keep={"torch": list(keep_torch), "triton": list(keep_triton), "device": list(keep_device)},
         only={"torch": list(torch_), "triton": list(triton), "device": list(device)},
         ops=list(op), kinds=list(kind), failed=failed, expired_claims=expired_claims,
-        invalid=invalid,
+        invalid=invalid, max_graph_bytes=max_graph_bytes,
     )
     if spec.is_empty():
         raise BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
-                          "--expired-claims or --invalid")
+                          "--expired-claims, --invalid or --max-graph-bytes")
     with opened(out, writes=None if dry_run else "prune") as db, \
             fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step):
         report = ops.prune(
@@ -82,6 +92,11 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
 
     def human() -> None:
+        g = report["graphs"]
+        orphans = g["orphans"]
+        # Said only when there is something to say: a cache without graphs reads as before.
+        graph_line = bool(g["selected"] or g["over_budget"] or orphans["orphan_blobs"]
+                          or g["max_graph_bytes"] is not None)
         if dry_run:
             click.echo(f"would delete {report['would_delete']} entries (dry run)")
             rows = report["entries"]
@@ -92,6 +107,16 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
                          r.get("invalid", "")) for r in rows[:20]])
                 if len(rows) > 20:
                     click.echo(f"  ... and {len(rows) - 20} more (--json lists all)")
+            if graph_line:
+                click.echo(f"would delete {g['would_delete']} compiled graphs "
+                           f"({fmt.size(g['bytes'])}) and {orphans['orphan_blobs']} orphan "
+                           f"blob files ({fmt.size(orphans['orphan_bytes'])})")
+                fmt.table(("kind", "key", "size", "torch", "last used"),
+                          [(x["kind"], fmt.clip(x["key"], 24), fmt.size(x["size"]),
+                            x["torch_version"], fmt.when(x["last_used_at"] or x["created_at"]))
+                           for x in g["graphs"][:20]])
+                if len(g["graphs"]) > 20:
+                    click.echo(f"  ... and {len(g['graphs']) - 20} more (--json lists all)")
             return
         click.echo(f"deleted {report['deleted']} entries in {report['batches']} batches "
                    f"({fmt.dur(report['seconds'])})")
@@ -99,6 +124,12 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         click.echo(f"vacuum: {'ran' if v['ran'] else 'skipped'} ({v['why']})")
         click.echo(f"size: {fmt.size(report['size_before']['bytes'])} -> "
                    f"{fmt.size(report['size_after']['bytes'])}")
+        if graph_line:
+            kept = (f"; {g['kept_because_used']} kept, used meanwhile"
+                    if g["kept_because_used"] else "")
+            click.echo(f"deleted {g['deleted']} compiled graphs "
+                       f"({fmt.size(g['freed_bytes'])}){kept}, {orphans['orphan_blobs']} "
+                       f"orphan blob files ({fmt.size(orphans['orphan_bytes'])})")
 
     out.emit(report, human)
 

@@ -25,15 +25,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--best-only", is_flag=True,
               help="Keep only the winner's timing (others written as null): a small cache "
                    "to ship with a model; consumers pick the same winner without tuning.")
+@click.option("--graphs/--no-graphs", default=True, show_default=True,
+              help="Also write the compiled graphs the filters select (--kind, --torch; "
+                   "--op or --device select none), with their signatures.")
 @entry_filters()
 @common
-def export(out: Out, output: str, best_only: bool, selection: Selection) -> None:
+def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Selection) -> None:
     """Write done entries as versioned JSON lines.
 
     Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
     key (the key object), key_hash, timings ({candidate: ms, null = failed/unmeasured}),
-    best, tune_seconds, created_at, updated_at. The summary goes to stderr (stdout may be
-    the export itself), or to stdout with --json when -o names a file.
+    best, tune_seconds, created_at, updated_at. Then one compiled graph per line,
+    {"graph": {kind, key, digest, signature, payload, torch, created_at}}, signature and
+    payload in base64; a file with graphs says version 2 (older tunecaches refuse it).
+    The summary goes to stderr (stdout may be the export itself), or to stdout with --json
+    when -o names a file.
     """
     from .. import ops
 
@@ -42,8 +48,9 @@ def export(out: Out, output: str, best_only: bool, selection: Selection) -> None
                      stack.enter_context(open(output, "w", encoding="utf-8")))
         with fmt.progress("exporting", output != "-" and not out.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
-                                progress=step, on_total=total)
+                                graphs=graphs, progress=step, on_total=total)
     summary = (f"exported {report['exported']} entries"
+               + (f", {report['graphs']} compiled graphs" if report["graphs"] else "")
                + (f"; skipped {len(report['skipped_invalid'])} invalid" if report["skipped_invalid"]
                   else ""))
     if out.as_json and output != "-":
@@ -85,6 +92,10 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
                    f"{report['replaced']} replaced, {report['unchanged']} kept, "
                    f"{report['busy']} busy (being tuned), {report['invalid']} invalid "
                    f"(on conflict: {report['on_conflict']})")
+        graphs = report["graphs"]
+        if graphs["inserted"] or graphs["unchanged"]:
+            click.echo(f"compiled graphs: {graphs['inserted']} new, {graphs['unchanged']} "
+                       "already there (first publish wins)")
         for bad in report["bad"]:
             click.echo(f"{what}: {bad['where']}: {bad['reason']}", err=True)
 
@@ -106,9 +117,11 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
     """Import an export file (FILE, or - for stdin).
 
     Every entry is validated (key size and JSON, timings, tune_seconds); its key_hash is
-    recomputed from the key, never trusted. Valid entries are imported even when others
-    are not; each bad line is reported (line number and reason) and the exit code is 1
-    unless --skip-invalid.
+    recomputed from the key, never trusted. A compiled graph is validated (kind, key,
+    base64, sizes; its digest recomputed) and stored if its key is absent (first publish
+    wins, whatever --on-conflict says); its signature is checked by the jobs that read it.
+    Valid entries are imported even when others are not; each bad line is reported (line
+    number and reason) and the exit code is 1 unless --skip-invalid.
     """
     from .. import ops
 

@@ -8,12 +8,14 @@ commands, so that ``tunecache --help`` starts without it.
 """
 
 from ..store.admin import EntryFilter
-from .browse import ls, show
+from ..store.artifacts import GraphFilter
+from .browse import ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
 from .opening import open_database, open_source, opened, upgrade
-from .pruning import PruneSpec, prune
-from .statistics import stats
+from .pruning import PruneSpec, prune, prune_graphs
+from .size import SIZE_HELP, parse_size
+from .statistics import graph_stats, stats
 from .transfer import (
     CONFLICT_POLICIES,
     EXPORT_FORMAT,
@@ -26,6 +28,7 @@ from .transfer import (
 
 __all__ = [
     "EntryFilter",
+    "GraphFilter",
     "open_database",
     "opened",
     "open_source",
@@ -33,8 +36,12 @@ __all__ = [
     "parse_duration",
     "DURATION_HELP",
     "stats",
+    "graph_stats",
+    "parse_size",
+    "SIZE_HELP",
     "PruneSpec",
     "prune",
+    "prune_graphs",
     "EXPORT_FORMAT",
     "EXPORT_VERSION",
     "CONFLICT_POLICIES",
@@ -43,6 +50,7 @@ __all__ = [
     "import_records",
     "merge",
     "ls",
+    "ls_graphs",
     "show",
     "Check",
     "run_checks",

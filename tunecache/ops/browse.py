@@ -7,16 +7,23 @@ import re
 from typing import Any
 
 from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
-from ..store import Database, admin
+from ..store import ArtifactStore, Database, admin
+from ..store.artifacts import GraphFilter
 from .entries import listing_row, stored_key, stored_timings
 
-__all__ = ["ls", "show"]
+__all__ = ["ls", "ls_graphs", "show"]
 
 
 def ls(db: Database, env: admin.EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Entries, most recently updated first."""
     rows = db.run(lambda c: admin.rows(c, admin.select_listing(env, limit)))
     return [listing_row(r) for r in rows]
+
+
+def ls_graphs(db: Database, where: GraphFilter | None = None,
+              limit: int = 50) -> list[dict[str, Any]]:
+    """Compiled graphs, most recently used first (their metadata: payloads are not read)."""
+    return [info.as_dict() for info in ArtifactStore(db).listing(where, limit)]
 
 
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")

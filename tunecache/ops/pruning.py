@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterator, Literal
 from sqlalchemy import Connection
 
 from ..errors import ConfigError, InvalidEntryError
-from ..store import Database, admin
+from ..store import ArtifactStore, Database, admin
+from ..store.artifacts import ArtifactInfo, GraphFilter
 from .browse import show
 from .entries import (
     LISTING_KEYS,
@@ -29,7 +30,8 @@ from .entries import (
 from .opening import refuse_readonly
 from .statistics import database_size
 
-__all__ = ["PruneSpec", "prune", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS", "PRUNE_BATCH_MIN",
+__all__ = ["PruneSpec", "prune", "prune_graphs", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS",
+           "PRUNE_BATCH_MIN",
            "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH", "VACUUM_FREE_SHARE",
            "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
 
@@ -71,14 +73,25 @@ class PruneSpec:
     failed: bool = False
     expired_claims: bool = False
     invalid: bool = False
+    # Compiled graphs: beyond this many payload bytes in all, the least recently used go.
+    max_graph_bytes: int | None = None
 
     @property
     def env(self) -> admin.EntryFilter:
         return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops, kinds=self.kinds)
 
+    @property
+    def graphs(self) -> GraphFilter | None:
+        """The compiled graphs the entry filters (--older-than, torch, --kind) select,
+        or None: they select graphs only when given, and never with a filter on a label
+        graphs lack (op, device, triton)."""
+        if self.older_than is None and not self.env:
+            return None
+        return GraphFilter.of_entries(self.env if self.env else None, self.older_than)
+
     def is_empty(self) -> bool:
         return not (self.older_than is not None or self.env or self.failed
-                    or self.expired_claims or self.invalid)
+                    or self.expired_claims or self.invalid or self.max_graph_bytes is not None)
 
 
 
@@ -128,7 +141,7 @@ def prune(
         raise ConfigError(
             "prune", "(no selection)",
             "at least one of --older-than, --keep-*/--torch/--triton/--device/--op, "
-            "--failed, --expired-claims, --invalid",
+            "--failed, --expired-claims, --invalid, --max-graph-bytes",
         )
     if not dry_run:
         refuse_readonly(db, "prune")
@@ -141,6 +154,7 @@ def prune(
     report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run}
     invalid = list(_invalid_hashes(db)) if spec.invalid else []
     if dry_run:
+        report["graphs"] = prune_graphs(db, spec, dry_run=True)
         return _prune_listing(db, condition, invalid, report, started, progress, on_total)
 
     # No count first: on SQLite that is a scan of the whole file (6 s for a million
@@ -189,10 +203,60 @@ def prune(
         deleted += n
         batches += 1
     report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid))
+    report["graphs"] = prune_graphs(db, spec, dry_run=False)
     report["vacuum"] = run_vacuum(db, vacuum, deleted)
     report["size_before"] = size_before
     report["size_after"] = database_size(db)
     report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dict[str, Any]:
+    """Delete the compiled graphs ``spec`` selects (its entry filters, see
+    :attr:`PruneSpec.graphs`), then, with ``max_graph_bytes``, the least recently used of
+    the rest until what remains fits; on SQLite also the blob files no row references
+    any more, and orphans older than an hour (a publisher that died between its blob and
+    its row, a row pruned while its blob was in use).
+
+    Graphs are few (thousands at most) and their rows small: their metadata is read whole,
+    and rows are deleted in transactions of at most 500, each row only if it is still the
+    one read (a graph used since is kept: see ArtifactStore.delete).
+    """
+    store = ArtifactStore(db)
+    where = spec.graphs
+    selected: list[ArtifactInfo] = []
+    if where is not None:
+        selected = [info for page in store.infos(where) for info in page]
+    over_budget: list[ArtifactInfo] = []
+    if spec.max_graph_bytes is not None:
+        chosen = {(x.kind, x.key) for x in selected}
+        rest = [info for page in store.infos() for info in page
+                if (info.kind, info.key) not in chosen]
+        # A row whose digest or size does not read serves no job: it goes first.
+        over_budget = [x for x in rest if x.digest is None or x.size is None]
+        rest = [x for x in rest if x.digest is not None and x.size is not None]
+        rest.sort(key=lambda x: (-x.last_use, x.kind, x.key))  # most recently used first
+        kept = 0
+        for i, info in enumerate(rest):
+            kept += info.size or 0
+            if kept > spec.max_graph_bytes:
+                over_budget += rest[i:]  # this one and every one used less recently
+                break
+    doomed = selected + over_budget
+    report: dict[str, Any] = {
+        "selected": len(selected), "over_budget": len(over_budget),
+        "bytes": sum(x.size or 0 for x in doomed),
+        "max_graph_bytes": spec.max_graph_bytes,
+    }
+    if dry_run:
+        report["would_delete"] = len(doomed)
+        report["graphs"] = [x.as_dict() for x in doomed]
+        report["orphans"] = store.sweep_orphans(dry_run=True)
+        return report
+    deleted, freed = store.delete(doomed)
+    report.update(deleted=deleted, freed_bytes=freed,
+                  kept_because_used=len(doomed) - deleted)
+    report["orphans"] = store.sweep_orphans()
     return report
 
 

@@ -7,10 +7,10 @@ import json
 import os
 from typing import Any
 
-from ..store import Database, admin
+from ..store import ArtifactStore, Database, admin
 from ..store.migrate import current_revision
 
-__all__ = ["stats", "database_size"]
+__all__ = ["stats", "database_size", "graph_stats"]
 
 
 def database_size(db: Database) -> dict[str, Any]:
@@ -24,6 +24,35 @@ def database_size(db: Database) -> dict[str, Any]:
         }
     return {"bytes": db.run(admin.pg_database_size),
             "free_bytes": None}
+
+
+def graph_stats(db: Database) -> dict[str, Any]:
+    """Compiled graphs: count and payload bytes, in all and by kind, by torch version,
+    and by both; on SQLite also what the blob directory holds (orphans included: a blob
+    whose row a prune has not yet removed, or whose publisher died)."""
+    store = ArtifactStore(db)
+    groups = store.stats()
+    by_kind: dict[Any, dict[str, Any]] = {}
+    by_torch: dict[Any, dict[str, Any]] = {}
+    for g in groups:
+        for table, name, value in ((by_kind, "kind", g["kind"]), (by_torch, "torch", g["torch"])):
+            row = table.setdefault(value, {name: value, "count": 0, "bytes": 0})
+            row["count"] += g["count"]
+            row["bytes"] += g["bytes"]
+
+    def order(row: dict[str, Any]) -> tuple[int, str]:
+        return (-row["bytes"], json.dumps(row, sort_keys=True, default=str))
+
+    report: dict[str, Any] = {
+        "count": sum(g["count"] for g in groups),
+        "bytes": sum(g["bytes"] for g in groups),
+        "by_kind": sorted(by_kind.values(), key=order),
+        "by_torch": sorted(by_torch.values(), key=order),
+        "groups": sorted(groups, key=order),
+    }
+    if store.blobs is not None:
+        report["blob_dir"] = {"path": store.blobs.root, **store.blobs.usage()}
+    return report
 
 
 def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
@@ -76,6 +105,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
         "by_kind": sorted(by_kind.values(), key=sort_key),
         "by_environment": sorted(by_env.values(), key=sort_key),
         "by_op": sorted(by_op.values(), key=sort_key),
+        "graphs": graph_stats(db),
         "hits": hits,
         "tune_seconds": tune_seconds,
         "seconds_saved": saved,

@@ -3,7 +3,10 @@ merge another database; every incoming entry validated, nothing supplied trusted
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -16,15 +19,32 @@ from sqlalchemy import Connection
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
 from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
-from ..store import Database, admin
+from ..store import ArtifactStore, Database, admin
+from ..store.artifacts import (
+    MAX_PAYLOAD_BYTES,
+    MAX_SIGNATURE_BYTES,
+    MAX_TORCH_CHARS,
+    GraphFilter,
+    validate_identity,
+)
 from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
 from .opening import refuse_readonly
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "CONFLICT_POLICIES", "ConflictPolicy",
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
+           "CONFLICT_POLICIES", "ConflictPolicy",
            "IMPORT_BATCH", "export", "parse_export", "import_records", "merge"]
 
 EXPORT_FORMAT = "tunecache-export"
 EXPORT_VERSION = 1
+# A file that carries compiled graphs says version 2, so that a tunecache that predates
+# them refuses it whole, by its header, instead of reporting every graph line as a bad
+# entry; a file without graphs stays version 1, readable by every tunecache.
+GRAPHS_EXPORT_VERSION = 2
+READABLE_VERSIONS = (EXPORT_VERSION, GRAPHS_EXPORT_VERSION)
+# A compiled graph is one line, {"graph": {...}} with its payload and signature in base64.
+_GRAPH_LINE = '{"graph":'
+_ENTRY_LINE_MAX = MAX_KEY_BYTES + 2 * 1024 * 1024
+_GRAPH_LINE_MAX = 4 * (MAX_PAYLOAD_BYTES // 3 + 1) + 4 * MAX_SIGNATURE_BYTES + 64 * 1024
 CONFLICT_POLICIES = ("keep", "replace", "faster")
 ConflictPolicy = Literal["keep", "replace", "faster"]
 IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
@@ -40,10 +60,13 @@ def export(
     *,
     best_only: bool = False,
     env: admin.EntryFilter | None = None,
+    graphs: bool = True,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Write done entries as JSON lines: a header, then one entry per line.
+    """Write done entries as JSON lines: a header, then one entry per line, then (with
+    ``graphs``, those ``env`` selects: see GraphFilter.of_entries) one compiled graph per
+    line, its payload and signature in base64; unreadable graphs are skipped, reported.
 
     ``best_only`` keeps the winning candidate's timing and writes every other candidate
     as null ("not measured"): the file is smaller, a consumer still picks the same winner,
@@ -52,16 +75,20 @@ def export(
     """
     progress = progress or noop
     total = int(db.run(lambda c: admin.scalar(c, admin.count_done(env))))
+    store = ArtifactStore(db)
+    where = GraphFilter.of_entries(env) if graphs else None
+    n_graphs = store.count(where) if where is not None else 0
     if on_total:
-        on_total(total)
+        on_total(total + n_graphs)
     header = {
         "format": EXPORT_FORMAT,
-        "version": EXPORT_VERSION,
+        "version": GRAPHS_EXPORT_VERSION if n_graphs else EXPORT_VERSION,
         "tunecache": __version__,
         "exported_at": time.time(),
         "source": db.display_url,
         "best_only": best_only,
         "entries": total,
+        "graphs": n_graphs,
     }
     out.write(json.dumps(header, sort_keys=True) + "\n")
     written = 0
@@ -93,8 +120,27 @@ def export(
                                  allow_nan=False) + "\n")
             written += 1
         progress(len(page))
-    return {"database": db.display_url, "exported": written, "skipped_invalid": skipped,
-            "best_only": best_only}
+    graphs_written = 0
+    for infos in store.infos(where) if n_graphs and where is not None else ():
+        for info in infos:
+            found = store.inspect(info.kind, info.key)
+            if found is None:
+                continue  # pruned since the page was read
+            if isinstance(found, str):
+                # Unreadable here is unreadable everywhere: left behind, reported.
+                skipped.append({"key_hash": f"{info.kind}:{info.key}", "reason": found})
+                continue
+            line = {"graph": {
+                "kind": found.kind, "key": found.key, "digest": found.digest,
+                "signature": base64.b64encode(found.signature).decode("ascii"),
+                "payload": base64.b64encode(found.payload).decode("ascii"),
+                "torch": found.torch_version, "created_at": found.created_at,
+            }}
+            out.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
+            graphs_written += 1
+        progress(len(infos))
+    return {"database": db.display_url, "exported": written, "graphs": graphs_written,
+            "skipped_invalid": skipped, "best_only": best_only}
 
 
 # -- import / merge ----------------------------------------------------------------------
@@ -148,6 +194,56 @@ def _validated(where: str, record: Any) -> _Incoming:
                      best, None if tune_seconds is None else float(tune_seconds))
 
 
+@dataclasses.dataclass(frozen=True)
+class _IncomingGraph:
+    kind: str
+    key: str
+    payload: bytes
+    signature: bytes
+    torch_version: str
+
+
+def _decoded(value: Any, name: str, limit: int) -> bytes:
+    """Bytes given as base64 text (or as bytes, by merge), at most ``limit`` of them."""
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, str):
+        if len(value) > 4 * (limit // 3 + 1):
+            raise ValueError(f'"{name}" is over {limit} bytes')
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f'"{name}" is not base64') from None
+    else:
+        raise ValueError(f'"{name}" is missing or not base64 text')
+    if len(data) > limit:
+        raise ValueError(f'"{name}" is over {limit} bytes')
+    return data
+
+
+def _validated_graph(record: Any) -> _IncomingGraph:
+    """Check one imported compiled graph; raise ValueError(reason). The digest is
+    recomputed from the payload; the signature is kept for the readers to verify (the
+    store never runs what it stores)."""
+    if not isinstance(record, dict):
+        raise ValueError('"graph" is not a JSON object')
+    kind, key = record.get("kind"), record.get("key")
+    why = validate_identity(kind, key)
+    if why is not None:
+        raise ValueError(why)
+    signature = _decoded(record.get("signature"), "signature", MAX_SIGNATURE_BYTES)
+    if not signature:
+        raise ValueError('"signature" is empty')
+    payload = _decoded(record.get("payload"), "payload", MAX_PAYLOAD_BYTES)
+    digest = record.get("digest")
+    if digest is not None and digest != hashlib.sha256(payload).hexdigest():
+        raise ValueError('"digest" does not match the payload')
+    torch_version = record.get("torch")
+    if not isinstance(torch_version, str) or len(torch_version) > MAX_TORCH_CHARS:
+        raise ValueError(f'"torch" is not a string of at most {MAX_TORCH_CHARS} characters')
+    return _IncomingGraph(kind, key, payload, signature, torch_version)
+
+
 def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[str, Any]]:
     """(where, record or ValueError) for each entry line of an export file.
 
@@ -168,16 +264,17 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
     if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
         raise ExportFormatError(source, f"line {number} is not a tunecache export header",
                                 EXPORT_FORMAT, EXPORT_VERSION)
-    if header.get("version") != EXPORT_VERSION:
+    if header.get("version") not in READABLE_VERSIONS:
         raise ExportFormatError(
             source, f"export format version {header.get('version')!r} is not supported "
-            f"(this tunecache reads version {EXPORT_VERSION}; upgrade tunecache)",
+            f"(this tunecache reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; upgrade tunecache)",
             EXPORT_FORMAT, EXPORT_VERSION)
     for raw in it:
         number += 1
         if not raw.strip():
             continue
-        if len(raw) > MAX_KEY_BYTES + 2 * 1024 * 1024:
+        if len(raw) > (_GRAPH_LINE_MAX if raw.startswith(_GRAPH_LINE) else _ENTRY_LINE_MAX):
             yield f"line {number}", ValueError("line too long")
             continue
         try:
@@ -272,10 +369,35 @@ def import_records(
             counts[name] += n
         progress(len(batch))
 
+    graphs = {"inserted": 0, "unchanged": 0}
+    seen_graphs: set[tuple[str, str]] = set()
+    store = ArtifactStore(db)
+
+    def add_graph(record: Any) -> None:
+        """First publish wins, as for the jobs: a graph already there stays (under every
+        --on-conflict policy: a graph's bytes are checked by its signature, not ranked)."""
+        g = _validated_graph(record)
+        if (g.kind, g.key) in seen_graphs:
+            graphs["unchanged"] += 1
+            return
+        seen_graphs.add((g.kind, g.key))
+        if dry_run:
+            new = not store.exists(g.kind, g.key)
+        else:
+            new = store.put(g.kind, g.key, g.payload, g.signature, g.torch_version)
+        graphs["inserted" if new else "unchanged"] += 1
+
     batch: list[_Incoming] = []
     for where, record in records:
         if isinstance(record, ValueError):
             bad.append({"where": where, "reason": str(record)})
+            progress(1)
+            continue
+        if isinstance(record, dict) and "graph" in record:
+            try:
+                add_graph(record["graph"])
+            except ValueError as e:
+                bad.append({"where": where, "reason": str(e)})
             progress(1)
             continue
         try:
@@ -297,7 +419,7 @@ def import_records(
     if batch:
         flush(batch)
     return {"database": db.display_url, "on_conflict": on_conflict, "dry_run": dry_run,
-            **counts, "invalid": len(bad), "bad": bad}
+            **counts, "graphs": graphs, "invalid": len(bad), "bad": bad}
 
 
 def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
@@ -315,6 +437,19 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
                 yield where, e
                 continue
             yield where, record
+    store = ArtifactStore(src)
+    for infos in store.infos():
+        for info in infos:
+            where = f"graph {info.kind} {info.key[:40]}"
+            found = store.inspect(info.kind, info.key)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                yield where, ValueError(found)
+                continue
+            yield where, {"graph": {"kind": found.kind, "key": found.key,
+                                    "payload": found.payload, "signature": found.signature,
+                                    "torch": found.torch_version}}
 
 
 def merge(

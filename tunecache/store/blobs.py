@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import time
 import uuid
 from typing import Callable, Iterator
@@ -66,11 +67,63 @@ def _fsync_dir(path: str) -> None:
 
 
 class BlobDir:
-    """The content-addressed files of one SQLite database."""
+    """The content-addressed files of one SQLite database.
+
+    In a group-shared database directory (group-writable, as `tunecache doctor` asks),
+    the directories and lock files made here are made group-writable too, whatever this
+    process's umask: another user's job must be able to add a blob to a shard this one
+    created, and to take a lock this one created (a lock file is opened for writing).
+    Blob files need only be readable: they are replaced, never written in place.
+    """
 
     def __init__(self, root: str, lock_timeout: float = 30.0) -> None:
         self.root = root
         self.lock_timeout = lock_timeout
+        self._group: bool | None = None
+
+    @property
+    def group_shared(self) -> bool:
+        if self._group is None:
+            try:
+                st = os.stat(os.path.dirname(os.path.abspath(self.root)))
+                self._group = bool(st.st_mode & stat.S_IWGRP)
+            except OSError:
+                self._group = False
+        return self._group
+
+    def _makedirs(self, path: str) -> None:
+        if os.path.isdir(path):
+            return
+        parent = os.path.dirname(path)
+        if parent != path:
+            self._makedirs(parent)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return
+        if self.group_shared:
+            with contextlib.suppress(OSError):
+                mode = os.stat(path).st_mode
+                os.chmod(path, stat.S_IMODE(mode) | stat.S_IRWXG | stat.S_ISGID)
+
+    def _lock(self, path: str) -> FileLock:
+        """A filelock on ``path``, whose file is created (if absent) with this process's
+        umask, and group-writable in a group-shared directory (filelock's own default
+        is 0o644: another user of the group could not open it to lock)."""
+        self._makedirs(os.path.dirname(path))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                if self.group_shared:
+                    with contextlib.suppress(OSError):
+                        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode)
+                                  | stat.S_IRGRP | stat.S_IWGRP)
+            finally:
+                os.close(fd)
+        return FileLock(path, timeout=self.lock_timeout)
 
     def path(self, digest: str) -> str:
         if not DIGEST.match(digest):
@@ -82,8 +135,7 @@ class BlobDir:
     def locked(self, digest: str) -> Iterator[str]:
         """The blob's path, while holding its filelock."""
         path = self.path(digest)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with FileLock(path + _LOCK, timeout=self.lock_timeout):
+        with self._lock(path + _LOCK):
             yield path
 
     @contextlib.contextmanager
@@ -92,9 +144,7 @@ class BlobDir:
         commit: ranks that compiled one graph at once (their pickles need not be equal
         byte for byte) then write one blob, not one each."""
         name = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
-        path = os.path.join(self.root, _KEYS, name[:2], name + _LOCK)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with FileLock(path, timeout=self.lock_timeout):
+        with self._lock(os.path.join(self.root, _KEYS, name[:2], name + _LOCK)):
             yield
 
     def read(self, digest: str, size: int) -> bytes | str:
