@@ -6,7 +6,9 @@ This package is the only part of tunecache that touches ``torch._inductor``. Its
 ``compat`` (supported versions), ``fingerprint`` (the environment part of a key),
 ``gemm`` (selector hooks, candidate ids, GEMM keys), ``deferred`` (the pre-fusion pass),
 ``triton/`` (keys, the remote-cache adapter, coordinate descent, fusion and split-size
-benchmarks, compile workers, install) and ``warmup`` (the compile of ``tunecache warm``).
+benchmarks, compile workers, install), ``graphs`` (compiled graphs: Inductor's remote FX
+graph and AOTAutograd caches over the signed graph service, with a key configured) and
+``warmup`` (the compile of ``tunecache warm``).
 docs/design.md draws them.
 """
 
