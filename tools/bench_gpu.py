@@ -69,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
                    help="process group backend (default: nccl when every rank has a GPU)")
     p.add_argument("--tag", default="", help="free text copied into every JSON line")
+    p.add_argument("--profile-compile", type=int, default=0, metavar="N",
+                   help="cProfile the compile step and print its N costliest calls (cumulative)")
     args = p.parse_args()
     if args.tiny:
         args.tokens, args.hidden, args.mlp, args.heads, args.kv_heads = 64, 64, 128, 4, 2
@@ -247,9 +249,23 @@ def main() -> int:
 
     if world > 1:
         dist.barrier()
+    profiler = None
+    if args.profile_compile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     t0 = time.perf_counter()
-    step()
+    if profiler is not None:
+        profiler.runcall(step)
+    else:
+        step()
     compile_seconds = time.perf_counter() - t0
+    if profiler is not None:
+        import pstats
+
+        print(f"rank {rank}: where the compile step's {compile_seconds:.1f} s went:")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(
+            args.profile_compile)
 
     # The second step on its own: where a rank that launched kernels untuned while a
     # peer tuned them (tunecache's split of Triton coordinate descent) waits for and
@@ -323,6 +339,7 @@ def main() -> int:
                 "gemm_benchmarks_by_rank": [r["gemm_benchmarks"] for r in everyone],
                 "distinct_gemm_keys": len({k for r in everyone for k in r["gemm_keys"]}),
                 **_keys_benchmarked(everyone),
+                "step_ms_by_rank": [r["step_ms"] for r in everyone],
                 "second_step_seconds_max": max(r["second_step_seconds"] or 0 for r in everyone),
                 "triton_saves": sum(r["triton_autotune"]["puts"] for r in everyone),
                 "triton_deferred": sum(r["triton_autotune"].get("deferred", 0) for r in everyone),
@@ -330,6 +347,7 @@ def main() -> int:
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
                 "model": args.model,
+                "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
