@@ -104,6 +104,10 @@ class TritonStats(Counters):
     configs_benchmark_skipped: int = 0  # autotune_to_one_config left to a peer's result
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
+    # fusion candidates compile_kernel sent to Triton's compile (no stored timing), and
+    # those not compiled because their timing was stored (triton/candidates.py)
+    fusion_candidates_compiled: int = 0
+    fusion_compiles_skipped: int = 0
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
     split_values_ahead: int = 0  # split sizes measured while a peer measured the one before
     split_values_stopped: int = 0  # of those, stopped once the search no longer wanted them
