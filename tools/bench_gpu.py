@@ -309,6 +309,12 @@ def main() -> int:
         "gemm_candidates_benchmarked": stats["candidates_benchmarked"],
         "gemm_benchmark_seconds": round(stats["benchmark_seconds"], 3),
         "gemm_lookups_by_source": sources,
+        # Stored GEMMs whose template choices were cut before generation (narrow.py), the
+        # choices not generated, lists of 2+ templates generated in full, mismatches.
+        "gemm_choice_lists_narrowed": stats.get("choice_lists_narrowed", 0),
+        "gemm_choices_not_generated": stats.get("choices_not_generated", 0),
+        "gemm_choice_lists_in_full": stats.get("choice_lists_in_full", 0),
+        "gemm_narrowing_mismatches": stats.get("narrowing_mismatches", 0),
         "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
         # Benchmark calls by the key they measured (a top-up of new candidates is a key
         # of its own): how many distinct keys were measured, and was any measured twice?
@@ -346,6 +352,16 @@ def main() -> int:
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
+                # fusion candidates compiled only to be benchmarked, and those skipped
+                # because their timing was stored (triton/candidates.py)
+                "fusion_candidates_compiled": sum(
+                    r["triton_autotune"].get("fusion_candidates_compiled", 0) for r in everyone),
+                "fusion_compiles_skipped": sum(
+                    r["triton_autotune"].get("fusion_compiles_skipped", 0) for r in everyone),
+                "gemm_choices_not_generated": sum(r["gemm_choices_not_generated"]
+                                                  for r in everyone),
+                "gemm_narrowing_mismatches": sum(r["gemm_narrowing_mismatches"]
+                                                 for r in everyone),
                 "model": args.model,
                 "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),

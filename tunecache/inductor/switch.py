@@ -12,6 +12,7 @@ from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_na
                      refuse, torch_version)
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
+from .narrow import install_narrowing, remove_narrowing
 from .state import REGISTRY
 from .triton.install import enable_triton, disable_triton
 
@@ -115,6 +116,11 @@ def enable(
             hooks.prev_pass = config._pre_fusion_custom_pass
             hooks.our_pass = make_pre_fusion_pass(hooks, hooks.prev_pass)
             config._pre_fusion_custom_pass = hooks.our_pass
+            try:
+                hooks.narrowing = install_narrowing()
+            except Exception as e:  # noqa: BLE001 - every choice is generated, as usual
+                log.warning("tunecache: a stored GEMM still generates all its template "
+                            "choices (%s: %s)", type(e).__name__, e)
             if share_triton:
                 hooks.triton_patch = enable_triton(hooks.cache, chosen_url)
         REGISTRY.hooks = hooks
@@ -127,6 +133,7 @@ def _disable_locked() -> None:
     if hooks is None:
         return
     disable_triton(hooks.triton_patch)
+    remove_narrowing(hooks.narrowing)
     for name in ("lookup", "make_precompile_fn"):
         hooks.selector.__dict__.pop(name, None)  # the class method shows through again
     if hooks.our_pass is not None or hooks.prev_dist_flag is not None:

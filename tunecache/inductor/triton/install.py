@@ -73,7 +73,9 @@ log = logging.getLogger("tunecache")
 #   the split size by ``CoordescTuner.autotune_single_field``, a search whose first round
 #   always measures init // 2, init and init * 2, in simd.py's _codegen_mix_order_reduction
 #   (on 2xH200 most of the Triton tuning of a llama block). Both are wrapped; Inductor
-#   still makes every decision, from the shared timings.
+#   still makes every decision, from the shared timings. A fusion candidate whose timing
+#   is stored is not even compiled (``Scheduler.compile_kernel`` -> ``AsyncCompile.triton``,
+#   triton/candidates.py).
 # * 2.11's ``CachingAutotuner._dynamic_scale_rblock`` re-expands a cache hit's reduction
 #   config at precompile, so a warm job benchmarked again; 2.13 returns early for a hit
 #   (``autotune_cache_info["autotune_cache_state"] == "hit"``), and so do we.
