@@ -396,9 +396,12 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     each holds now (the object in the owner's ``__dict__`` for methods, so that a
     restored staticmethod counts as restored only if it is the very same object)."""
     from torch._inductor import remote_cache
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.choices import InductorChoices
     from torch._inductor.codegen.triton import TritonScheduling
     from torch._inductor.runtime import autotune_cache, triton_heuristics
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+    from torch._inductor.scheduler import Scheduler
 
     selector = get_algorithm_selector_cache()
     owners = {
@@ -408,6 +411,10 @@ def _patched_inductor_attributes() -> dict[str, Any]:
                               "_dynamic_scale_rblock")),
         "CoordescTuner": (CoordescTuner, ("autotune_single_field", "call_func")),
         "TritonScheduling": (TritonScheduling, ("benchmark_codegened_module",)),
+        "Scheduler": (Scheduler, ("compile_kernel",)),
+        "AsyncCompile": (AsyncCompile, ("triton",)),
+        "InductorChoices": (InductorChoices, ("get_template_configs",
+                                              "_finalize_template_configs")),
     }
     found: dict[str, Any] = {
         f"{owner}.{name}": vars(cls).get(name, _MISSING)

@@ -140,7 +140,9 @@ def test_a_claim_given_back_unneeded_is_not_a_failed_attempt(db_url):
 
 
 def test_enable_plugs_in_and_disable_restores(tmp_path):
+    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.scheduler import Scheduler
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
 
     before = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
@@ -151,7 +153,8 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
               (th.CachingAutotuner, "_dynamic_scale_rblock"),
               (CoordescTuner, "autotune_single_field"),
               (CoordescTuner, "call_func"),
-              (TritonScheduling, "benchmark_codegened_module")]
+              (TritonScheduling, "benchmark_codegened_module"),
+              (Scheduler, "compile_kernel"), (AsyncCompile, "triton")]
     own = [owner.__dict__[name] for owner, name in hooked]
     cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
     assert tc_inductor.enable(cache)

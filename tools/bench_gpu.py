@@ -69,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
                    help="process group backend (default: nccl when every rank has a GPU)")
     p.add_argument("--tag", default="", help="free text copied into every JSON line")
+    p.add_argument("--profile-compile", type=int, default=0, metavar="N",
+                   help="cProfile the compile step and print its N costliest calls (cumulative)")
     args = p.parse_args()
     if args.tiny:
         args.tokens, args.hidden, args.mlp, args.heads, args.kv_heads = 64, 64, 128, 4, 2
@@ -247,9 +249,23 @@ def main() -> int:
 
     if world > 1:
         dist.barrier()
+    profiler = None
+    if args.profile_compile:
+        import cProfile
+
+        profiler = cProfile.Profile()
     t0 = time.perf_counter()
-    step()
+    if profiler is not None:
+        profiler.runcall(step)
+    else:
+        step()
     compile_seconds = time.perf_counter() - t0
+    if profiler is not None:
+        import pstats
+
+        print(f"rank {rank}: where the compile step's {compile_seconds:.1f} s went:")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(
+            args.profile_compile)
 
     # The second step on its own: where a rank that launched kernels untuned while a
     # peer tuned them (tunecache's split of Triton coordinate descent) waits for and
@@ -293,6 +309,12 @@ def main() -> int:
         "gemm_candidates_benchmarked": stats["candidates_benchmarked"],
         "gemm_benchmark_seconds": round(stats["benchmark_seconds"], 3),
         "gemm_lookups_by_source": sources,
+        # Stored GEMMs whose template choices were cut before generation (narrow.py), the
+        # choices not generated, lists of 2+ templates generated in full, mismatches.
+        "gemm_choice_lists_narrowed": stats.get("choice_lists_narrowed", 0),
+        "gemm_choices_not_generated": stats.get("choices_not_generated", 0),
+        "gemm_choice_lists_in_full": stats.get("choice_lists_in_full", 0),
+        "gemm_narrowing_mismatches": stats.get("narrowing_mismatches", 0),
         "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
         # Benchmark calls by the key they measured (a top-up of new candidates is a key
         # of its own): how many distinct keys were measured, and was any measured twice?
@@ -323,13 +345,25 @@ def main() -> int:
                 "gemm_benchmarks_by_rank": [r["gemm_benchmarks"] for r in everyone],
                 "distinct_gemm_keys": len({k for r in everyone for k in r["gemm_keys"]}),
                 **_keys_benchmarked(everyone),
+                "step_ms_by_rank": [r["step_ms"] for r in everyone],
                 "second_step_seconds_max": max(r["second_step_seconds"] or 0 for r in everyone),
                 "triton_saves": sum(r["triton_autotune"]["puts"] for r in everyone),
                 "triton_deferred": sum(r["triton_autotune"].get("deferred", 0) for r in everyone),
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
+                # fusion candidates compiled only to be benchmarked, and those skipped
+                # because their timing was stored (triton/candidates.py)
+                "fusion_candidates_compiled": sum(
+                    r["triton_autotune"].get("fusion_candidates_compiled", 0) for r in everyone),
+                "fusion_compiles_skipped": sum(
+                    r["triton_autotune"].get("fusion_compiles_skipped", 0) for r in everyone),
+                "gemm_choices_not_generated": sum(r["gemm_choices_not_generated"]
+                                                  for r in everyone),
+                "gemm_narrowing_mismatches": sum(r["gemm_narrowing_mismatches"]
+                                                 for r in everyone),
                 "model": args.model,
+                "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")

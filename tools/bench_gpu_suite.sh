@@ -3,6 +3,10 @@
 #
 #   tools/bench_gpu_suite.sh OUTDIR STEP [STEP ...]
 #
+# STEP is one of the names below, optionally followed by
+#   :changed               add $CHANGED_ARGS (e.g. "--layers 3": the same GEMM keys in a new
+#                          graph)
+#   :profile               add --profile-compile 40 (cProfile of the compile step, in the log)
 # STEP is one of
 #   plain                  max-autotune, every rank benchmarks every GEMM
 #   inductor-distributed   max-autotune + Inductor's distributed_max_autotune_gemm
@@ -12,6 +16,9 @@
 #   plain-node             plain, with Inductor's FX graph and AOTAutograd caches on in one
 #                          cache directory per suite: name it twice for a restart on one node
 #   tunecache-node         the same with tunecache on its own database ($out/node.db)
+#   tunecache-newnode      tunecache on $out/node.db with Inductor's caches on but empty
+#                          (a fresh cache directory): another node of the cluster, whose
+#                          compiled graphs and tunings come from the database alone
 #   age-db                 $DB becomes a copy of $AGE_FROM with its GEMM keys recorded
 #                          under $WARM_FROM_TORCH (tools/age_db.py)
 #   warm-command           `tunecache warm` re-tunes the keys in $DB recorded under
@@ -50,15 +57,26 @@ bench() {  # tag, then bench_gpu.py arguments; a step's second run is tagged STE
     echo "   rc=$? $(grep -h '"kind": "job"' "$out/$tag.log" | tail -1)"
 }
 
-for step in "$@"; do
+for spec in "$@"; do
+    step=${spec%%:*}
+    tag=${spec//:/-}
+    extra=()
+    case $spec in
+        *:changed) read -r -a extra <<<"${CHANGED_ARGS:?CHANGED_ARGS names the changed graph}" ;;
+        *:profile) extra=(--profile-compile 40) ;;
+    esac
     case $step in
-        plain|inductor-distributed|default) bench "$step" --mode "$step" ;;
-        tunecache-cold) rm -f "$db"; TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
-        tunecache-warm) TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
-        plain-node) bench "$step" --mode plain --inductor-caches --keep-inductor-cache "$out/node-plain" ;;
+        plain|inductor-distributed|default) bench "$tag" --mode "$step" "${extra[@]}" ;;
+        tunecache-cold) rm -f "$db"; TUNECACHE_DB=$db bench "$tag" --mode tunecache "${extra[@]}" ;;
+        tunecache-warm) TUNECACHE_DB=$db bench "$tag" --mode tunecache "${extra[@]}" ;;
+        plain-node)
+            bench "$tag" --mode plain --inductor-caches --keep-inductor-cache "$out/node-plain" \
+                "${extra[@]}" ;;
         tunecache-node)
-            TUNECACHE_DB=$out/node.db bench "$step" --mode tunecache --inductor-caches \
-                --keep-inductor-cache "$out/node-tunecache" ;;
+            TUNECACHE_DB=$out/node.db bench "$tag" --mode tunecache --inductor-caches \
+                --keep-inductor-cache "$out/node-tunecache" "${extra[@]}" ;;
+        tunecache-newnode)
+            TUNECACHE_DB=$out/node.db bench "$tag" --mode tunecache --inductor-caches "${extra[@]}" ;;
         age-db)
             rm -f "$db"
             python3 "$here/tools/age_db.py" "${AGE_FROM:?}" "$db" --torch "${WARM_FROM_TORCH:?}" \
@@ -69,7 +87,7 @@ for step in "$@"; do
                 -m tunecache.cli warm --db "$db" --from-torch "${WARM_FROM_TORCH:?}" \
                 >>"$out/$step.log" 2>&1
             echo "== warm-command rc=$?"
-            TUNECACHE_DB=$db bench "$step" --mode tunecache ;;
+            TUNECACHE_DB=$db bench "$tag" --mode tunecache ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

@@ -28,6 +28,10 @@ attributes, which restores the class methods.
     pre-fusion pass can compute each deferred GEMM's key, then call Inductor's own method.
     Nothing is returned differently.
 
+Before either hook runs, a GEMM whose key is stored has had its Triton template choices
+cut to those that can win (``InductorChoices._finalize_template_configs``, see
+:mod:`.narrow`), so both see fewer candidates, all of them in the stored entry.
+
 We deliberately do not patch ``tuned_mm`` & co (the lowering registry holds references
 to the originals), ``autotune_select_algorithm`` (modules import it by name) or
 ``AlgorithmSelectorCache.__call__`` (its return type changed: 2.11 returns the node,
@@ -206,6 +210,7 @@ class GemmHooks:
         # distributed_max_autotune_gemm as it was, where enable() turned it off
         self.prev_dist_flag: Any = None
         self.triton_patch: Any = None  # what triton.install.enable_triton changed
+        self.narrowing: list[tuple[type, str, Any]] = []  # what narrow.py wrapped
         self._dist_warned = False
 
     # -- helpers

@@ -58,6 +58,14 @@ class Stats(Counters):
     local: int = 0  # tuned here, not published (store down, or readonly mode)
     memo: int = 0  # an entry this process had already read or written (same key again)
     fallbacks: int = 0  # tunecache failed; Inductor's own lookup answered
+    # Choice lists of a stored GEMM cut to the templates that can win before generation
+    # (narrow.py), the template choices that were therefore never generated, lists of
+    # two or more templates generated in full (a miss, or a template not in the entry),
+    # and lists generated again in full because the kept ones came out different.
+    choice_lists_narrowed: int = 0
+    choices_not_generated: int = 0
+    choice_lists_in_full: int = 0
+    narrowing_mismatches: int = 0
     # one dict per lookup that wanted timings: op, key hash, source, best, benchmarked
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     _lock: threading.Lock = dataclasses.field(
@@ -71,6 +79,11 @@ class Stats(Counters):
                 self.benchmarks_by_key[key_hash] = self.benchmarks_by_key.get(key_hash, 0) + 1
             self.candidates_benchmarked += n_choices
             self.benchmark_seconds += seconds
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
 
     def record(self, source: str, event: dict[str, Any]) -> None:
         with self._lock:
@@ -104,6 +117,10 @@ class TritonStats(Counters):
     configs_benchmark_skipped: int = 0  # autotune_to_one_config left to a peer's result
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
+    # fusion candidates compile_kernel sent to Triton's compile (no stored timing), and
+    # those not compiled because their timing was stored (triton/candidates.py)
+    fusion_candidates_compiled: int = 0
+    fusion_compiles_skipped: int = 0
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
     split_values_ahead: int = 0  # split sizes measured while a peer measured the one before
     split_values_stopped: int = 0  # of those, stopped once the search no longer wanted them

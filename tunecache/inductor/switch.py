@@ -14,6 +14,7 @@ from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_na
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
 from .graphs import disable_graphs, enable_graphs
+from .narrow import install_narrowing, remove_narrowing
 from .state import REGISTRY
 from .triton.install import enable_triton, disable_triton
 
@@ -118,6 +119,11 @@ def enable(
             hooks.prev_pass = config._pre_fusion_custom_pass
             hooks.our_pass = make_pre_fusion_pass(hooks, hooks.prev_pass)
             config._pre_fusion_custom_pass = hooks.our_pass
+            try:
+                hooks.narrowing = install_narrowing()
+            except Exception as e:  # noqa: BLE001 - every choice is generated, as usual
+                log.warning("tunecache: a stored GEMM still generates all its template "
+                            "choices (%s: %s)", type(e).__name__, e)
             if share_triton:
                 hooks.triton_patch = enable_triton(hooks.cache, chosen_url)
             if chosen is not None:
@@ -134,6 +140,7 @@ def _disable_locked() -> None:
     disable_triton(hooks.triton_patch)
     patch, REGISTRY.graph_patch = REGISTRY.graph_patch, None
     disable_graphs(patch)
+    remove_narrowing(hooks.narrowing)
     for name in ("lookup", "make_precompile_fn"):
         hooks.selector.__dict__.pop(name, None)  # the class method shows through again
     if hooks.our_pass is not None or hooks.prev_dist_flag is not None:

@@ -14,6 +14,7 @@ from ... import keys as tc_keys
 from ...settings import Settings
 from ..compat import SUPPORTED_TORCH, param_names, torch_version
 from ..state import REGISTRY
+from .candidates import install_candidate_skip, remove_candidate_skip
 from .coordesc import keeping_hit_configs, sharing_coordesc, sharing_one_config
 from .fusion import install_fusion_sharing
 from .keys import triton_kernel_info
@@ -72,7 +73,9 @@ log = logging.getLogger("tunecache")
 #   the split size by ``CoordescTuner.autotune_single_field``, a search whose first round
 #   always measures init // 2, init and init * 2, in simd.py's _codegen_mix_order_reduction
 #   (on 2xH200 most of the Triton tuning of a llama block). Both are wrapped; Inductor
-#   still makes every decision, from the shared timings.
+#   still makes every decision, from the shared timings. A fusion candidate whose timing
+#   is stored is not even compiled (``Scheduler.compile_kernel`` -> ``AsyncCompile.triton``,
+#   triton/candidates.py).
 # * 2.11's ``CachingAutotuner._dynamic_scale_rblock`` re-expands a cache hit's reduction
 #   config at precompile, so a warm job benchmarked again; 2.13 returns early for a hit
 #   (``autotune_cache_info["autotune_cache_state"] == "hit"``), and so do we.
@@ -199,6 +202,8 @@ class TritonPatch:
     create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
     ours: Any
     fusion: tuple[type, Any] | None = None  # (TritonScheduling, its own benchmark method)
+    # (owner, attribute, its own value) of the candidate-compile skip (triton.candidates)
+    candidates: list[tuple[type, str, Any]] = dataclasses.field(default_factory=list)
 
 
 def enable_triton(
@@ -256,6 +261,12 @@ def enable_triton(
             except Exception as e:  # noqa: BLE001 - fusion benchmarks run as usual
                 log.warning("tunecache: fusion benchmark timings are not shared (%s: %s)",
                             type(e).__name__, e)
+            if patch.fusion is not None:
+                try:
+                    patch.candidates = install_candidate_skip()
+                except Exception as e:  # noqa: BLE001 - candidates compile as usual
+                    log.warning("tunecache: fusion candidates with a stored timing are "
+                                "still compiled (%s: %s)", type(e).__name__, e)
         if not worker and config.compile_threads != 1 and not workers_read_cache(db_url):
             config.compile_threads = 1
             log.info(
@@ -287,6 +298,7 @@ def disable_triton(patch: TritonPatch | None) -> None:
     from torch._inductor.runtime import autotune_cache as ac
 
     remove_runtime_hooks()
+    remove_candidate_skip(patch.candidates)
     if patch.fusion is not None:
         cls, orig = patch.fusion
         cls.benchmark_codegened_module = orig  # type: ignore[attr-defined]

@@ -1,0 +1,230 @@
+"""A GEMM whose key is stored generates only the Triton template choices that can win
+(tunecache/inductor/narrow.py).
+
+The CPU wheel has no Triton, and on CPU Inductor's GEMM lowerings pass only extern
+kernels (ATen) through ``get_template_configs`` (the C++ templates are added outside it),
+so a real compile never narrows here; tests/test_inductor.py's real compiles run with the
+hooks installed and still pick identical winners and outputs. These tests drive Inductor's
+real ``InductorChoices.get_template_configs`` (its passes: KernelTemplateChoice
+generators, ``_finalize_template_configs``, the layout fix, generation) with a real
+``TritonTemplate`` whose generation is faked (it needs Triton and a graph) and records each
+choice it generates, and with Inductor's real ``aten_mm`` extern kernel. The key is
+Inductor's ``create_inputs_key`` of real ``ir.Buffer`` inputs, and the entries are in a
+real SQLite database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._inductor import config as inductor_config  # noqa: E402
+from torch._inductor import ir  # noqa: E402
+from torch._inductor.choices import InductorChoices  # noqa: E402
+from torch._inductor.kernel.mm import aten_mm  # noqa: E402
+from torch._inductor.kernel_template_choice import KernelTemplateChoice  # noqa: E402
+from torch._inductor.select_algorithm import (TritonTemplate,  # noqa: E402
+                                              TritonTemplateCaller, create_inputs_key)
+from torch._inductor.sizevars import SizeVarAllocator  # noqa: E402
+from torch._inductor.template_heuristics.params import DictKernelTemplateParams  # noqa: E402
+from torch._inductor.virtualized import V  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache import keys as tc_keys  # noqa: E402
+
+NAME = "tunecache_test_mm"
+# Six configs, as a Triton mm heuristic yields them.
+CONFIGS = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=32, GROUP_M=8, EVEN_K=True,
+                ACC_TYPE="tl.float32", ALLOW_TF32=False, num_stages=s, num_warps=4)
+           for m, n, s in [(32, 32, 2), (64, 32, 3), (64, 64, 3), (128, 64, 4),
+                           (128, 128, 4), (32, 64, 5)]]
+FASTEST = 3  # CONFIGS[3] gets the best stored timing
+
+
+def _template() -> TritonTemplate:
+    existing = TritonTemplate.all_templates.get(NAME)
+    return existing if existing is not None else TritonTemplate(
+        name=NAME, grid=lambda *args: (1, 1, 1), source="{{def_kernel('A', 'B')}}")
+
+
+def inductors_description(kwargs: dict[str, Any]) -> str:
+    """The description TritonTemplate.generate_and_load writes for these kwargs, as a
+    GPU job logs it, e.g. "ACC_TYPE='tl.float32', ALLOW_TF32=False, BLOCK_K=32, ...,
+    num_stages=2, num_warps=4" (torch 2.13, Triton without warp specialization)."""
+    meta = {k: v for k, v in kwargs.items()
+            if k not in ("num_stages", "num_warps", "layout", "input_nodes",
+                         "generate_with_caching")}
+    fields = [f"{k}={v!r}" for k, v in sorted(meta.items())]
+    fields += [f"num_stages={kwargs['num_stages']}", f"num_warps={kwargs['num_warps']}"]
+    return ", ".join(fields)
+
+
+@pytest.fixture
+def gemm(tmp_path, monkeypatch):
+    """tunecache enabled; .compile(with_aten) runs get_template_configs for one mm and
+    returns its choices; .generated lists the Triton configs generated."""
+    template = _template()
+    generated: list[dict[str, Any]] = []
+    counter = itertools.count()
+    tweak = SimpleNamespace(description=inductors_description)
+
+    def generate(**kwargs: Any) -> TritonTemplateCaller:
+        generated.append({k: kwargs[k] for k in CONFIGS[0]})  # the config part
+        caller = object.__new__(TritonTemplateCaller)  # only name and description matter
+        caller.name = f"triton_{NAME}_{next(counter)}"
+        caller.description = tweak.description(kwargs)
+        return caller
+
+    monkeypatch.setattr(template, "generate", generate)  # this instance only
+    device = torch.device("cpu")
+    nodes = [ir.Buffer(name="arg0", layout=ir.FixedLayout(device, torch.float32, [64, 32],
+                                                          [32, 1])),
+             ir.Buffer(name="arg1", layout=ir.FixedLayout(device, torch.float32, [32, 48],
+                                                          [48, 1]))]
+    out = ir.FixedLayout(device, torch.float32, [64, 48], [48, 1])
+    kernel_inputs = SimpleNamespace(nodes=lambda: nodes, device_type="cpu",
+                                    output_layout=lambda flexible=True: out)
+
+    def get_ktc(self, kernel_inputs, tmpl, op_name, kwarg_overrides=None):
+        cs = [{}] if tmpl is aten_mm else CONFIGS
+        return (KernelTemplateChoice(tmpl, DictKernelTemplateParams(dict(c)), {}, out,
+                                     kernel_inputs) for c in cs)
+
+    monkeypatch.setattr(InductorChoices, "get_ktc", get_ktc)  # Inductor's heuristics
+    graph = SimpleNamespace(sizevars=SizeVarAllocator(), buffer_layout_constraints={})
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tc_inductor.enable(cache)
+    tc_inductor.stats.reset()
+
+    def compile(with_aten: bool = True) -> list[Any]:
+        templates = [aten_mm, template] if with_aten else [template]
+        with V.set_graph_handler(graph), inductor_config.patch(max_autotune=True):
+            return InductorChoices().get_template_configs(kernel_inputs, templates, "mm")
+
+    def key() -> dict[str, Any]:
+        with V.set_graph_handler(graph):
+            inputs = create_inputs_key(nodes)
+        return tc_inductor.make_key("mm", inputs, None, "cpu")
+
+    def tune(choices: list[Any], skip: int | None = None) -> dict[str, float]:
+        """What the tuning job stores for these choices (CONFIGS[FASTEST] fastest)."""
+        ids = tc_inductor.candidate_ids(choices)
+        timings = {}
+        for i, cid in enumerate(ids):
+            if cid.startswith("extern:"):
+                timings[cid] = 0.5
+            else:
+                n = next(j for j, c in enumerate(CONFIGS) if tc_inductor.candidate_id(
+                    choices[i]).endswith(inductors_description(c)))
+                timings[cid] = 0.1 if n == FASTEST else 1.0 + n
+        if skip is not None:
+            del timings[ids[skip]]
+        cache.get_or_tune(key(), lambda: timings)
+        return timings
+
+    try:
+        yield SimpleNamespace(compile=compile, tune=tune, generated=generated, tweak=tweak,
+                              key=key, cache=cache)
+    finally:
+        tc_inductor.disable()
+        cache.close()
+
+
+def _stats() -> tuple[int, int, int, int]:
+    s = tc_inductor.stats.as_dict()
+    return (s["choice_lists_narrowed"], s["choices_not_generated"],
+            s["choice_lists_in_full"], s["narrowing_mismatches"])
+
+
+def test_a_miss_generates_every_template_choice(gemm):
+    choices = gemm.compile()
+    assert len(gemm.generated) == len(CONFIGS) and len(choices) == len(CONFIGS) + 1
+    assert _stats() == (0, 0, 1, 0)
+
+
+def test_a_stored_gemm_generates_only_its_fastest_template_and_keeps_aten(gemm):
+    stored = gemm.tune(gemm.compile())
+    gemm.generated.clear()
+    tc_inductor.stats.reset()
+    choices = gemm.compile()  # the next job: its key is a hit
+    assert gemm.generated == [CONFIGS[FASTEST]]
+    ids = tc_inductor.candidate_ids(choices)
+    assert [i.split(":")[0] for i in ids] == ["extern", "triton"]
+    # The selector then picks, from stored timings, what the tuning job picked.
+    assert min(ids, key=stored.__getitem__) == tc_keys.best_candidate(stored)
+    assert _stats() == (1, len(CONFIGS) - 1, 0, 0)
+
+
+def test_the_fastest_stored_extern_kernel_stays_the_winner(gemm):
+    choices = gemm.compile()
+    ids = tc_inductor.candidate_ids(choices)
+    timings = {i: (0.01 if i.startswith("extern:") else 2.0 + n) for n, i in enumerate(ids)}
+    gemm.cache.get_or_tune(gemm.key(), lambda: timings)
+    gemm.generated.clear()
+    choices = gemm.compile()
+    kept = tc_inductor.candidate_ids(choices)
+    assert tc_keys.best_candidate(timings) in kept and len(gemm.generated) == 1
+
+
+def test_without_an_extern_kernel_two_templates_stay_so_fusion_is_still_benchmarked(gemm):
+    # One choice alone would make AlgorithmSelectorCache return it without a
+    # MultiTemplateBuffer, and the epilogue-fusion benchmark would not run.
+    gemm.tune(gemm.compile(with_aten=False))
+    gemm.generated.clear()
+    choices = gemm.compile(with_aten=False)
+    # the fastest and the next by stored timing, in Inductor's list order
+    assert len(choices) == 2 and gemm.generated == [CONFIGS[0], CONFIGS[FASTEST]]
+
+
+def test_epilogue_benchmarked_choices_are_all_kept(gemm):
+    gemm.tune(gemm.compile())
+    gemm.generated.clear()
+    with inductor_config.patch(max_epilogue_benchmarked_choices=3):
+        choices = gemm.compile()
+    # the fastest, then the next two by stored timing, in Inductor's list order
+    assert len(choices) == 4 and gemm.generated == [CONFIGS[0], CONFIGS[1], CONFIGS[FASTEST]]
+
+
+def test_a_template_missing_from_the_entry_generates_every_choice(gemm):
+    gemm.tune(gemm.compile(), skip=2)  # a config this compile has and nobody timed
+    gemm.generated.clear()
+    gemm.compile()
+    assert len(gemm.generated) == len(CONFIGS)
+    assert _stats()[0] == 0
+
+
+def test_a_kept_template_that_comes_out_different_generates_all_and_stops_narrowing(
+        gemm, caplog):
+    gemm.tune(gemm.compile())
+    gemm.generated.clear()
+    gemm.tweak.description = lambda kwargs: inductors_description(kwargs) + ", new=1"
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        choices = gemm.compile()
+    assert len(choices) == len(CONFIGS) + 1  # generated again, in full
+    assert len(gemm.generated) == 1 + len(CONFIGS)
+    assert sum("describes them differently" in r.getMessage() for r in caplog.records) == 1
+    gemm.generated.clear()
+    gemm.compile()
+    assert len(gemm.generated) == len(CONFIGS)  # off for the rest of the process
+    assert _stats()[3] == 1
+
+
+def test_disable_restores_inductors_choice_methods(tmp_path):
+    own = (InductorChoices.__dict__["get_template_configs"],
+           InductorChoices.__dict__["_finalize_template_configs"])
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tc_inductor.enable(cache)
+    try:
+        assert InductorChoices.__dict__["get_template_configs"] is not own[0]
+    finally:
+        tc_inductor.disable()
+        cache.close()
+    assert (InductorChoices.__dict__["get_template_configs"],
+            InductorChoices.__dict__["_finalize_template_configs"]) == own

@@ -1,0 +1,294 @@
+"""A GEMM whose key is a stored hit generates only the Triton template choices that can
+win, not all of them.
+
+Where
+    Inductor's GEMM lowerings (``tuned_mm``, ``tuned_bmm``, ``tuned_addmm`` ...) get their
+    candidates from ``V.choices.get_template_configs(kernel_inputs, templates, op_name,
+    kwarg_overrides)``, which builds cheap ``KernelTemplateChoice`` objects (a template
+    and its config), passes them through ``_finalize_template_configs`` ("override this
+    to customize the choices before they are converted to ChoiceCaller objects, which is
+    expensive") and only then generates each one (``ktc.choice``: for a Triton template,
+    rendering and loading its module, ``generate_and_load``; ~840 of them, 4-9 s, on a
+    warm H200 job). We wrap both methods on ``InductorChoices`` itself (2.11-2.14), so
+    every choices handler that inherits them, Inductor's default included, is covered;
+    :func:`tunecache.inductor.disable` puts them back.
+
+What is kept
+    The key is :func:`.gemm.make_key` of (``op_name``, ``create_inputs_key(nodes)``,
+    ``hint_override=None``), exactly what the selector's ``lookup`` builds for the
+    ``autotune_select_algorithm(op_name, choices, kernel_inputs.nodes(), ...)`` call that
+    follows; when it is not stored (a plain read: no claim, no wait) nothing changes. On a
+    hit, every choice stays except Triton templates: extern kernels (ATen; cheap, and the
+    fallback Inductor's selection may prefer, ``min_speedup_threshold``), templates whose
+    identity we cannot tell before generating them, and anything a lowering adds outside
+    this call (C++, CUTLASS, CK). Of the Triton templates, the ``n`` fastest by their
+    stored timings stay, ``n = max(1, config.max_epilogue_benchmarked_choices)``, and at
+    least 2 where the call has no extern kernel. A template's identity (candidate_id: the
+    template name and the description ``generate_and_load`` writes, its sorted meta kwargs
+    then ``num_stages``, ``num_warps`` and, where Triton has warp specialization, its two
+    fields) is computed from the config before generation. Narrowing needs every template
+    of the call to be in the stored entry (or in its ``extra_candidates`` top-up entry);
+    a template nobody timed means a benchmark, so then everything is generated as before.
+
+Why these, and the trade-off
+    All ranks keep the same choices: they read the one stored entry. The selector then
+    runs as usual on the kept list, its timings all from the database (no benchmark, no
+    precompile: the probe in ``make_precompile_fn`` is a full hit), so it picks what the
+    tuning job picked: the winner is kept, and so is every extern kernel. Keeping at least
+    two choices matters: with one, ``AlgorithmSelectorCache.__call__`` returns it at once,
+    without a ``MultiTemplateBuffer``, so the epilogue-fusion benchmark that the tuning
+    job ran on the deferred path would not run, and the scheduler would fuse
+    unconditionally. With the ``n`` fastest templates kept, ``speedup_by_fusion`` sees the
+    same fastest choices in the same order, the same ``ms1`` and, through
+    triton/candidates.py and triton/fusion.py, the same fused timings, so it decides as
+    the tuning job did. What is given up: paths that go further down the list than
+    ``max_epilogue_benchmarked_choices`` (the atomic-add epilogue path tries templates in
+    order until one compiles; a kept template that fails to compile there falls back to
+    not fusing instead of trying the next) and ``config.multi_kernel_hints`` (not narrowed
+    at all). Triton templates that fail generation (``choice_or_none`` returns None) are
+    never in an entry, so a call that has one is never narrowed.
+
+Safety net
+    After generation, the kept templates' actual identities are checked against the
+    predicted ones; a mismatch (a torch whose description format differs) logs one
+    warning, generates the call again in full, and turns narrowing off for the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .. import keys as tc_keys
+from .compat import param_names
+from .gemm import candidate_id, make_key
+from .state import REGISTRY
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .gemm import GemmHooks
+
+__all__ = ["install_narrowing", "remove_narrowing", "predicted_id"]
+
+log = logging.getLogger("tunecache")
+
+_local = threading.local()  # .plans: what _finalize_template_configs kept, per call
+_state = {"off": False}  # narrowing turned off after a mismatch
+
+
+@functools.lru_cache(maxsize=None)
+def _generate_params(cls: type) -> frozenset[str] | None:
+    """Named parameters of ``cls.generate`` (what does not end up in the meta kwargs)."""
+    try:
+        params = inspect.signature(cls.generate).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+
+
+def predicted_id(ktc: Any) -> str | None:
+    """The candidate_id the choice of this KernelTemplateChoice will have, or None if we
+    cannot tell before generating it (only plain TritonTemplates are predicted)."""
+    from torch._inductor import select_algorithm as sa
+
+    template = getattr(ktc, "template", None)
+    if type(template) is not sa.TritonTemplate:
+        return None
+    named = _generate_params(type(template))
+    if named is None or "num_stages" not in named or "num_warps" not in named:
+        return None
+    kwargs = {**ktc.params.to_kwargs(), **ktc.extra_kwargs}
+    if "num_stages" not in kwargs or "num_warps" not in kwargs:
+        return None
+    meta = {k: v for k, v in kwargs.items() if k not in named}
+    import torch
+
+    if torch.cuda.is_available():
+        # TritonTemplate.generate's TF32 workaround, before the description is made
+        supported = getattr(torch.cuda, "is_tf32_supported", None)
+        if supported is None:
+            return None
+        if not supported():
+            meta["ALLOW_TF32"] = "False"
+    parts = [f"{k}={meta[k]!r}" for k in sorted(meta)]
+    parts += [f"num_stages={kwargs['num_stages']}", f"num_warps={kwargs['num_warps']}"]
+    if getattr(sa, "HAS_WARP_SPEC", False):
+        parts += [f"num_consumer_groups={kwargs.get('num_consumer_groups', 0)}",
+                  f"num_buffers_warp_spec={kwargs.get('num_buffers_warp_spec', 0)}"]
+    description = ("-".join(parts) + "-").strip("-").replace("-", ", ")
+    return f"triton:triton_{template.name}:{description}"
+
+
+def _keep_count(has_extern: bool) -> int:
+    from torch._inductor import config
+
+    n = max(1, int(getattr(config, "max_epilogue_benchmarked_choices", 1) or 1))
+    return n if has_extern else max(2, n)
+
+
+def _stored(hooks: GemmHooks, key: Mapping[str, Any]) -> dict[str, float] | None:
+    """Stored timings of ``key`` (memo first), a plain read; None if there are none."""
+    key_hash, _ = tc_keys.key_hash(key)
+    with hooks.lock:
+        timings = hooks.memo.get(key_hash)
+    if timings is not None:
+        return timings
+    result = hooks.cache().lookup(key)
+    if result is None or result.source == "failed":
+        return None
+    timings = dict(result.timings)
+    with hooks.lock:
+        hooks.memo[key_hash] = timings
+    return timings
+
+
+def narrow(ktcs: list[Any], stored: Callable[[list[str]], dict[str, float] | None],
+           ) -> tuple[tuple[list[Any], list[str]] | None, int]:
+    """(plan, templates): the plan is the choices to generate and the predicted ids of
+    the kept templates, or None to generate all; templates: how many choices were
+    predictable templates. ``stored(template ids)``: the stored timings covering those
+    ids, or None."""
+    predicted = [(i, ktc, predicted_id(ktc)) for i, ktc in enumerate(ktcs)]
+    templates = [(i, pid) for i, _, pid in predicted if pid is not None]
+    if len(templates) < 2:
+        return None, len(templates)  # nothing to save
+    timings = stored([pid for _, pid in templates])
+    if timings is None or any(pid not in timings for _, pid in templates):
+        return None, len(templates)
+    from torch._inductor.select_algorithm import ExternKernelChoice
+
+    has_extern = any(isinstance(k.template, ExternKernelChoice) for k in ktcs)
+    # Ties keep list order, as Inductor's min() over its timings does.
+    ranked = sorted(templates, key=lambda t: (timings[t[1]], t[0]))
+    keep = ranked[: _keep_count(has_extern)]
+    if not has_extern and not any(math.isfinite(timings[pid]) for _, pid in keep):
+        return None, len(templates)  # nothing runnable stored: Inductor sees them all
+    kept = {i for i, _ in keep}
+    return ([k for i, k, pid in predicted if pid is None or i in kept],
+            [pid for _, pid in keep]), len(templates)
+
+
+def _stored_for(hooks: GemmHooks, op_name: str, kernel_inputs: Any,
+                ) -> Callable[[list[str]], dict[str, float] | None]:
+    def stored(ids: list[str]) -> dict[str, float] | None:
+        from torch._inductor.select_algorithm import create_inputs_key
+
+        inputs = create_inputs_key(kernel_inputs.nodes())
+        key = make_key(op_name, inputs, None, _device_type(kernel_inputs, inputs))
+        timings = _stored(hooks, key)
+        if timings is None:
+            return None
+        missing = sorted(i for i in ids if i not in timings)
+        if missing:
+            # The lookup's top-up entry for exactly these candidates (gemm.py).
+            extra = _stored(hooks, {**key, "extra_candidates": missing})
+            if extra is None:
+                return None
+            timings = {**timings, **extra}
+        return timings
+
+    return stored
+
+
+def _device_type(kernel_inputs: Any, inputs: str) -> str:
+    from .gemm import device_type_of
+
+    device_type = getattr(kernel_inputs, "device_type", None)
+    return str(device_type) if device_type else device_type_of([], inputs)
+
+
+def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _finalize_template_configs(self: Any, template_choices: Any, kernel_inputs: Any,
+                                   templates: Any, op_name: str, *args: Any,
+                                   **kwargs: Any) -> Any:
+        ktcs = orig(self, template_choices, kernel_inputs, templates, op_name,
+                    *args, **kwargs)
+        plans = getattr(_local, "plans", None)
+        hooks = REGISTRY.hooks
+        if plans is None or hooks is None or hooks.count_only or hooks.broken \
+                or _state["off"]:
+            return ktcs
+        try:
+            from torch._inductor import config
+
+            if getattr(config, "multi_kernel_hints", None):
+                return ktcs
+            ktcs = list(ktcs)
+            planned, templates = narrow(ktcs, _stored_for(hooks, op_name, kernel_inputs))
+        except Exception as e:  # noqa: BLE001 - generate every choice, as without us
+            hooks.warn_once(f"narrowing the {op_name} choices", e)
+            return ktcs
+        if planned is None:
+            if templates >= 2:
+                REGISTRY.stats.add(choice_lists_in_full=1)
+            return ktcs
+        kept, expected = planned
+        plans.append(expected)
+        REGISTRY.stats.add(choice_lists_narrowed=1,
+                           choices_not_generated=len(ktcs) - len(kept))
+        return kept
+
+    return _finalize_template_configs
+
+
+def _checking_get_template_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def get_template_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_local, "plans", None)
+        if REGISTRY.hooks is None or _state["off"]:
+            return orig(self, *args, **kwargs)
+        _local.plans = plans = []
+        try:
+            choices = orig(self, *args, **kwargs)
+        finally:
+            _local.plans = outer
+        if not plans:
+            return choices
+        actual = set()
+        for choice in choices:
+            try:
+                actual.add(candidate_id(choice))
+            except Exception:  # noqa: BLE001 - an unknown kind: not one we kept
+                pass
+        if all(pid in actual for plan in plans for pid in plan):
+            return choices
+        _state["off"] = True
+        log.warning(
+            "tunecache: the Triton template choices Inductor generated are not the ones "
+            "tunecache kept for a stored GEMM (this torch describes them differently); "
+            "generating all of them, and every GEMM's choices from now on"
+        )
+        REGISTRY.stats.add(narrowing_mismatches=1)
+        return orig(self, *args, **kwargs)
+
+    return get_template_configs
+
+
+def install_narrowing() -> list[tuple[type, str, Any]]:
+    """Wrap InductorChoices.get_template_configs and _finalize_template_configs; returns
+    what to put back, as (owner, attribute, its own value)."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.select_algorithm import (ExternKernelChoice,  # noqa: F401
+                                                  TritonTemplate, create_inputs_key)
+
+    get = InductorChoices.__dict__.get("get_template_configs")
+    fin = InductorChoices.__dict__.get("_finalize_template_configs")
+    if not callable(get) or param_names(get)[:3] != ("kernel_inputs", "templates", "op_name"):
+        raise TypeError("InductorChoices.get_template_configs(kernel_inputs, templates, "
+                        "op_name, ...) changed")
+    if not callable(fin) or param_names(fin)[:4] != (
+            "template_choices", "kernel_inputs", "templates", "op_name"):
+        raise TypeError("InductorChoices._finalize_template_configs(template_choices, "
+                        "kernel_inputs, templates, op_name, ...) changed")
+    _state["off"] = False
+    InductorChoices.get_template_configs = _checking_get_template_configs(get)
+    InductorChoices._finalize_template_configs = _narrowing_finalize(fin)
+    return [(InductorChoices, "get_template_configs", get),
+            (InductorChoices, "_finalize_template_configs", fin)]
+
+
+def remove_narrowing(patched: list[tuple[type, str, Any]]) -> None:
+    for owner, name, orig in patched:
+        setattr(owner, name, orig)
