@@ -88,7 +88,10 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
     [
         ({}, Activation(hook=False, count_only=False, triton=False)),
         ({"TUNECACHE_DB": "  "}, Activation(hook=False, count_only=False, triton=False)),
-        ({"TUNECACHE_DB": "/t.db"}, Activation(hook=True, count_only=False, triton=False)),
+        # Triton configs and fusion benchmarks are shared by default; 0 opts out
+        ({"TUNECACHE_DB": "/t.db"}, Activation(hook=True, count_only=False, triton=True)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "0"},
+         Activation(hook=True, count_only=False, triton=False)),
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_MODE": " OFF "},
          Activation(hook=False, count_only=False, triton=False)),
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "Yes"},

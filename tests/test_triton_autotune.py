@@ -1003,15 +1003,27 @@ def test_two_processes_share_one_best_config(tmp_path):
     assert second["stats"]["hits"] == 1 and second["stats"]["puts"] == 0
 
 
-def test_triton_sharing_is_off_unless_asked_for(tmp_path):
+def test_triton_sharing_is_off_when_opted_out(tmp_path):
     threads, remote = inductor_config.compile_threads, inductor_config.autotune_remote_cache
-    cache = tunecache.open(str(tmp_path / "tune.db"))
+    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=False)
     assert tc_inductor.enable(cache)
     try:
         assert inductor_config.compile_threads == threads
         assert inductor_config.autotune_remote_cache == remote
     finally:
         tc_inductor.disable()
+
+
+def test_triton_sharing_is_on_by_default(tmp_path):
+    remote = inductor_config.autotune_remote_cache
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert cache.settings.triton_configs
+    assert tc_inductor.enable(cache)
+    try:
+        assert inductor_config.autotune_remote_cache is True
+    finally:
+        tc_inductor.disable()
+    assert inductor_config.autotune_remote_cache == remote
 
 
 def _coordesc_proc(tmp: Path, index: int, *, kernels: int, tune_seconds: float,

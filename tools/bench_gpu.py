@@ -170,6 +170,13 @@ def inductor_cache_counters(torch: Any) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+def graph_counts() -> dict[str, int]:
+    from tunecache.inductor.state import REGISTRY
+
+    share = REGISTRY.graphs
+    return dict(share.counts) if share is not None else {}
+
+
 def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
     """all_gather of a JSON-able object without numpy (dist.all_gather_object needs it:
     torch/distributed/distributed_c10d.py _tensor_to_object calls Tensor.numpy())."""
@@ -326,6 +333,9 @@ def main() -> int:
         ],
         "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
         "inductor_cache_counters": inductor_cache_counters(torch),
+        # Compiled graphs through the database (tunecache.core.graphs): loaded, published,
+        # present (another rank or job published it first), absent, refused.
+        "graphs": graph_counts(),
         "compile_times": compile_time_breakdown(torch),
     }
 
@@ -365,6 +375,7 @@ def main() -> int:
                 "model": args.model,
                 "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
+                "graphs": _summed(r["graphs"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))

@@ -14,7 +14,7 @@ there makes ``import torch`` itself fail:
   if that module is already imported. We never import ``torch._inductor`` ourselves
   here: ``torch`` is only half initialised while entry points run, and a job that never
   compiles should not pay for Inductor.
-* with ``TUNECACHE_TRITON_CONFIGS=1``, the same hook also plugs the Triton autotune cache
+* unless ``TUNECACHE_TRITON_CONFIGS=0``, the same hook also plugs the Triton autotune cache
   in right after ``torch._inductor.runtime.autotune_cache`` is imported. Inductor's
   compile workers import that module, never select_algorithm, when they load a kernel
   (tunecache.inductor's Triton section).

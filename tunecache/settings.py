@@ -124,10 +124,11 @@ class Settings:
     # Claims of one key that may end without a result (tuner raised, process died) before
     # the key is marked failed and waiters get that answer.
     max_attempts: int = 3
-    # Share Triton kernel configs (coordinate descent included) too, not only GEMM
-    # timings. Off by default until it has more GPU hours than docs/benchmarks.md's runs
-    # (docs/triton-autotune.md).
-    triton_configs: bool = False
+    # Share Triton kernel configs (coordinate descent included) and fusion benchmark
+    # timings too, not only GEMM timings (docs/triton-autotune.md). On by default since
+    # the warm-start GPU runs of issue 14 (docs/benchmarks.md); TUNECACHE_TRITON_CONFIGS=0
+    # opts out.
+    triton_configs: bool = True
     # Compiled-graph sharing (issue 14), on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
@@ -274,7 +275,8 @@ class Activation:
     hook: bool
     # TUNECACHE_INDUCTOR_COUNT_ONLY=1: install only the benchmark counter, no cache.
     count_only: bool
-    # TUNECACHE_TRITON_CONFIGS on (and not count_only): plug in the Triton autotune cache.
+    # TUNECACHE_TRITON_CONFIGS on (the default; not count_only): plug in the Triton
+    # autotune cache.
     triton: bool
 
 
@@ -289,5 +291,5 @@ def activation(environ: Mapping[str, str] | None = None) -> Activation:
         hook = False
     else:
         hook = env.get(var["mode"], "").strip().lower() != "off"
-    triton = env.get(var["triton_configs"], "").strip().lower() in TRUE_VALUES
-    return Activation(hook, count_only, triton and not count_only)
+    triton = env.get(var["triton_configs"], "1").strip().lower() in TRUE_VALUES
+    return Activation(hook, count_only, triton and hook and not count_only)
