@@ -12,6 +12,7 @@ writes the source to a file and imports it, which needs Triton) and a fake
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future, as_completed
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -51,7 +52,9 @@ def candidates(tmp_path, monkeypatch):
 
     def triton(self, kernel_name, source_code, device_str="cuda"):
         compiled.append(source_code)  # ptxas, in the compile workers
-        return LambdaFuture(lambda: "kernel")
+        done: Future = Future()
+        done.set_result(None)
+        return LambdaFuture(lambda: "kernel", done)
 
     def load(source_code, extra=""):
         digest = hashlib.sha256(source_code.encode()).hexdigest()[:16]
@@ -80,7 +83,11 @@ def candidates(tmp_path, monkeypatch):
             generate_kernel_code_from_nodes=lambda nodes, benchmark_kernel, **kw: source)
         future, mod = Scheduler.compile_kernel(scheduler, [_Node(template), _Node(False)])
         if future is not None:
-            future.result()
+            # As _evaluate_pending_template_fusions waits for a pending template fusion:
+            # on the worker's own future, which must be there.
+            assert future.future is not None
+            for _ in as_completed([future.future], timeout=10):
+                future.result()
         ms, _ = TritonScheduling.benchmark_codegened_module(object(), mod)
         return ms
 

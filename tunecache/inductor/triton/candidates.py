@@ -81,6 +81,21 @@ def _skipping_compile_kernel(orig: Callable[..., Any]) -> Callable[..., Any]:
     return compile_kernel
 
 
+def _compiled_nothing() -> Any:
+    """A finished future of a compile that did not happen. The scheduler waits for pending
+    template fusions on the worker's own future (``as_completed(future.future)``,
+    ``_evaluate_pending_template_fusions``), so it must be a real one, already done."""
+    from concurrent.futures import Future
+
+    from torch._inductor.codecache import LambdaFuture
+
+    done: Future[None] = Future()
+    done.set_result(None)
+    future = LambdaFuture(lambda: None)
+    future.future = done  # an attribute in 2.11-2.14; not a parameter everywhere
+    return future
+
+
 def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
     def triton(self: Any, kernel_name: str, source_code: str, *args: Any,
                **kwargs: Any) -> Any:
@@ -97,10 +112,8 @@ def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
         if stored is None:
             REGISTRY.triton_stats.add(fusion_candidates_compiled=1)
             return orig(self, kernel_name, source_code, *args, **kwargs)
-        from torch._inductor.codecache import LambdaFuture
-
         REGISTRY.triton_stats.add(fusion_compiles_skipped=1)
-        return LambdaFuture(lambda: None)
+        return _compiled_nothing()
 
     return triton
 
