@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from queue import Empty
 
 import pytest
 from sqlalchemy import text, update
@@ -23,6 +22,8 @@ from tunecache.store import ArtifactStore, Database, Store, ensure_schema
 from tunecache.store.artifacts import MAX_KEY_CHARS, TOUCH_SECONDS
 from tunecache.store.blobs import BlobDir
 from tunecache.store.schema import artifacts
+
+from test_concurrency import _gather
 
 ctx = multiprocessing.get_context("spawn")
 SIG = b"\x01" * 64
@@ -96,29 +97,9 @@ def _publish_same_key(url: str, barrier, queue) -> None:
                "read": hashlib.sha256(got.payload).hexdigest()})
 
 
-def _gather(target, n: int, args: tuple, timeout: float = 300) -> list[dict]:
-    barrier, queue = ctx.Barrier(n), ctx.Queue()
-    workers = [ctx.Process(target=target, args=(*args, barrier, queue)) for _ in range(n)]
-    for w in workers:
-        w.start()
-    out: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        try:
-            out.append(queue.get(timeout=1))
-        except Empty:
-            died = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
-            assert not died, f"a worker died before reporting (exit codes {died})"
-            assert time.monotonic() < deadline, "the workers did not report in time"
-    for w in workers:
-        w.join(timeout=30)
-        assert w.exitcode == 0
-    return out
-
-
 def test_first_publish_wins_when_eight_processes_publish_one_key_at_once(db_url):
     _store(db_url).db.dispose()  # migrated before the race
-    out = _gather(_publish_same_key, 8, (db_url,))
+    out = _gather(_publish_same_key, 8, (db_url,), context=ctx)
     winners = [o for o in out if o["won"]]
     assert len(winners) == 1
     assert {o["read"] for o in out} == {winners[0]["mine"]}

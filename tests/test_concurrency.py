@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -22,9 +23,11 @@ from tunecache.store.schema import entries
 ctx = mp.get_context("fork")
 
 
-def _gather(target, n: int, args: tuple, timeout: float = 300) -> list[dict]:
-    barrier, queue = ctx.Barrier(n), ctx.Queue()
-    workers = [ctx.Process(target=target, args=(*args, barrier, queue)) for _ in range(n)]
+def _gather(target, n: int, args: tuple, timeout: float = 300,
+            context: Any = ctx) -> list[dict]:
+    """Start n processes of target(*args, barrier, queue); each reports one dict."""
+    barrier, queue = context.Barrier(n), context.Queue()
+    workers = [context.Process(target=target, args=(*args, barrier, queue)) for _ in range(n)]
     for w in workers:
         w.start()
     out: list[dict] = []
