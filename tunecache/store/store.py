@@ -316,20 +316,23 @@ class Store:
         lease_seconds: float,
         max_attempts: int,
     ) -> StepOutcome:
-        """Publish results, give back claims not tuned (not an attempt, see
-        :meth:`release`), then claim up to ``limit`` free keys of ``candidates`` (in
-        their order), in one write transaction: on SQLite every commit is a few fsyncs on
-        a shared disk, so a tuned key costs one commit, not two.
+        """Claim up to ``limit`` free keys of ``candidates`` (in their order), then publish
+        results and give back claims not tuned (not an attempt, see :meth:`release`), in
+        one write transaction: on SQLite every commit is a few fsyncs on a shared disk, so
+        a tuned key costs one commit, not two.
 
-        ``candidates`` are the keys to claim, hashed by the caller.
+        ``candidates`` are the keys to claim, hashed by the caller; none of them may be in
+        ``give_back`` (a key given back here is free from the next step on).
+
+        Claims come first because only they wait on peers: an INSERT waits for a peer's
+        transaction that wrote a row with that key, and a peer whose read was older than
+        our last commit inserts keys we hold. Publishing first locked our rows out of list
+        order before we waited, and two such steps deadlocked on PostgreSQL (each
+        deadlock costs its detection, 1 s, and retries deadlocked again: a batched step
+        timed out under load). Once claimed, a step writes only rows of its own.
         """
 
         def work(conn: Connection) -> StepOutcome:
-            published = [self._publish(conn, pub) for pub in publish]
-            returned = [
-                conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
-                for claim in give_back
-            ]
             seen = self._read(conn, [c.hash for c in candidates]) if candidates else {}
             claimed: list[Claim] = []
             for key in candidates:
@@ -347,6 +350,11 @@ class Store:
                 else:
                     # Lost a race (PostgreSQL reads without locks); the row is someone's now.
                     seen.update(self._read(conn, [key.hash]))
+            published = [self._publish(conn, pub) for pub in publish]
+            returned = [
+                conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
+                for claim in give_back
+            ]
             if any(published) or any(returned):
                 self._notify(conn)
             return StepOutcome(published, claimed, seen)
