@@ -324,12 +324,13 @@ class Store:
         ``candidates`` are the keys to claim, hashed by the caller; none of them may be in
         ``give_back`` (a key given back here is free from the next step on).
 
-        Claims come first because only they wait on peers: an INSERT waits for a peer's
-        transaction that wrote a row with that key, and a peer whose read was older than
-        our last commit inserts keys we hold. Publishing first locked our rows out of list
-        order before we waited, and two such steps deadlocked on PostgreSQL (each
-        deadlock costs its detection, 1 s, and retries deadlocked again: a batched step
-        timed out under load). Once claimed, a step writes only rows of its own.
+        Claims come first because only they wait on peers: an INSERT waits for any
+        transaction that wrote a row of that key, and a peer that read the keys before our
+        claim on one committed still inserts it. Publishing first locked rows of ours, out
+        of list order, before we waited on a peer that might wait on them: PostgreSQL
+        steps deadlocked, 1 s to detect each, and under load a batched step's retries
+        deadlocked until the lock timeout. Once it has claimed, a step writes only rows of
+        its own, which only its own heartbeat also writes.
         """
 
         def work(conn: Connection) -> StepOutcome:
