@@ -20,8 +20,8 @@ from sqlalchemy import select, text
 import procs
 import tunecache
 from test_concurrency import _gather, _row, _wait_for
-from tunecache.keys import key_hash
-from tunecache.store import Database
+from tunecache.keys import Key, key_hash
+from tunecache.store import Database, Publication, Store, ensure_schema
 from tunecache.store.schema import entries
 
 ctx = mp.get_context("fork")
@@ -37,9 +37,10 @@ def test_batched_claims_of_live_owners_are_never_taken_over(db_url):
     # slow keys later in a batch outlast the lease unless the heartbeat renews them all.
     # Four times the time scale (lease 6 s, slow keys 3.2 s: a batch's later
     # keys still outlast the lease): a process waits at most the lock timeout, half the
-    # lease, for a lock, and on a loaded 2-core machine a peer's transaction was seen to
-    # hold one longer than the 0.75 s that a 1.5 s lease allows (SQLite, 1 run in 20
-    # beside a CPU hog; PostgreSQL, often), a fallback to local tuning, not this defect.
+    # lease, for a lock, and on a loaded 2-core machine a peer's SQLite transaction was
+    # seen to hold one longer than the 0.75 s that a 1.5 s lease allows (1 run in 20
+    # beside a CPU hog). On PostgreSQL the long waits were deadlocks between two steps,
+    # 1 s each to detect (1 run in 20 still timed out at this scale): the next test.
     scale = 4
     n_cheap, n_slow = 48, 12
     reports = _gather(procs.cheap_then_slow_keys, 3,
@@ -50,6 +51,51 @@ def test_batched_claims_of_live_owners_are_never_taken_over(db_url):
     assert tuned == list(range(n_cheap + n_slow)), "every key tuned exactly once"
     assert all(r["results"] == reports[0]["results"] for r in reports)
     assert {s for r in reports for s in r["sources"]} <= {"tuned", "hit", "peer"}
+
+
+def test_step_that_publishes_and_claims_never_deadlocks_with_a_peer_that_read_before_it(
+    pg_url,
+):
+    # The batched-claims test's rare "still locked after 3s" on PostgreSQL: a peer's step
+    # read the keys before our claim on `ours` committed, so it inserts `ours` late; our
+    # next step publishes `ours` and claims `theirs`, which that peer inserted first.
+    # Published before claiming, `ours` was locked by us while we waited for the peer:
+    # a deadlock, 1 s to detect, and the retries deadlocked again under load. The peer
+    # here checks for deadlocks at once, so a cycle fails the test instead of costing us
+    # a retry that would hide it.
+    db = Database(pg_url)
+    ensure_schema(db)
+    store = Store(db)
+    ours, theirs = Key.of({"kind": "test", "i": "ours"}), Key.of({"kind": "test", "i": "theirs"})
+
+    def step(**kw) -> object:
+        return store.step(limit=1, owner="us", lease_seconds=60.0, max_attempts=3, **kw)
+
+    claim = step(publish=[], candidates=[ours]).claimed[0]
+    insert = ("INSERT INTO tunecache_entries (key_hash, key_json, state, owner, token, "
+              "lease_expires_at, attempts, created_at, updated_at, hits) "
+              "VALUES (%s, %s, 'claimed', 'peer', 1, 1e12, 1, 0, 0, 0) "
+              "ON CONFLICT (key_hash) DO NOTHING")
+    outcome: list[object] = []
+    with psycopg.connect(pg_url, autocommit=True) as watcher, psycopg.connect(pg_url) as peer:
+        peer.execute("SET LOCAL deadlock_timeout = '10ms'")
+        peer.execute(insert, (theirs.hash, theirs.json))
+        ours_step = threading.Thread(target=lambda: outcome.append(step(
+            publish=[Publication(claim, '{"k": 1.0}', "k", 0.0)], candidates=[theirs])))
+        ours_step.start()
+        _wait_until(lambda: watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO tunecache_entries%%' "
+            "AND application_name = 'tunecache'"
+        ).fetchone()[0] == 1, "our step waiting for the peer's insert")
+        peer.execute(insert, (ours.hash, ours.json))  # DeadlockDetected before the fix
+        peer.commit()
+        ours_step.join(60)
+
+    assert len(outcome) == 1
+    assert (outcome[0].published, outcome[0].claimed) == ([True], [])
+    assert _row(pg_url, ours.mapping).state == "done"
+    assert (_row(pg_url, theirs.mapping).state, _row(pg_url, theirs.mapping).owner) == ("claimed", "peer")
 
 
 def test_wait_timeout_counts_from_when_waiting_starts_not_from_the_call(db_url, tmp_path):

@@ -398,6 +398,10 @@ class TuneCache:
                     at = random.randrange(len(todo)) if todo else 0
                     chosen = set((todo[at:] + todo[:at])[: _CLAIM_WINDOW + batch])
                     window = [h for h in todo if h in chosen]
+                # Keys given back in this step are claimable from the next one on (the
+                # step claims before it gives back: Store.step says why).
+                given_back = {c.key_hash for c in returned}
+                window = [h for h in window if h not in given_back]
                 heartbeat.release(returned, wait=True)
                 started = time.perf_counter()
                 try:
@@ -463,7 +467,10 @@ class TuneCache:
                 row = rows.get(h)
                 if row is None or row.lease_expired:
                     waiting.remove(h)
-                    todo.append(h)  # owner gone (or entry pruned): try to claim it
+                    # Owner gone (or entry pruned): try to claim it, in the list's order
+                    # like every claim, or two steps can deadlock on PostgreSQL.
+                    back = {*todo, h}
+                    todo = [k for k in keys if k in back]
                     progressed = True
                 elif row.stranded:
                     waiting.remove(h)

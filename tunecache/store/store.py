@@ -316,20 +316,24 @@ class Store:
         lease_seconds: float,
         max_attempts: int,
     ) -> StepOutcome:
-        """Publish results, give back claims not tuned (not an attempt, see
-        :meth:`release`), then claim up to ``limit`` free keys of ``candidates`` (in
-        their order), in one write transaction: on SQLite every commit is a few fsyncs on
-        a shared disk, so a tuned key costs one commit, not two.
+        """Claim up to ``limit`` free keys of ``candidates`` (in their order), then publish
+        results and give back claims not tuned (not an attempt, see :meth:`release`), in
+        one write transaction: on SQLite every commit is a few fsyncs on a shared disk, so
+        a tuned key costs one commit, not two.
 
-        ``candidates`` are the keys to claim, hashed by the caller.
+        ``candidates`` are the keys to claim, hashed by the caller; none of them may be in
+        ``give_back`` (a key given back here is free from the next step on).
+
+        Claims come first because only they wait on peers: an INSERT waits for any
+        transaction that wrote a row of that key, and a peer that read the keys before our
+        claim on one committed still inserts it. Publishing first locked rows of ours, out
+        of list order, before we waited on a peer that might wait on them: PostgreSQL
+        steps deadlocked, 1 s to detect each, and under load a batched step's retries
+        deadlocked until the lock timeout. Once it has claimed, a step writes only rows of
+        its own, which only its own heartbeat also writes.
         """
 
         def work(conn: Connection) -> StepOutcome:
-            published = [self._publish(conn, pub) for pub in publish]
-            returned = [
-                conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
-                for claim in give_back
-            ]
             seen = self._read(conn, [c.hash for c in candidates]) if candidates else {}
             claimed: list[Claim] = []
             for key in candidates:
@@ -347,6 +351,11 @@ class Store:
                 else:
                     # Lost a race (PostgreSQL reads without locks); the row is someone's now.
                     seen.update(self._read(conn, [key.hash]))
+            published = [self._publish(conn, pub) for pub in publish]
+            returned = [
+                conn.execute(_GIVE_BACK, self._fence(claim)).first() is not None
+                for claim in give_back
+            ]
             if any(published) or any(returned):
                 self._notify(conn)
             return StepOutcome(published, claimed, seen)
