@@ -4,9 +4,9 @@ entries, published once per cluster and read by every job (issue 14).
 First publish wins: ``put`` inserts the row if (kind, key) is absent and never rewrites
 it, so all ranks that compile one graph at once store it once. The one exception is
 ``replace``: a publisher that found the row unverifiable (signed with a retired key,
-planted, damaged) swaps it for its own, only if the row is still the one it read. The store neither signs nor
-verifies (the core does, tunecache.core); it keeps the signature beside the bytes and
-checks only that the bytes are the ones published (their sha256).
+planted, damaged) swaps it for its own, only if the row is still the one it read. The
+store neither signs nor verifies (the core does, tunecache.core); it keeps the signature
+beside the bytes and checks only that the bytes are the ones published (their sha256).
 
 SQLite: the payload is a content-addressed file beside the database
 (:mod:`tunecache.store.blobs`), written before the row's transaction, under the blob's
