@@ -192,9 +192,9 @@ class GraphShare:
             first = "replaced" not in self._warned
             self._warned.add("replaced")
         log.log(logging.INFO if first else logging.DEBUG,
-                "tunecache: compiled graph %s %s in the database %s; replaced with this "
-                "job's (further replacements are logged at debug level)", kind, key[:24],
-                found)
+                "tunecache: compiled graph %s %s in the database was refused (%s); "
+                "replaced with this job's (further replacements are logged at debug "
+                "level)", kind, key[:24], found)
         return True
 
     def _verified(self, kind: str, key: str, artifact: Artifact) -> bytes | tuple[str, str]:
