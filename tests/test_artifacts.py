@@ -317,3 +317,87 @@ def test_postgresql_read_errors_are_store_errors(pg_url):
     with pytest.raises(StoreError, match="tunecache_artifacts"):
         store.get("fxgraph", "k")
     store.db.dispose()
+
+
+# -- replace: a publisher's compare-and-swap over a row it found unverifiable
+
+
+def test_replace_swaps_the_row_it_read_and_deletes_the_old_blob(db_url):
+    store = _store(db_url)
+    old, new = os.urandom(20_000), os.urandom(30_000)
+    store.put("fxgraph", "k", old, SIG, "2.12.0")
+    found, digest, signature = store.examine("fxgraph", "k")
+    assert found.payload == old and digest == hashlib.sha256(old).hexdigest()
+    assert store.replace("fxgraph", "k", digest, signature, new, b"\x02" * 64, "2.13.0")
+    got = store.get("fxgraph", "k")
+    assert (got.payload, got.signature, got.torch_version) == (new, b"\x02" * 64, "2.13.0")
+    if db_url.startswith("sqlite"):
+        # The old blob is no row's any more: deleted, as prune would.
+        assert [p.name for p in _blob_files(db_url)] == [hashlib.sha256(new).hexdigest()]
+    store.db.dispose()
+
+
+def test_replace_of_a_row_that_changed_since_it_was_read_writes_nothing(db_url):
+    store = _store(db_url)
+    store.put("fxgraph", "k", b"first" * 100, SIG, "2.13.0")
+    _, digest, _ = store.examine("fxgraph", "k")
+    # Same digest, another signature (a replacer that came first re-signed the bytes).
+    assert not store.replace("fxgraph", "k", digest, b"\x09" * 64, b"mine" * 100, SIG,
+                             "2.13.0")
+    assert not store.replace("fxgraph", "k", "0" * 64, SIG, b"mine" * 100, SIG, "2.13.0")
+    assert not store.replace("fxgraph", "gone", digest, SIG, b"mine" * 100, SIG, "2.13.0")
+    assert store.get("fxgraph", "k").payload == b"first" * 100
+    assert not store.exists("fxgraph", "gone")
+    if db_url.startswith("sqlite"):
+        assert len(_blob_files(db_url)) == 1, "a replacer that lost wrote no blob"
+    store.db.dispose()
+
+
+def test_replace_over_a_missing_blob_writes_the_new_one(sqlite_url):
+    store = _store(sqlite_url)
+    store.put("fxgraph", "k", os.urandom(5_000), SIG, "2.13.0")
+    [blob] = _blob_files(sqlite_url)
+    blob.unlink()
+    found, digest, signature = store.examine("fxgraph", "k")
+    assert isinstance(found, str) and "missing" in found
+    new = os.urandom(6_000)
+    assert store.replace("fxgraph", "k", digest, signature, new, SIG, "2.13.0")
+    assert store.get("fxgraph", "k").payload == new
+    store.db.dispose()
+
+
+def test_replace_matches_a_malformed_sqlite_row_as_it_was_read(sqlite_url):
+    store = _store(sqlite_url)
+    store.put("fxgraph", "k", b"x" * 100, SIG, "2.13.0")
+    # A hostile writer's row: a number for a digest, text for a signature.
+    store.db.run(lambda c: c.execute(text(
+        "UPDATE tunecache_artifacts SET digest = 7, signature = 'text'")), write=True)
+    found, digest, signature = store.examine("fxgraph", "k")
+    assert found == "its database row is malformed"
+    assert store.replace("fxgraph", "k", digest, signature, b"y" * 100, SIG, "2.13.0")
+    assert store.get("fxgraph", "k").payload == b"y" * 100
+    store.db.dispose()
+
+
+def _replace_one_bad_row(url: str, barrier, queue) -> None:
+    store = ArtifactStore(Database(url))
+    payload = os.urandom(1_000_000)
+    _, digest, signature = store.examine("fxgraph", "fbad")
+    barrier.wait()
+    won = store.replace("fxgraph", "fbad", digest, signature, payload, SIG, "2.13.0")
+    got = store.get("fxgraph", "fbad")
+    queue.put({"won": won, "mine": hashlib.sha256(payload).hexdigest(),
+               "read": hashlib.sha256(got.payload).hexdigest()})
+
+
+def test_one_of_six_processes_replacing_one_row_at_once_wins(db_url):
+    store = _store(db_url)
+    store.put("fxgraph", "fbad", b"bad" * 1000, b"\x07" * 64, "2.13.0")
+    out = _gather(_replace_one_bad_row, 6, (db_url,))
+    winners = [o for o in out if o["won"]]
+    assert len(winners) == 1, out
+    assert {o["read"] for o in out} == {winners[0]["mine"]}
+    assert store.count() == 1
+    if db_url.startswith("sqlite"):
+        assert [p.name for p in _blob_files(db_url)] == [winners[0]["mine"]]
+    store.db.dispose()

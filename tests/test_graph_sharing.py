@@ -260,10 +260,9 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_tampered_graphs_are_refused_unpickled_and_the_job_compiles_as_usual(
-        published, keys, tmp_path, scenario):
-    url = _copy(published, tmp_path)
+def _tamper(url: str, keys: Path, tmp_path: Path, scenario: str) -> list[Path]:
+    """Tamper with the three published entries as SCENARIOS[scenario] says; the marker
+    files that unpickling each evil payload would create."""
     markers = [tmp_path / f"MARKER-{i}" for i in range(3)]
     right = load_signer(keys / PRIVATE_KEY_NAME)
     wrong = load_signer(write_key_pair(tmp_path / "attacker").private_key)
@@ -293,6 +292,14 @@ def test_tampered_graphs_are_refused_unpickled_and_the_job_compiles_as_usual(
                 # The other FX graph's genuine entry, signature and all, under this key.
                 (other,) = [k for k in genuine if k[0] == kind and k[1] != key]
                 _replace(store, kind, key, genuine[other].payload, genuine[other].signature)
+    return markers
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_tampered_graphs_are_refused_unpickled_and_the_job_compiles_as_usual(
+        published, keys, tmp_path, scenario):
+    url = _copy(published, tmp_path)
+    markers = _tamper(url, keys, tmp_path, scenario)
     tampered = _rows(url)
 
     job = _job(tmp_path, "victim", url, TUNECACHE_VERIFY_KEY=str(keys / PUBLIC_KEY_NAME))
@@ -311,6 +318,33 @@ def test_tampered_graphs_are_refused_unpickled_and_the_job_compiles_as_usual(
         assert sum("does not verify" in w for w in warnings) == 1, warnings
         assert sum("is not signed" in w for w in warnings) == 1, warnings
     assert _rows(url) == tampered, "first publish wins: nothing was rewritten"
+
+
+@pytest.mark.parametrize("scenario", ["key rotation", *sorted(SCENARIOS)])
+def test_entries_that_do_not_verify_are_replaced_by_the_next_publishing_job(
+        published, keys, tmp_path, scenario):
+    """Refused entries would block their keys forever (first publish wins): the next job
+    with the signing key compiles, replaces them with its own, and a new node loads
+    those. "key rotation": the database's entries are signed with the retired key."""
+    url = _copy(published, tmp_path)
+    if scenario == "key rotation":
+        keys = tmp_path / "rotated"
+        write_key_pair(keys)
+        markers: list[Path] = []
+    else:
+        markers = _tamper(url, keys, tmp_path, scenario)
+    publisher = _job(tmp_path, "publisher", url,
+                     TUNECACHE_SIGNING_KEY=str(keys / PRIVATE_KEY_NAME))
+    assert not any(m.exists() for m in markers), "a tampered entry was unpickled"
+    _assert_compiled_everything(publisher)
+    assert publisher["graphs"].get("replaced", 0) == 3, publisher
+    assert sum("replaced with this job's" in line for line in publisher["log"]) == 1, \
+        publisher["log"]
+    assert len(_rows(url)) == 3
+    job = _job(tmp_path, "new-node", url, TUNECACHE_VERIFY_KEY=str(keys / PUBLIC_KEY_NAME))
+    _assert_loaded_everything(job)
+    assert job["outputs"] == published[1]["outputs"]
+    assert _warnings(job) == []
 
 
 def test_the_forged_payload_reaches_inductors_unpickler_once_signed_with_the_cluster_key(

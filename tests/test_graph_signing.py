@@ -192,11 +192,13 @@ def test_a_consumer_with_the_public_key_only_publishes_nothing(db_url, keys):
     cache.close()
 
 
-def test_second_publish_of_a_key_keeps_the_first(sqlite_url, keys):
-    first, cache = _share(sqlite_url, keys)
-    second, cache2 = _share(sqlite_url, keys)
+def test_second_publish_of_a_key_keeps_the_first(db_url, keys):
+    # The entry there verifies: it is never replaced, whatever the second publisher has.
+    first, cache = _share(db_url, keys)
+    second, cache2 = _share(db_url, keys)
     assert first.publish("fxgraph", "k", b"first", "2.13.0") is True
     assert second.publish("fxgraph", "k", b"second", "2.13.0") is False
+    assert second.counts == {"present": 1}
     assert second.load("fxgraph", "k") == b"first"
     cache.close()
     cache2.close()
@@ -286,4 +288,156 @@ def test_an_unreachable_database_is_one_warning_and_no_graphs(keys, caplog):
         assert share.publish("fxgraph", "k", b"graph", "2.13.0") is False
         assert share.load("autograd", "k") is None
     assert len(caplog.records) == 1, caplog.text
+    cache.close()
+
+
+# -- an entry that does not verify is replaced by the next publisher
+
+
+def _signature_of(url: str, key: str = "k") -> bytes:
+    cache = tunecache.open(url)
+    found = ArtifactStore(cache.database()).inspect("fxgraph", key)
+    cache.close()
+    return found.signature
+
+
+def test_an_entry_signed_with_a_retired_key_is_replaced_by_the_next_publisher(
+        db_url, keys, tmp_path, caplog):
+    old_keys = tmp_path / "retired"
+    write_key_pair(old_keys)
+    old, cache = _share(db_url, old_keys)
+    assert old.publish("fxgraph", "k", b"signed before the rotation", "2.12.0") is True
+    assert old.publish("fxgraph", "k2", b"signed before the rotation", "2.12.0") is True
+    cache.close()
+    publisher, cache = _share(db_url, keys)
+    with caplog.at_level(logging.DEBUG, logger="tunecache"):
+        assert publisher.publish("fxgraph", "k", b"graph", "2.13.0") is True
+        assert publisher.publish("fxgraph", "k2", b"graph 2", "2.13.0") is True
+    assert publisher.counts == {"replaced": 2}
+    replaced = [r for r in caplog.records if "replaced" in r.getMessage()]
+    assert [r.levelno for r in replaced] == [logging.INFO, logging.DEBUG], caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    cache.close()
+    reader, cache = _share(db_url, keys, publish=False)
+    assert reader.load("fxgraph", "k") == b"graph"
+    assert reader.load("fxgraph", "k2") == b"graph 2"
+    assert reader.counts == {"loaded": 2}
+    cache.close()
+
+
+@pytest.mark.parametrize("how", ["unsigned", "signature replaced", "payload replaced",
+                                 "other key pair", "moved from another key"])
+def test_an_entry_that_does_not_verify_is_replaced_by_the_next_publisher(db_url, keys,
+                                                                         tmp_path, how):
+    publisher, cache = _share(db_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    cache.close()
+    _tamper(db_url, keys, tmp_path, how)
+    publisher, cache = _share(db_url, keys)
+    assert publisher.publish("fxgraph", "k", b"recompiled graph", "2.13.0") is True
+    assert publisher.counts == {"replaced": 1}
+    cache.close()
+    reader, cache = _share(db_url, keys, publish=False)
+    assert reader.load("fxgraph", "k") == b"recompiled graph"
+    cache.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "corrupted"])
+def test_an_entry_whose_blob_is_damaged_is_replaced_by_the_next_publisher(sqlite_url, keys,
+                                                                          damage):
+    publisher, cache = _share(sqlite_url, keys)
+    publisher.publish("fxgraph", "k", os.urandom(5000), "2.13.0")
+    cache.close()
+    [blob] = [p for p in Path(sqlite_url.removeprefix("sqlite:///") + ".blobs").glob("??/*")
+              if len(p.name) == 64]
+    if damage == "missing":
+        blob.unlink()
+    elif damage == "truncated":
+        blob.write_bytes(blob.read_bytes()[:-1])
+    else:
+        data = bytearray(blob.read_bytes())
+        data[10] ^= 1
+        blob.write_bytes(bytes(data))
+    publisher, cache = _share(sqlite_url, keys)
+    # Another compile of the graph: other bytes (random here), so another digest.
+    assert publisher.publish("fxgraph", "k", b"recompiled graph", "2.13.0") is True
+    assert publisher.counts == {"replaced": 1}
+    cache.close()
+    reader, cache = _share(sqlite_url, keys, publish=False)
+    assert reader.load("fxgraph", "k") == b"recompiled graph"
+    cache.close()
+    assert not blob.exists(), "the damaged blob is no row's: deleted"
+
+
+def test_an_entry_whose_postgresql_payload_is_damaged_is_replaced(pg_url, keys):
+    publisher, cache = _share(pg_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    cache.database().run(lambda c: c.execute(update(artifacts).values(
+        payload=b"damaged")), write=True)
+    cache.close()
+    publisher, cache = _share(pg_url, keys)
+    assert publisher.publish("fxgraph", "k", b"recompiled graph", "2.13.0") is True
+    cache.close()
+    reader, cache = _share(pg_url, keys, publish=False)
+    assert reader.load("fxgraph", "k") == b"recompiled graph"
+    cache.close()
+
+
+def test_a_consumer_never_replaces_an_entry_that_does_not_verify(db_url, keys, tmp_path):
+    publisher, cache = _share(db_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    cache.close()
+    _tamper(db_url, keys, tmp_path, "other key pair")
+    planted = _signature_of(db_url)
+    consumer, cache = _share(db_url, keys, publish=False)
+    assert consumer.load("fxgraph", "k") is None
+    assert consumer.publish("fxgraph", "k", b"recompiled graph", "2.13.0") is False
+    assert consumer.counts == {"refused": 1}
+    cache.close()
+    assert _signature_of(db_url) == planted
+
+
+def _republish(url: str, keys: str, barrier, queue) -> None:
+    publisher, cache = _share(url, Path(keys))
+    data = os.urandom(200_000)  # each job's compile of the graph: its own bytes
+    barrier.wait()
+    won = publisher.publish("fxgraph", "k", data, "2.13.0")
+    queue.put({"won": won, "counts": dict(publisher.counts),
+               "mine": hashlib.sha256(data).hexdigest()})
+    cache.close()
+
+
+def test_of_five_jobs_publishing_over_one_bad_entry_at_once_one_replaces_it(db_url, keys,
+                                                                           tmp_path):
+    import multiprocessing
+    from queue import Empty
+
+    publisher, cache = _share(db_url, keys)
+    publisher.publish("fxgraph", "k", b"good graph", "2.13.0")
+    cache.close()
+    _tamper(db_url, keys, tmp_path, "other key pair")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(5), ctx.Queue()
+    workers = [ctx.Process(target=_republish, args=(db_url, str(keys), barrier, queue))
+               for _ in range(5)]
+    for w in workers:
+        w.start()
+    out = []
+    while len(out) < 5:
+        try:
+            out.append(queue.get(timeout=1))
+        except Empty:
+            died = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            assert not died, f"a worker died before reporting (exit codes {died})"
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    winners = [o for o in out if o["won"]]
+    assert len(winners) == 1, out
+    assert winners[0]["counts"] == {"replaced": 1}
+    assert [o["counts"] for o in out if not o["won"]] == [{"present": 1}] * 4, out
+    reader, cache = _share(db_url, keys, publish=False)
+    data = reader.load("fxgraph", "k")
+    assert hashlib.sha256(data).hexdigest() == winners[0]["mine"]
+    assert len(cache.database().run(lambda c: c.execute(artifacts.select()).all())) == 1
     cache.close()

@@ -6,7 +6,9 @@ and knowing nothing of Inductor, this module never unpickles anything.
 
 - ``publish``: compress (zlib), sign (kind, key, sha256 of the compressed bytes) with the
   private key, and store; the first publish of a (kind, key) wins, later ones write
-  nothing (tunecache.store.artifacts).
+  nothing (tunecache.store.artifacts), except over an entry that load() would refuse:
+  that one is replaced (compare-and-swap on the row read), or it would block its key
+  for every job forever (after a key rotation, say). A consumer replaces nothing.
 - ``load``: read, recompute the digest of the bytes actually read, verify the signature
   with the public key, and only then decompress. An entry that is unsigned, altered,
   truncated, moved under another key or signed with another key is None, so Inductor
@@ -31,7 +33,7 @@ from ..settings import GraphSharing
 from .signing import Signer, Verifier, load_signer, load_verifier
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..store.artifacts import ArtifactStore
+    from ..store.artifacts import Artifact, ArtifactStore
     from .cache import TuneCache
 
 __all__ = ["GraphShare", "MAX_GRAPH_BYTES"]
@@ -66,7 +68,8 @@ class GraphShare:
         self._warned: set[str] = set()
         # (kind, key) this process has loaded or published: they are in the database.
         self._known: set[tuple[str, str]] = set()
-        # loaded, absent, refused, published, present (published by someone first)
+        # loaded, absent, refused, published, present (published by someone first),
+        # replaced (an entry that did not verify, replaced by this process's publish)
         self.counts: Counter[str] = Counter()
 
     @classmethod
@@ -119,27 +122,18 @@ class GraphShare:
         if artifact is None:
             self._count("absent")
             return None
-        # The digest of the bytes read, not the one stored beside them: the signature
-        # must cover exactly what would be unpickled.
-        digest = hashlib.sha256(artifact.payload).hexdigest()
-        if not artifact.signature:
-            return self._refuse(kind, key, "unsigned", "is not signed")
-        if not self._verifier.verify(kind, key, digest, artifact.signature):
-            return self._refuse(
-                kind, key, "signature",
-                f"does not verify with the public key {self.fingerprint} (altered, moved "
-                "from another key, or signed with another key)")
-        data = _decompress(artifact.payload)
-        if data is None:
-            return self._refuse(kind, key, "payload", "is signed but does not decompress")
+        data = self._verified(kind, key, artifact)
+        if isinstance(data, tuple):
+            return self._refuse(kind, key, *data)
         with self._lock:
             self._known.add((kind, key))
             self.counts["loaded"] += 1
         return data
 
     def publish(self, kind: str, key: str, data: bytes, torch_version: str) -> bool:
-        """Sign and store ``data`` under (kind, key) unless an entry is there; True when
-        this call published it. A consumer (no private key) publishes nothing."""
+        """Sign and store ``data`` under (kind, key) unless an entry that verifies is
+        there; True when this call published it (or replaced an entry that did not
+        verify). A consumer (no private key) publishes nothing."""
         if self._signer is None:
             return False
         with self._lock:
@@ -159,10 +153,65 @@ class GraphShare:
             self._warn_once("write", f"tunecache: publishing a compiled graph failed "
                             f"({type(e).__name__}: {e}); it stays in Inductor's local cache")
             return False
+        outcome = "published" if published else "present"
+        if not published:
+            try:
+                if self._reclaim(store, kind, key, payload, signature, torch_version):
+                    outcome, published = "replaced", True
+            except StoreError as e:
+                self._stop(e)
+                return False
+            except Exception as e:  # noqa: BLE001 - the entry stays as it was
+                self._warn_once("write", f"tunecache: replacing a compiled graph failed "
+                                f"({type(e).__name__}: {e}); it stays in Inductor's local "
+                                "cache")
+                return False
         with self._lock:
             self._known.add((kind, key))
-            self.counts["published" if published else "present"] += 1
+            self.counts[outcome] += 1
         return published
+
+    def _reclaim(self, store: ArtifactStore, kind: str, key: str, payload: bytes,
+                 signature: bytes, torch_version: str) -> bool:
+        """Our publish found (kind, key) taken: if the entry there is one load() refuses
+        (signed with a retired key, planted, damaged), it would block the key for every
+        job forever, so replace it with ours, only if it is still the row we read. True
+        when this call replaced it."""
+        found, old_digest, old_signature = store.examine(kind, key)
+        if found is None:
+            return False  # deleted meanwhile (a prune): the next compile publishes it
+        if not isinstance(found, str):
+            refused = self._verified(kind, key, found)
+            if not isinstance(refused, tuple):
+                return False  # a good entry is never replaced
+            found = refused[1]
+        if not store.replace(kind, key, old_digest, old_signature, payload, signature,
+                             torch_version):
+            return False  # another publisher replaced it first (or a prune deleted it)
+        with self._lock:
+            first = "replaced" not in self._warned
+            self._warned.add("replaced")
+        log.log(logging.INFO if first else logging.DEBUG,
+                "tunecache: compiled graph %s %s in the database was refused (%s); "
+                "replaced with this job's (further replacements are logged at debug "
+                "level)", kind, key[:24], found)
+        return True
+
+    def _verified(self, kind: str, key: str, artifact: Artifact) -> bytes | tuple[str, str]:
+        """The entry's decompressed bytes if it verifies with our public key, else (reason,
+        what is wrong) for the one warning per reason."""
+        # The digest of the bytes read, not the one stored beside them: the signature
+        # must cover exactly what would be unpickled.
+        digest = hashlib.sha256(artifact.payload).hexdigest()
+        if not artifact.signature:
+            return "unsigned", "is not signed"
+        if not self._verifier.verify(kind, key, digest, artifact.signature):
+            return ("signature", f"does not verify with the public key {self.fingerprint} "
+                    "(altered, moved from another key, or signed with another key)")
+        data = _decompress(artifact.payload)
+        if data is None:
+            return "payload", "is signed but does not decompress"
+        return data
 
     # -- helpers
 

@@ -2,9 +2,11 @@
 entries, published once per cluster and read by every job (issue 14).
 
 First publish wins: ``put`` inserts the row if (kind, key) is absent and never rewrites
-it, so all ranks that compile one graph at once store it once. The store neither signs nor
-verifies (the core does, tunecache.core); it keeps the signature beside the bytes and
-checks only that the bytes are the ones published (their sha256).
+it, so all ranks that compile one graph at once store it once. The one exception is
+``replace``: a publisher that found the row unverifiable (signed with a retired key,
+planted, damaged) swaps it for its own, only if the row is still the one it read. The
+store neither signs nor verifies (the core does, tunecache.core); it keeps the signature
+beside the bytes and checks only that the bytes are the ones published (their sha256).
 
 SQLite: the payload is a content-addressed file beside the database
 (:mod:`tunecache.store.blobs`), written before the row's transaction, under the blob's
@@ -41,9 +43,11 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.types import NullType
 
 from ..errors import ReadonlyModeError, StoreError, StoreTimeoutError
 from .admin import EntryFilter
@@ -233,6 +237,25 @@ def _insert_statement(dialect: str) -> Any:
 
 
 _INSERT = {d: _insert_statement(d) for d in ("sqlite", "postgresql")}
+# replace's compare-and-swap: the row is rewritten only if its digest and signature are
+# still the ones the replacer read and refused. Compared untyped and null-safe (IS / IS NOT
+# DISTINCT FROM): a hostile SQLite row may hold NULL, text or a number in either column,
+# and must still be replaceable.
+_ROW_VERSION = select(artifacts.c.digest, artifacts.c.signature).where(_IDENTITY)
+_UNCHANGED = and_(
+    type_coerce(artifacts.c.digest, NullType()).is_not_distinct_from(
+        bindparam("p_old_digest", type_=NullType())),
+    type_coerce(artifacts.c.signature, NullType()).is_not_distinct_from(
+        bindparam("p_old_signature", type_=NullType())),
+)
+_REPLACE = (
+    update(artifacts)
+    .where(_IDENTITY, _UNCHANGED)
+    .values(digest=bindparam("p_digest"), signature=bindparam("p_signature"),
+            size=bindparam("p_size"), torch_version=bindparam("p_torch_version"),
+            created_at=_NOW, last_used_at=_NOW, payload=bindparam("p_payload"))
+    .returning(artifacts.c.kind)
+)
 _REFERENCED = select(artifacts.c.digest).where(
     artifacts.c.digest.in_(bindparam("p_digests", expanding=True))).distinct()
 _INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, artifacts.c.size,
@@ -341,6 +364,18 @@ class ArtifactStore:
             return None
         return self._fetch(kind, key)[0]
 
+    def examine(self, kind: str, key: str) -> tuple[Artifact | str | None, Any, Any]:
+        """For a publisher whose put found the row there: the artifact (or why it is
+        unreadable, or None if gone since), with the row's digest and signature exactly as
+        read, which :meth:`replace` takes to swap only that row. No warning, no recorded
+        use."""
+        if validate_identity(kind, key) is not None:
+            return None, None, None
+        found, row = self._fetch(kind, key)
+        if row is None:
+            return None, None, None
+        return found, row.digest, row.signature
+
     def _fetch(self, kind: str, key: str) -> tuple[Artifact | str | None, Any]:
         params = {"p_kind": kind, "p_key": key}
         if self.db.dialect == "postgresql":
@@ -426,6 +461,71 @@ class ArtifactStore:
         except OSError as e:
             raise StoreError(self.db.display_url, f"compiled graph blob in {self.blobs.root}:"
                              f" {e.strerror or e}") from e
+
+    def replace(self, kind: str, key: str, expected_digest: Any, expected_signature: Any,
+                payload: bytes, signature: bytes, torch_version: str) -> bool:
+        """Rewrite the row of (kind, key) with this publish if it still holds
+        ``expected_digest`` and ``expected_signature`` (what :meth:`examine` read): True
+        when this call replaced it; False when the row changed or vanished meanwhile
+        (another publisher replaced it, a prune deleted it), and then nothing is written.
+
+        Only for a row the caller found unverifiable: the store cannot tell, the core
+        can. The swap is one UPDATE, so two replacers of one bad row leave exactly one of
+        theirs, and a row one of them has just written is never clobbered by the other.
+        On SQLite the new blob is written before the transaction, as put writes it; the
+        old blob is deleted (under its lock) unless another row uses it. Raises as put.
+        """
+        _validate_put(kind, key, payload, signature, torch_version)
+        if self.db.readonly:
+            raise ReadonlyModeError(self.db.display_url, "replacing a compiled graph")
+        payload = bytes(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        params = {"p_kind": kind, "p_key": key, "p_digest": digest,
+                  "p_signature": bytes(signature), "p_size": len(payload),
+                  "p_torch_version": torch_version, "p_payload": None,
+                  "p_old_digest": expected_digest, "p_old_signature": expected_signature}
+        if self.blobs is None:
+            params["p_payload"] = payload
+            return self._swap(params)
+        try:
+            with self.blobs.publishing(kind, key):
+                # Replacers that waited for the key's lock: the first one has swapped the
+                # row, and the others write no blob.
+                if not self._unchanged(params):
+                    return False
+                with self.blobs.locked(digest) as path:
+                    if not self.blobs.intact(path, digest, len(payload)):
+                        self.blobs.write(path, payload)
+                    # Under the blob's lock until the row names it, as in put.
+                    replaced = self._swap(params)
+                if replaced and isinstance(expected_digest, str) and expected_digest != digest \
+                        and DIGEST.match(expected_digest):
+                    self._drop_blob(expected_digest)
+                return replaced
+        except Timeout as e:
+            raise StoreTimeoutError(self.db.display_url, f"lock {e.lock_file} still held "
+                                    f"after {self.db.lock_timeout:g}s") from e
+        except OSError as e:
+            raise StoreError(self.db.display_url, f"compiled graph blob in {self.blobs.root}:"
+                             f" {e.strerror or e}") from e
+
+    def _drop_blob(self, digest: str) -> None:
+        """As prune does: the replaced row's blob goes unless a row still uses it (a
+        failure leaves an orphan that prune sweeps; the replace itself is done)."""
+        assert self.blobs is not None
+        try:
+            self.blobs.delete_unless(digest, lambda: bool(self.referenced([digest])))
+        except (OSError, Timeout, StoreError) as e:
+            logger.debug("tunecache: replaced blob %s not deleted: %s", digest, e)
+
+    def _unchanged(self, params: dict[str, Any]) -> bool:
+        row = self.db.run(lambda c: c.execute(_ROW_VERSION, params).first())
+        return row is not None and row.digest == params["p_old_digest"] \
+            and row.signature == params["p_old_signature"]
+
+    def _swap(self, params: dict[str, Any]) -> bool:
+        return self.db.run(lambda c: c.execute(_REPLACE, params).first() is not None,
+                           write=True)
 
     def _insert(self, params: dict[str, Any]) -> bool:
         statement = _INSERT[self.db.dialect]
