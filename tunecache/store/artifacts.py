@@ -452,15 +452,8 @@ class ArtifactStore:
                     # after seeing no row, so this blob cannot vanish before its row
                     # exists.
                     return self._insert(params)
-        except Timeout as e:
-            # A publisher of this key (or a prune of this blob) held its lock for the
-            # whole lock timeout: frozen or on a stalled filesystem. Same as a locked
-            # database for the caller.
-            raise StoreTimeoutError(self.db.display_url, f"lock {e.lock_file} still held "
-                                    f"after {self.db.lock_timeout:g}s") from e
-        except OSError as e:
-            raise StoreError(self.db.display_url, f"compiled graph blob in {self.blobs.root}:"
-                             f" {e.strerror or e}") from e
+        except (Timeout, OSError) as e:
+            raise self._blob_error(e) from e
 
     def replace(self, kind: str, key: str, expected_digest: Any, expected_signature: Any,
                 payload: bytes, signature: bytes, torch_version: str) -> bool:
@@ -502,12 +495,21 @@ class ArtifactStore:
                         and DIGEST.match(expected_digest):
                     self._drop_blob(expected_digest)
                 return replaced
-        except Timeout as e:
-            raise StoreTimeoutError(self.db.display_url, f"lock {e.lock_file} still held "
-                                    f"after {self.db.lock_timeout:g}s") from e
-        except OSError as e:
-            raise StoreError(self.db.display_url, f"compiled graph blob in {self.blobs.root}:"
-                             f" {e.strerror or e}") from e
+        except (Timeout, OSError) as e:
+            raise self._blob_error(e) from e
+
+    def _blob_error(self, e: Exception) -> StoreError:
+        """Blob-file trouble as the store's own error."""
+        if isinstance(e, Timeout):
+            # A publisher of this key (or a prune of this blob) held its lock for the
+            # whole lock timeout: frozen or on a stalled filesystem. Same as a locked
+            # database for the caller.
+            return StoreTimeoutError(self.db.display_url, f"lock {e.lock_file} still held "
+                                     f"after {self.db.lock_timeout:g}s")
+        assert self.blobs is not None
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else e
+        return StoreError(self.db.display_url,
+                          f"compiled graph blob in {self.blobs.root}: {detail}")
 
     def _drop_blob(self, digest: str) -> None:
         """As prune does: the replaced row's blob goes unless a row still uses it (a
