@@ -422,15 +422,8 @@ class ArtifactStore:
         payload over MAX_PAYLOAD_BYTES, ...), ReadonlyModeError on a readonly database,
         and the store's errors (tunecache.errors.StoreError) for the database's.
         """
-        _validate_put(kind, key, payload, signature, torch_version)
-        if self.db.readonly:
-            # Before any blob is written: a readonly job leaves nothing behind.
-            raise ReadonlyModeError(self.db.display_url, "publishing a compiled graph")
-        payload = bytes(payload)
-        digest = hashlib.sha256(payload).hexdigest()
-        params = {"p_kind": kind, "p_key": key, "p_digest": digest,
-                  "p_signature": bytes(signature), "p_size": len(payload),
-                  "p_torch_version": torch_version, "p_payload": None}
+        payload, digest, params = self._row_to_write(
+            "publishing", kind, key, payload, signature, torch_version)
         # One graph is published once per cluster: when the row is there, nothing is
         # written (ranks that compiled it too read this and return).
         existing = self.db.run(lambda c: c.execute(_EXISTS, params).first())
@@ -455,6 +448,21 @@ class ArtifactStore:
         except (Timeout, OSError) as e:
             raise self._blob_error(e) from e
 
+    def _row_to_write(self, doing: str, kind: str, key: str, payload: bytes,
+                      signature: bytes, torch_version: str
+                      ) -> tuple[bytes, str, dict[str, Any]]:
+        """Validated arguments of put/replace: (payload, its digest, statement params)."""
+        _validate_put(kind, key, payload, signature, torch_version)
+        if self.db.readonly:
+            # Before any blob is written: a readonly job leaves nothing behind.
+            raise ReadonlyModeError(self.db.display_url, f"{doing} a compiled graph")
+        payload = bytes(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        params = {"p_kind": kind, "p_key": key, "p_digest": digest,
+                  "p_signature": bytes(signature), "p_size": len(payload),
+                  "p_torch_version": torch_version, "p_payload": None}
+        return payload, digest, params
+
     def replace(self, kind: str, key: str, expected_digest: Any, expected_signature: Any,
                 payload: bytes, signature: bytes, torch_version: str) -> bool:
         """Rewrite the row of (kind, key) with this publish if it still holds
@@ -468,15 +476,9 @@ class ArtifactStore:
         On SQLite the new blob is written before the transaction, as put writes it; the
         old blob is deleted (under its lock) unless another row uses it. Raises as put.
         """
-        _validate_put(kind, key, payload, signature, torch_version)
-        if self.db.readonly:
-            raise ReadonlyModeError(self.db.display_url, "replacing a compiled graph")
-        payload = bytes(payload)
-        digest = hashlib.sha256(payload).hexdigest()
-        params = {"p_kind": kind, "p_key": key, "p_digest": digest,
-                  "p_signature": bytes(signature), "p_size": len(payload),
-                  "p_torch_version": torch_version, "p_payload": None,
-                  "p_old_digest": expected_digest, "p_old_signature": expected_signature}
+        payload, digest, params = self._row_to_write(
+            "replacing", kind, key, payload, signature, torch_version)
+        params.update(p_old_digest=expected_digest, p_old_signature=expected_signature)
         if self.blobs is None:
             params["p_payload"] = payload
             return self._swap(params)
