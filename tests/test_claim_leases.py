@@ -1,4 +1,4 @@
-"""Leases of live owners (issue 13): every claim a process holds is renewed until it is
+"""Leases of live owners: every claim a process holds is renewed until it is
 published or given back; the wait timeout counts only time spent waiting on peers; a result
 tuned here survives a database that fails at publish time; the heartbeat reports only
 claims that were really lost. Real processes, real SQLite files, the real PostgreSQL server.
@@ -33,9 +33,9 @@ def _lost_claims(messages: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_batched_claims_of_live_owners_are_never_taken_over(db_url):
-    # The issue's scenario: after cheap tunes a process claims keys in batches, and the
-    # slow keys later in a batch outlast the lease unless the heartbeat renews them all.
-    # Four times the issue's time scale (lease 6 s, slow keys 3.2 s: a batch's later
+    # The failure seen in soak runs: after cheap tunes a process claims keys in batches,
+    # and slow keys later in a batch outlast the lease unless the heartbeat renews them all.
+    # Four times this test's first scale (lease 6 s, slow keys 3.2 s: a batch's later
     # keys still outlast the lease): a process waits at most the lock timeout, half the
     # lease, for a lock, and on a loaded 2-core machine a peer's SQLite transaction was
     # seen to hold one longer than the 0.75 s that a 1.5 s lease allows (1 run in 20
@@ -208,7 +208,7 @@ def test_renewal_in_flight_while_the_owner_publishes_reports_no_lost_claim(pg_ur
 
 def test_write_stall_within_the_lock_timeout_never_costs_a_live_owner_its_claim(sqlite_url,
                                                                                tmp_path):
-    # Item 12: a writer stalled with the SQLite write lock held (a process frozen inside a
+    # A writer stalled with the SQLite write lock held (a process frozen inside a
     # transaction) holds back every heartbeat. An owner renews every lease/3 and a
     # renewal waits up to the lock timeout, so the lease outlasts any stall that the lock
     # timeout tolerates only if lock_timeout <= lease/2 (Settings refuses more). Worst

@@ -16,7 +16,8 @@ from tunecache.settings import resolve_db_url
 from tunecache.store.schema import entries
 
 HEADER = json.dumps({"format": "tunecache-export", "version": 1})
-# The line: 200 KB, under the 1 MiB timings limit and the line limit.
+# A line nested deeper than json's recursion allows: 200 KB, under the 1 MiB timings
+# limit and the line limit.
 DEEP_LINE = '{"key":{"a":' + "[" * 100_000 + "]" * 100_000 + '},"timings":{"x":1}}'
 # Under MAX_KEY_BYTES (64 KiB), so only its depth is wrong.
 DEEP_OBJECT = '{"a":' + "[" * 20_000 + "]" * 20_000 + "}"

@@ -1,4 +1,4 @@
-"""Compiled graphs shared through the database (issue 14, items 2 and 3), with real jobs.
+"""Compiled graphs shared through the database, signed and verified, with real jobs.
 
 Each job is a real process (tests/graph_share_worker.py) that compiles a training step
 with tunecache on and Inductor's FX graph and AOTAutograd caches on; a job with a fresh

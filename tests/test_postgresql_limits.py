@@ -1,5 +1,5 @@
 """PostgreSQL's limits: a lock held by a frozen or foreign session, and a server with fewer
-connection slots than processes (issue 13, items 5 and 13). Real processes, the real server."""
+connection slots than processes (as at cluster scale). Real processes, the real server."""
 
 from __future__ import annotations
 

@@ -554,7 +554,7 @@ def test_a_kernel_its_peer_publishes_as_this_rank_claims_it_is_adopted_not_measu
         coordesc, monkeypatch, run):
     # Ranks in step reach a kernel just as the peer that claimed it publishes it: the
     # claim finds the peer's claim, then the peer publishes, before this rank reads the
-    # key again (a flaky two-process test, issue 13).
+    # key again (this made a two-process test flaky before the claim looked again).
     k, _, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
     claims = coordesc.cache.claim

@@ -1,7 +1,8 @@
-"""Every value read from shared storage is untrusted, columns included (issue 13, items 7
-and 8): a wrong-typed column never raises in the caller, and a row that no process will
-finish (a state this tunecache does not know, a claim whose lease is not a number) is
-tuned locally at once, with one warning, instead of being waited for."""
+"""Every value read from shared storage is untrusted, columns included (whoever can write
+the database can put anything there): a wrong-typed column never raises in the caller, and
+a row that no process will finish (a state this tunecache does not know, a claim whose
+lease is not a number) is tuned locally at once, with one warning, instead of being
+waited for."""
 
 from __future__ import annotations
 

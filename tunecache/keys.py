@@ -49,7 +49,7 @@ def canonical_json(value: Any) -> str:
         raise TypeError(f"a tunecache key must be JSON-able (no NaN/inf): {e}") from None
     except RecursionError:
         # json's C encoder recurses once per level, so a deep value fails at a depth that
-        # depends on the caller's stack: bad input, reported as such (issue 13, item 6).
+        # depends on the caller's stack: bad input, reported as such, not a crash.
         raise ValueError("a tunecache key is nested too deeply to encode as JSON") from None
     return text
 

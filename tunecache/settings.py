@@ -126,10 +126,10 @@ class Settings:
     max_attempts: int = 3
     # Share Triton kernel configs (coordinate descent included) and fusion benchmark
     # timings too, not only GEMM timings (docs/triton-autotune.md). On by default since
-    # the warm-start GPU runs of issue 14 (docs/benchmarks.md); TUNECACHE_TRITON_CONFIGS=0
+    # the warm-start GPU runs of 2026-12-01 (docs/benchmarks.md); TUNECACHE_TRITON_CONFIGS=0
     # opts out.
     triton_configs: bool = True
-    # Compiled-graph sharing (issue 14), on only with a key: ``signing_key``, the path of
+    # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
     # graphs and never publishes); ``graphs``: False turns it off even with keys. These
@@ -163,7 +163,7 @@ class Settings:
         # writer stalled inside a transaction, e.g. a frozen process, holds every other
         # writer back), so a live owner keeps its claim through every stall the lock
         # timeout tolerates only if lease/3 + lock_timeout < lease. Half the lease leaves
-        # lease/6 for the renewal itself (issue 13, item 12).
+        # lease/6 for the renewal itself (docs/decisions.md, "Lock timeout").
         most = self.lease_seconds / 2
         if self.lock_timeout is None:
             object.__setattr__(self, "lock_timeout", min(_DEFAULT_LOCK_TIMEOUT, most))

@@ -1,4 +1,4 @@
-"""Compiled graphs: Inductor's FX graph and AOTAutograd cache entries (issue 14).
+"""Compiled graphs: Inductor's FX graph and AOTAutograd cache entries, shared by jobs.
 
 One row per (kind, key), first publish wins. On SQLite the payload is a content-addressed
 file beside the database and the row holds its sha256 only; on PostgreSQL it is the

@@ -379,7 +379,8 @@ class TuneCache:
         todo = list(keys)  # free as far as we know, in the caller's order
         waiting: list[str] = []  # claimed by peers
         # Every claim held is in one of these two lists between steps, and the heartbeat
-        # renews it until the step that publishes or gives it back (issue 13, item 2).
+        # renews it until the step that publishes or gives it back (else a batch's later
+        # keys outlast the lease and a peer takes over a live owner's key).
         publications: list[Publication] = []  # tuned, to publish
         returned: list[Claim] = []  # claimed but not tuned, to give back
         batch = 1
@@ -416,7 +417,7 @@ class TuneCache:
                     )
                 except StoreError:
                     # What was tuned here is a result all the same: keep it (as local,
-                    # the store having failed) rather than tune it again (item 4).
+                    # the store having failed) rather than tune it again.
                     for pub in publications:
                         h = pub.claim.key_hash
                         results[h] = Result(h, validate_timings(pub.timings_json, h), pub.best,
@@ -457,7 +458,7 @@ class TuneCache:
                     todo = [h for h in keys if h in back]
                 batch = _next_batch(step_seconds, publications)
                 # The wait timeout counts time spent waiting on peers, not our own
-                # tuning (item 3).
+                # tuning (a rank that tuned for long still waits for its peers).
                 idle_since = time.monotonic()
                 continue
             # Only peers' keys are left: watch them.

@@ -1,8 +1,8 @@
 """Ed25519 signatures of compiled graphs: key pairs, signing and verifying.
 
 A compiled graph is a pickle plus generated Python that every job loading it executes,
-so whoever can write the database could run code in every job that reads it (issue 14,
-item 3). Jobs that publish sign each entry with the cluster's private key; every reader
+so whoever can write the database could run code in every job that reads it. Jobs that
+publish sign each entry with the cluster's private key; every reader
 verifies with the public key alone, so a readonly consumer can check entries but never
 forge one.
 

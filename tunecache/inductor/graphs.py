@@ -1,5 +1,5 @@
 """Compiled graphs shared through the database: tunecache as Inductor's remote FX graph
-cache and remote AOTAutograd cache (issue 14, items 2 and 3).
+cache and remote AOTAutograd cache, loading only entries whose signature verifies.
 
 How Inductor reaches a remote graph cache (read in torch 2.13 and 2.14, and in earlier
 releases' autograd_cache.py; the same in each):

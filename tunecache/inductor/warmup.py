@@ -14,7 +14,8 @@ __all__ = ["local_caches_off", "compile_and_run"]
 @contextlib.contextmanager
 def local_caches_off() -> Iterator[None]:
     """Inductor reaches its autotune lookup only on a real miss: no FX graph cache and no
-    local or remote autotune cache may answer for the shared one (DESIGN.md §3)."""
+    local or remote autotune cache may answer for the shared one (a graph hit skips
+    lowering, and with it every lookup)."""
     from torch._inductor import config
 
     with config.patch({"fx_graph_cache": False, "autotune_local_cache": False,

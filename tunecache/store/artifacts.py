@@ -1,5 +1,5 @@
 """Compiled graphs in the shared database: Inductor's FX graph and AOTAutograd cache
-entries, published once per cluster and read by every job (issue 14).
+entries, published once per cluster and read by every job.
 
 First publish wins: ``put`` inserts the row if (kind, key) is absent and never rewrites
 it, so all ranks that compile one graph at once store it once. The one exception is

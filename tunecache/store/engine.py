@@ -15,14 +15,14 @@ PostgreSQL notes (https://www.postgresql.org/docs/15/runtime-config-client.html)
 - Every session bounds its waits by the lock timeout: ``lock_timeout``, a ``statement_timeout``
   above it (a stalled server), and ``idle_in_transaction_session_timeout`` at half of it, so
   that the server itself ends the transaction of a client frozen mid-claim (SIGSTOP, a
-  debugger) before the peers queued on its row lock give up (issue 13, item 5). They are set
+  debugger) before the peers queued on its row lock give up. They are set
   on connect, not as startup ``options``, in which PgBouncer refuses them.
 - A connection is held only while a process works: it is kept after a transaction only
   until the next one, if that comes within _PG_IDLE_SECONDS (a burst of lookups), and then
   closed by a thread; a process that had to wait for a slot gives its connection back at
   once. Ranks and compile workers that each kept one for their life exhausted
   ``max_connections`` at cluster scale; a refused connection ("too many clients", a
-  CONNECTION LIMIT) is waited out like a lock, within the lock timeout (issue 13, item 13).
+  CONNECTION LIMIT) is waited out like a lock, within the lock timeout.
 
 Engines do not survive fork(): the pool's sockets and file handles would be shared with the
 parent. :class:`Database` notices a new pid and builds a fresh engine in the child.

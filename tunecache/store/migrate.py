@@ -68,8 +68,8 @@ def _scripts() -> ScriptDirectory:
 def _linear_head() -> str | None:
     """The head of a linear history, read from the scripts without importing Alembic.
 
-    Importing Alembic costs about as much as the rest of a CLI command's start (issue 13,
-    item 19), and every open only compares the database's revision with the head. Anything
+    Importing Alembic costs about as much as the rest of a CLI command's start, and every
+    open only compares the database's revision with the head. Anything
     but one unbranched chain returns None, and Alembic decides.
     """
     parents: dict[str, str | None] = {}

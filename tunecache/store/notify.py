@@ -55,7 +55,7 @@ class Waiter:
 
     On PostgreSQL it LISTENs on a connection opened for one wait and closed at its end, and
     only while the server has slots to spare: at cluster scale, waiters that each held one
-    for their life left no slot for the processes whose results they waited for (issue 13).
+    for their life left no slot for the processes whose results they waited for.
     """
 
     # Shorter sleeps are not worth a connection.

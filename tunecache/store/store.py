@@ -1,6 +1,6 @@
 """Every statement the claim protocol runs, by name, over one :class:`Database`.
 
-The protocol (DESIGN.md §4): a key is claimed by inserting its row (state ``claimed``,
+The protocol (docs/design.md): a key is claimed by inserting its row (state ``claimed``,
 token 1) or by taking over a claimed row whose lease has passed (token + 1). Each of those
 is one conditional statement, so two processes can never both win, on SQLite or
 PostgreSQL, with or without an explicit row lock. A publish is an UPDATE guarded by the

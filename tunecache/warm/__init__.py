@@ -13,7 +13,8 @@ uses: every rank compiles every key, but rank r starts at its own share of the l
 ranks claim different keys first and later find their peers' keys done (or wait for them).
 
 Inductor only reaches its autotune lookup on a real miss, so each compile runs with a
-fresh TORCHINDUCTOR_CACHE_DIR and the FX graph / AOTAutograd caches off (DESIGN.md §3).
+fresh TORCHINDUCTOR_CACHE_DIR and the FX graph / AOTAutograd caches off (a graph hit skips
+lowering, and with it every autotune lookup).
 
 Rooms: ``ops`` (what warm can rebuild), ``inputs`` (the recorded inputs key),
 ``choose`` (recorded keys to warm; no torch), ``build`` (tensors and the function to

@@ -29,7 +29,7 @@ __all__ = ["TritonPatch", "enable_triton", "disable_triton", "enable_triton_from
 
 log = logging.getLogger("tunecache")
 
-# Notes on the hooks. Everything in the triton package serves issue 6: the best config of
+# Notes on the hooks. Everything in the triton package serves one aim: the best config of
 # every Triton kernel that Inductor autotunes (pointwise, reduction, template ...; the
 # autotune_to_one_config benchmark and coordinate descent) goes through the shared cache.
 # docs/triton-autotune.md has the reasoning; the facts it rests on (torch 2.13,

@@ -229,7 +229,7 @@ class TritonCache:
         if again:
             # The claim found a peer's claim, which has ended since: ranks in step reach a
             # kernel just as the peer that claimed it publishes it. Look again rather than
-            # measure what the peer has just published (issue 13, a flaky two-process test).
+            # measure what the peer has just published (this made a two-process test flaky).
             return self._claim_step(key, waits, read, again=False)
         return "local", None
 
