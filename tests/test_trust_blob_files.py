@@ -11,15 +11,14 @@ import json
 import logging
 import os
 import stat
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
+from cli_helpers import run, run_json
+from fifo_helpers import returns_within
 from sqlalchemy import update
 
-from cli_helpers import run, run_json
 from tunecache.errors import StoreError
 from tunecache.settings import resolve_db_url
 from tunecache.store import ArtifactStore, Database, ensure_schema
@@ -45,30 +44,6 @@ def _old_file(path: Path, data: bytes = b"precious") -> Path:
     path.write_bytes(data)
     os.utime(path, (OLD, OLD), follow_symlinks=False)
     return path
-
-
-def _returns_within(fn: Callable[[], Any], fifo: Path, timeout: float = 60.0) -> Any:
-    """``fn()``'s result, run in a thread that must finish within ``timeout``; if it is
-    blocked on ``fifo``, a writer is opened so that it ends, and the test fails."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-        thread.join(timeout)
-        pytest.fail(f"blocked on the FIFO {fifo}")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def _victim(tmp_path: Path, prefix: str) -> tuple[Path, list[Path]]:
@@ -217,7 +192,7 @@ def test_a_blob_that_is_a_fifo_reads_as_none_without_blocking(sqlite_url, caplog
     store = _store(sqlite_url)
     fifo = _fifo_blob(sqlite_url, store)
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        assert _returns_within(lambda: store.get("fxgraph", "k"), fifo) is None
+        assert returns_within(lambda: store.get("fxgraph", "k"), fifo) is None
     assert len(caplog.records) == 1 and "not a regular file" in caplog.text, caplog.text
 
 
@@ -225,7 +200,7 @@ def test_export_skips_a_blob_that_is_a_fifo_without_blocking(sqlite_url, tmp_pat
     store = _store(sqlite_url)
     fifo = _fifo_blob(sqlite_url, store)
     out = tmp_path / "export.jsonl"
-    done = _returns_within(lambda: run("export", "--db", sqlite_url, "--output", str(out),
+    done = returns_within(lambda: run("export", "--db", sqlite_url, "--output", str(out),
                                        "--json"), fifo)
     assert done.exit_code == 0, done.output
     [skipped] = json.loads(done.stdout)["skipped_invalid"]

@@ -9,15 +9,19 @@ import json
 import logging
 import os
 import stat
-import threading
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
-
 from cli_helpers import run
-from tunecache.core.signing import (PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer,
-                                    load_verifier, write_key_pair)
+from fifo_helpers import returns_within
+
+from tunecache.core.signing import (
+    PRIVATE_KEY_NAME,
+    PUBLIC_KEY_NAME,
+    load_signer,
+    load_verifier,
+    write_key_pair,
+)
 from tunecache.errors import SigningKeyError
 
 LOADERS = {PRIVATE_KEY_NAME: load_signer, PUBLIC_KEY_NAME: load_verifier}
@@ -27,31 +31,6 @@ LOADERS = {PRIVATE_KEY_NAME: load_signer, PUBLIC_KEY_NAME: load_verifier}
 def keys(tmp_path) -> Path:
     write_key_pair(tmp_path / "keys")
     return tmp_path / "keys"
-
-
-def _returns_within(fn: Callable[[], Any], fifo: Path, timeout: float = 60.0) -> Any:
-    """``fn()``'s result (or the exception it raised), run in a thread that must finish
-    within ``timeout``. If it is still blocked on ``fifo``, a writer is opened so that
-    the thread ends, and the test fails: the call hung."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # a reader is waiting: succeeds
-        os.close(fd)
-        thread.join(timeout)
-        pytest.fail(f"blocked on the FIFO {fifo}")
-    if "error" in outcome:
-        return outcome["error"]
-    return outcome["value"]
 
 
 # -- the key files and their directories
@@ -185,9 +164,9 @@ def test_a_key_path_that_is_a_fifo_is_refused_without_blocking(tmp_path, name):
     folder.mkdir(mode=0o700)
     fifo = folder / name
     os.mkfifo(fifo, 0o600)
-    error = _returns_within(lambda: LOADERS[name](fifo), fifo)
-    assert isinstance(error, SigningKeyError), error
-    assert str(fifo) in str(error) and "not a regular file" in str(error)
+    with pytest.raises(SigningKeyError) as error:
+        returns_within(lambda: LOADERS[name](fifo), fifo)
+    assert str(fifo) in str(error.value) and "not a regular file" in str(error.value)
 
 
 def test_enable_with_a_fifo_verify_key_returns_with_graph_sharing_off(
@@ -210,5 +189,5 @@ def test_enable_with_a_fifo_verify_key_returns_with_graph_sharing_off(
             tc_inductor.disable()
 
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        assert _returns_within(enable, fifo) is True
+        assert returns_within(enable, fifo) is True
     assert "not a regular file" in caplog.text

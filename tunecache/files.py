@@ -16,7 +16,7 @@ import fcntl
 import os
 import stat
 
-__all__ = ["open_regular", "read_regular", "regular_or_absent", "kind_of"]
+__all__ = ["kind_of", "open_regular", "read_regular", "regular_or_absent"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
