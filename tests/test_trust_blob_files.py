@@ -109,6 +109,15 @@ def test_a_symlinked_blob_root_is_the_operators_volume_and_is_pruned(tmp_path):
     assert _store(url).get("fxgraph", "kept") is not None
 
 
+def test_a_database_reached_through_a_symlinked_directory_makes_its_blob_root(tmp_path):
+    (tmp_path / "volume").mkdir()
+    (tmp_path / "scratch").symlink_to(tmp_path / "volume")
+    url = f"sqlite:///{tmp_path / 'scratch' / 'tune.db'}"
+    store = _store(url)
+    assert store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
+    assert store.get("fxgraph", "k").payload == b"payload"
+
+
 def test_prune_touches_only_regular_files_of_the_names_the_store_writes(sqlite_url, tmp_path):
     store = _store(sqlite_url)
     store.put("fxgraph", "kept", os.urandom(100), SIG, "2.13.0")

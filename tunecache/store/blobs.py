@@ -108,30 +108,40 @@ class BlobDir:
         return self._group
 
     def _makedirs(self, path: str) -> None:
-        if os.path.abspath(path) == os.path.abspath(self.root):
-            if os.path.isdir(path):  # the root may be a symlink (another volume)
-                return
-        else:
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                pass
-            else:
-                if stat.S_ISDIR(mode):
-                    return
-                raise OSError(errno.ENOTDIR, "is not a directory of the blob store (a "
-                              "symlink or a file); remove it", path)
+        # The root and the directories above it may be symlinks (an operator's volume);
+        # a directory below the root must be a directory itself.
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.root))
+        below = rel not in (".", "..") and not rel.startswith(".." + os.sep)
+        if self._is_dir(path, below):
+            return
         parent = os.path.dirname(path)
         if parent != path:
             self._makedirs(parent)
         try:
             os.mkdir(path)
         except FileExistsError:
-            return self._makedirs(path)  # made meanwhile: checked as above
+            if self._is_dir(path, below):  # made meanwhile
+                return
+            raise
         if self.group_shared:
             with contextlib.suppress(OSError):
                 mode = os.stat(path).st_mode
                 os.chmod(path, stat.S_IMODE(mode) | stat.S_IRWXG | stat.S_ISGID)
+
+    @staticmethod
+    def _is_dir(path: str, below_root: bool) -> bool:
+        """Whether a directory is at ``path``; below the root, raise OSError if a symlink
+        (or anything but a directory) is."""
+        if not below_root:
+            return os.path.isdir(path)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(mode):
+            return True
+        raise OSError(errno.ENOTDIR, "is not a directory of the blob store (a symlink or a "
+                      "file); remove it", path)
 
     def _lock(self, path: str) -> FileLock:
         """A filelock on ``path``, whose file is created (if absent) with this process's
