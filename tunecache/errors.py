@@ -184,8 +184,10 @@ class SourceNotFoundError(ConfigError):
 
 
 class SigningKeyError(TuneCacheError):
-    """A key file of compiled-graph signing cannot be used (missing, unreadable, not an
-    Ed25519 key, readable by everyone) or cannot be written (it exists already)."""
+    """A key file of compiled-graph signing cannot be used (missing, unreadable, not a
+    regular file, not an Ed25519 key, readable by everyone, replaceable by other users)
+    or cannot be written (it exists already, its directory cannot be made or is
+    writable by other users)."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(path, reason)

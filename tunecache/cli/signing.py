@@ -24,7 +24,8 @@ def keygen(out: Out, directory: Path, group: bool) -> None:
     Writes tunecache-signing.key (the private key: set TUNECACHE_SIGNING_KEY to it on jobs
     that publish graphs; readable by its owner only, or by its group with --group) and
     tunecache-verify.pub (the public key: set TUNECACHE_VERIFY_KEY to it on jobs that only
-    load graphs). Never overwrites either file.
+    load graphs). Never overwrites either file, and refuses a DIRECTORY that users other
+    than its owner can write (jobs would refuse its keys: anyone could replace them).
     """
     from ..core.signing import write_key_pair
 

@@ -14,6 +14,17 @@ signature made by anything else that signs with the same key pair.
 Key files are PEM (PKCS#8 private key, SubjectPublicKeyInfo public key), the formats
 ``openssl pkey`` reads; the private key is not encrypted (jobs read it unattended), so
 its file's permissions are what protects it.
+
+Whoever can replace a key file chooses what every job trusts (a public key of their
+own: their graphs then run in every job). So ``keygen`` and both loaders refuse a key
+file that anyone but its owner may write, a directory holding it that anyone but its
+owner may write (sticky or not: another user could add the file when it is missing),
+and a directory above it that others may write unless it is sticky (then only the
+owner of an entry may rename it, as in /tmp). Group write counts as others' write: the
+``--group`` layout lets the group read the keys (directory 750, private key 640, public
+key 644), never write them. A symlinked key path (a secrets mount) is followed, and both
+the directories holding the symlink and those of the file it points to are checked.
+Modes are checked, not owners: jobs of a group run as users other than the key's owner.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import struct
 from pathlib import Path
 
 from ..errors import SigningKeyError
+from ..files import read_regular
 
 __all__ = [
     "PRIVATE_KEY_NAME",
@@ -46,6 +58,8 @@ _DOMAIN = b"tunecache compiled graph v1\x00"
 _SIGNATURE_BYTES = 64
 # A PEM key file is a few hundred bytes; refuse to read anything much larger.
 _MAX_KEY_FILE = 16 * 1024
+# Write permission of anyone but the owner (group members are other users too).
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 def signed_message(kind: str, key: str, digest: str) -> bytes:
@@ -123,7 +137,11 @@ def write_key_pair(directory: str | os.PathLike[str], *, group: bool = False) ->
         if path.exists() or path.is_symlink():
             raise SigningKeyError(str(path), "exists already; refusing to overwrite it "
                                   "(move it away first, or use another directory)")
-    folder.mkdir(mode=0o750 if group else 0o700, parents=True, exist_ok=True)
+    # Refused before anything is written: the loaders would refuse these keys anyway.
+    why = _unsafe_location(private_path)
+    if why is not None:
+        raise SigningKeyError(str(private_path), why)
+    _make_directories(folder, 0o750 if group else 0o700, private_path)
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(serialization.Encoding.PEM,
                                     serialization.PrivateFormat.PKCS8,
@@ -137,6 +155,60 @@ def write_key_pair(directory: str | os.PathLike[str], *, group: bool = False) ->
         private_path.unlink(missing_ok=True)  # no half a key pair
         raise
     return KeyPairFiles(private_path, public_path, Signer(key).fingerprint)
+
+
+def _make_directories(folder: Path, mode: int, private_path: Path) -> None:
+    """Create ``folder`` and its missing parents with ``mode``, set explicitly: under a
+    strict umask (077) a directory made by mkdir alone would keep the group of --group
+    out of its keys. Directories that exist are left as they are."""
+    missing: list[Path] = []
+    for d in (folder, *folder.parents):
+        if d.is_dir():
+            break
+        missing.append(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+            os.chmod(d, mode)
+        except FileExistsError:
+            if not d.is_dir():
+                raise SigningKeyError(str(private_path), f"{d} exists and is not a "
+                                      "directory") from None
+        except OSError as e:
+            raise SigningKeyError(str(private_path), "its directory cannot be created: "
+                                  f"{os.strerror(e.errno or 0)}") from None
+
+
+def _unsafe_location(path: Path) -> str | None:
+    """Why another user could replace the key file at ``path`` through a directory on
+    its path (see the module docstring), or None. Directories that do not exist (yet)
+    are skipped."""
+    lexical = Path(os.path.abspath(path))
+    chains = [lexical.parent]
+    real = Path(os.path.realpath(lexical))
+    if real.parent != lexical.parent:
+        chains.append(real.parent)
+    seen: set[Path] = set()
+    for own in chains:
+        for d in (own, *own.parents):
+            if d in seen:
+                continue
+            seen.add(d)
+            try:
+                mode = stat.S_IMODE(os.stat(d).st_mode)
+            except OSError:
+                continue
+            if not mode & _OTHERS_WRITE:
+                continue
+            if d == own:
+                return (f"its directory {d} is writable by other users (mode {mode:04o}), "
+                        "so they could replace the key; make it writable by its owner only "
+                        f"(chmod go-w {d})")
+            if not mode & stat.S_ISVTX:
+                return (f"the directory {d} above it is writable by other users (mode "
+                        f"{mode:04o}), so they could swap the key's directory for theirs; "
+                        f"chmod go-w {d} (or chmod +t {d}, as on /tmp)")
+    return None
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -160,19 +232,29 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _read_key_file(path: str | os.PathLike[str]) -> tuple[Path, bytes]:
+def _read_key_file(path: str | os.PathLike[str]) -> tuple[Path, bytes, os.stat_result]:
+    """The key file's bytes and fstat, once it is known that no other user could have
+    put them there (see the module docstring)."""
     p = Path(path).expanduser()
     try:
-        with open(p, "rb") as f:
-            data = f.read(_MAX_KEY_FILE + 1)
+        # Not blocking on a FIFO, nor reading a device: a key path may name anything.
+        data, st = read_regular(p, _MAX_KEY_FILE + 1, follow_symlinks=True)
     except FileNotFoundError:
         raise SigningKeyError(str(p), "no such file (`tunecache keygen DIR` makes a key "
                               "pair)") from None
     except OSError as e:
-        raise SigningKeyError(str(p), f"cannot be read: {os.strerror(e.errno or 0)}") from None
+        raise SigningKeyError(str(p), f"cannot be read: {e.strerror or e}") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & _OTHERS_WRITE:
+        raise SigningKeyError(str(p), f"is writable by other users (mode {mode:04o}), so "
+                              "they could replace the key; make it writable by its owner "
+                              f"only (chmod go-w {p})")
+    why = _unsafe_location(p)
+    if why is not None:
+        raise SigningKeyError(str(p), why)
     if len(data) > _MAX_KEY_FILE:
         raise SigningKeyError(str(p), "is too large to be a key file")
-    return p, data
+    return p, data, st
 
 
 def load_signer(path: str | os.PathLike[str]) -> Signer:
@@ -180,19 +262,16 @@ def load_signer(path: str | os.PathLike[str]) -> Signer:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    p, data = _read_key_file(path)
+    p, data, st = _read_key_file(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
         raise SigningKeyError(str(p), f"is not an unencrypted PEM private key ({e})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError(str(p), "is not an Ed25519 private key")
-    try:
-        if os.stat(p).st_mode & stat.S_IROTH:
-            raise SigningKeyError(str(p), "is readable by every user; make it private "
-                                  "(chmod 600, or 640 for a group of jobs)")
-    except OSError:
-        pass
+    if st.st_mode & stat.S_IROTH:
+        raise SigningKeyError(str(p), "is readable by every user; make it private "
+                              "(chmod 600, or 640 for a group of jobs)")
     return Signer(key)
 
 
@@ -201,7 +280,7 @@ def load_verifier(path: str | os.PathLike[str]) -> Verifier:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    p, data = _read_key_file(path)
+    p, data, _st = _read_key_file(path)
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as e:

@@ -36,9 +36,12 @@ from sqlalchemy import (
     Connection,
     and_,
     bindparam,
+    case,
     delete,
     exc,
     func,
+    literal_column,
+    null,
     or_,
     select,
     true,
@@ -187,9 +190,18 @@ _IDENTITY = and_(artifacts.c.kind == bindparam("p_kind"),
                  artifacts.c.cache_key == bindparam("p_key"))
 _META = (artifacts.c.digest, artifacts.c.signature, artifacts.c.size, artifacts.c.torch_version,
          artifacts.c.created_at, artifacts.c.last_used_at)
+# PostgreSQL: the payload's length is read first (octet_length reads the stored value's
+# header, not the value), and the bytes only come back when they are as many as the row
+# says and within MAX_PAYLOAD_BYTES: a row that claims gigabytes costs no read of them.
+_PG_PAYLOAD_BYTES = func.octet_length(artifacts.c.payload)
+_PG_PAYLOAD = case(
+    (and_(_PG_PAYLOAD_BYTES == artifacts.c.size,
+          artifacts.c.size <= literal_column(str(MAX_PAYLOAD_BYTES))), artifacts.c.payload),
+    else_=null())
 _READ = {
     "sqlite": select(*_META, _NOW.label("now")).where(_IDENTITY),
-    "postgresql": select(*_META, artifacts.c.payload, _NOW.label("now")).where(_IDENTITY),
+    "postgresql": select(*_META, _PG_PAYLOAD_BYTES.label("payload_bytes"),
+                         _PG_PAYLOAD.label("payload"), _NOW.label("now")).where(_IDENTITY),
 }
 # The PostgreSQL read, as psycopg runs it (compiled once from the statement above): in
 # binary format, a bytea comes as its bytes; in text format (all SQLAlchemy asks for) as
@@ -392,14 +404,20 @@ class ArtifactStore:
         if digest is None or not DIGEST.match(digest) or size is None or size < 0 \
                 or signature is None or created_at is None or torch_version is None:
             return "its database row is malformed", row
+        if size > MAX_PAYLOAD_BYTES:  # never written by a store: refused before any read
+            return (f"its database row claims {size} bytes, more than the store's limit of "
+                    f"{MAX_PAYLOAD_BYTES}"), row
         if self.blobs is not None:
             data: bytes | str = self.blobs.read(digest, size)
         else:
             raw = _bytes(row.payload)
-            if raw is None:
+            stored = _int(row.payload_bytes)
+            if stored is None:
                 data = "its payload is missing"
-            elif len(raw) != size:
-                data = f"its payload has {len(raw)} bytes, not {size}"
+            elif stored != size:
+                data = f"its payload has {stored} bytes, not {size}"
+            elif raw is None or len(raw) != size:
+                data = "its payload is missing"
             elif hashlib.sha256(raw).hexdigest() != digest:
                 data = "its payload does not match its digest (corrupted)"
             else:
@@ -638,7 +656,7 @@ class ArtifactStore:
         if self.blobs is not None:
             for digest in sorted(digests):
                 if DIGEST.match(digest):
-                    self.blobs.delete_unless(digest, lambda d=digest: bool(self.referenced([d])))
+                    self.blobs.try_delete(digest, lambda d=digest: bool(self.referenced([d])))
         return deleted, freed
 
     def referenced(self, digests: Sequence[str]) -> set[str]:

@@ -13,6 +13,14 @@ prune's delete (see :meth:`BlobDir.delete_unless`): two writers of one digest wr
 same bytes, so the rename keeps the result whole even where the lock does not reach.
 Publishers of one (kind, key) also hold a lock of that key (:meth:`BlobDir.publishing`),
 so that ranks compiling the same graph at once write one blob between them.
+
+Other users may write the directory, so nothing below the root is trusted to be what
+its name says: a blob is opened without blocking and must be a regular file of the size
+its row gives (:mod:`tunecache.files`); a lock file or directory below the root that is
+a symlink (or anything but a regular file, or a directory) is refused, never opened; and
+prune walks and deletes without following any symlink below the root, only regular files
+of the names written here. The root itself may be a symlink: an operator may keep the
+blobs on another volume.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from typing import Callable, Iterator
 
 from filelock import FileLock
 
+from ..files import open_regular, regular_or_absent
+
 __all__ = ["BlobDir", "DIGEST", "blob_dir_for", "ORPHAN_SECONDS"]
 
 logger = logging.getLogger("tunecache")
@@ -43,6 +53,12 @@ _TMP = ".tmp."
 _KEYS = "keys"  # the publishers' locks of (kind, key): <root>/keys/<h[:2]>/<h>.lock
 _LOCK = ".lock"
 _READ_CHUNK = 1 << 20
+# The names written here; prune touches nothing else.
+_SHARD = re.compile(r"^[0-9a-f]{2}$")
+_LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.lock$")
+_TMP_NAME = re.compile(r"^[0-9a-f]{64}\.tmp\.[0-9]+\.[0-9a-f]+$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def blob_dir_for(sqlite_path: str) -> str:
@@ -54,7 +70,7 @@ def _fsync_dir(path: str) -> None:
     # The rename is durable only once the directory is (a host that loses power must
     # not keep a row whose blob vanished with the directory's page cache).
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | _DIRECTORY)
     except OSError:
         return
     try:
@@ -92,7 +108,11 @@ class BlobDir:
         return self._group
 
     def _makedirs(self, path: str) -> None:
-        if os.path.isdir(path):
+        # The root and the directories above it may be symlinks (an operator's volume);
+        # a directory below the root must be a directory itself.
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.root))
+        below = rel not in (".", "..") and not rel.startswith(".." + os.sep)
+        if self._is_dir(path, below):
             return
         parent = os.path.dirname(path)
         if parent != path:
@@ -100,11 +120,28 @@ class BlobDir:
         try:
             os.mkdir(path)
         except FileExistsError:
-            return
+            if self._is_dir(path, below):  # made meanwhile
+                return
+            raise
         if self.group_shared:
             with contextlib.suppress(OSError):
                 mode = os.stat(path).st_mode
                 os.chmod(path, stat.S_IMODE(mode) | stat.S_IRWXG | stat.S_ISGID)
+
+    @staticmethod
+    def _is_dir(path: str, below_root: bool) -> bool:
+        """Whether a directory is at ``path``; below the root, raise OSError if a symlink
+        (or anything but a directory) is."""
+        if not below_root:
+            return os.path.isdir(path)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(mode):
+            return True
+        raise OSError(errno.ENOTDIR, "is not a directory of the blob store (a symlink or a "
+                      "file); remove it", path)
 
     def _lock(self, path: str) -> FileLock:
         """A filelock on ``path``, whose file is created (if absent) with this process's
@@ -112,9 +149,11 @@ class BlobDir:
         is 0o644: another user of the group could not open it to lock)."""
         self._makedirs(os.path.dirname(path))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
         except FileExistsError:
-            pass
+            # A lock file is opened for writing (filelock before 3.20.1 truncated it and
+            # changed its mode, through a symlink too): only a regular file will do.
+            regular_or_absent(path)
         else:
             try:
                 if self.group_shared:
@@ -151,12 +190,22 @@ class BlobDir:
         """The blob's bytes, or why not (missing, short, long, digest mismatch)."""
         path = self.path(digest)
         try:
-            with open(path, "rb") as f:
-                data = f.read(size + 1)
+            fd, st = open_regular(path)
         except FileNotFoundError:
             return f"blob file {path} is missing"
         except OSError as e:
+            return f"blob file {path} cannot be read: {e.strerror or os.strerror(e.errno or 0)}"
+        try:
+            if st.st_size != size:  # refused before anything is read
+                return f"blob file {path} has {st.st_size} bytes, not {size}"
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                data = f.read(size + 1)  # no more, if it grew since the fstat
+        except OSError as e:
             return f"blob file {path} cannot be read: {os.strerror(e.errno or 0)}"
+        finally:
+            if fd >= 0:
+                os.close(fd)
         if len(data) != size:
             return (f"blob file {path} has {'more' if len(data) > size else len(data)} "
                     f"bytes, not {size}")
@@ -167,10 +216,14 @@ class BlobDir:
     def intact(self, path: str, digest: str, size: int) -> bool:
         """Whether the file at ``path`` holds exactly the ``size`` bytes of ``digest``."""
         try:
-            if os.stat(path).st_size != size:
-                return False
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
+            fd, st = open_regular(path)
+        except OSError:
+            return False  # missing, or not a regular file: rewritten (renamed over it)
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "rb") as f:
+                if st.st_size != size:
+                    return False
                 while chunk := f.read(_READ_CHUNK):
                     h.update(chunk)
         except OSError:
@@ -199,47 +252,80 @@ class BlobDir:
         it. A put holds the same lock from its check of the blob to its row's commit, so a
         blob is never deleted between a put's check and its row. True if deleted."""
         path = self.path(digest)
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             return False
         with self.locked(digest):
             if referenced():
                 return False
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
+            if not self._unlink(path):
                 return False
         # The lock file stays: a put may be waiting on it right now, and a new lock file
         # beside the one it holds would let a second writer in. sweep() removes it later.
         return True
 
+    def _unlink(self, path: str) -> bool:
+        """Unlink the regular file at ``path`` (below the root), opening each directory
+        below the root without following a symlink, so that a shard swapped for a
+        symlink since it was walked cannot point the unlink elsewhere. False if it is
+        gone or is not a regular file."""
+        parts = os.path.relpath(path, self.root).split(os.sep)
+        fd = os.open(self.root, os.O_RDONLY | _DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                below = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = below
+            try:
+                if not stat.S_ISREG(os.stat(parts[-1], dir_fd=fd,
+                                            follow_symlinks=False).st_mode):
+                    return False
+                os.unlink(parts[-1], dir_fd=fd)
+            except FileNotFoundError:
+                return False
+            return True
+        finally:
+            os.close(fd)
+
+    def try_delete(self, digest: str, referenced: Callable[[], bool]) -> bool:
+        """:meth:`delete_unless`, with a blob whose lock or shard is not what the store
+        made (a symlink, a FIFO) left in place and reported in one line."""
+        try:
+            return self.delete_unless(digest, referenced)
+        except OSError as e:
+            if e.filename is None:
+                raise
+            logger.warning("tunecache: blob file %s left in place: %s %s", self.path(digest),
+                           e.filename, e.strerror)
+            return False
+
     def walk(self) -> Iterator[tuple[str, str, float, int]]:
-        """(kind of file: blob/tmp/lock/other, path, mtime, size) of every file under the
-        root, in no particular order."""
-        if not os.path.isdir(self.root):
-            return
-        shards = [(s, os.path.join(self.root, s)) for s in sorted(os.listdir(self.root))
-                  if s != _KEYS]
-        keys = os.path.join(self.root, _KEYS)
-        if os.path.isdir(keys):
-            shards += [("", os.path.join(keys, s)) for s in sorted(os.listdir(keys))]
-        for shard, shard_path in shards:
-            if not os.path.isdir(shard_path):
-                continue
-            for name in os.listdir(shard_path):
-                path = os.path.join(shard_path, name)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue  # deleted meanwhile
-                if shard and DIGEST.match(name) and name[:2] == shard:
+        """(kind of file: blob/tmp/lock, path, mtime, size) of every regular file under
+        the root of a name written here, in no particular order. Symlinks below the root
+        are never followed, and anything else is not listed."""
+        top = _entries(self.root)
+        # (holds blobs, not publishers' locks; the shard's entry)
+        shards = [(True, e) for e in top if _SHARD.match(e.name) and _is_dir(e)]
+        shards += [(False, e) for k in top if k.name == _KEYS and _is_dir(k)
+                   for e in _entries(k.path) if _SHARD.match(e.name) and _is_dir(e)]
+        for blobs, shard in shards:
+            for entry in _entries(shard.path):
+                name = entry.name
+                if name[:2] != shard.name:
+                    continue  # not in the shard it would be written to
+                if blobs and DIGEST.match(name):
                     kind = "blob"
-                elif _TMP in name:
+                elif blobs and _TMP_NAME.match(name):
                     kind = "tmp"
-                elif name.endswith(_LOCK):
+                elif _LOCK_NAME.match(name):
                     kind = "lock"
                 else:
-                    kind = "other"
-                yield kind, path, st.st_mtime, st.st_size
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # deleted meanwhile
+                if stat.S_ISREG(st.st_mode):
+                    yield kind, entry.path, st.st_mtime, st.st_size
 
     def sweep(self, referenced: Callable[[list[str]], set[str]], *, dry_run: bool = False,
               min_age: float = ORPHAN_SECONDS) -> dict[str, int]:
@@ -269,13 +355,14 @@ class BlobDir:
             if digest in used:
                 continue
             path, size = old_blobs[digest]
-            if dry_run or self.delete_unless(digest, lambda d=digest: bool(referenced([d]))):
+            if dry_run or self.try_delete(digest, lambda d=digest: bool(referenced([d]))):
                 report["orphan_blobs"] += 1
                 report["orphan_bytes"] += size
         for path, _size in stale:
             if not dry_run:
                 try:
-                    os.unlink(path)
+                    if not self._unlink(path):
+                        continue
                 except OSError:
                     continue
             report["stale_files"] += 1
@@ -289,3 +376,20 @@ class BlobDir:
                 files += 1
                 total += size
         return {"files": files, "bytes": total}
+
+
+def _entries(path: str) -> list[os.DirEntry[str]]:
+    """The entries of the directory at ``path`` (none if it is gone or unreadable)."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """A directory itself, not a symlink to one."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
