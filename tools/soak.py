@@ -29,7 +29,73 @@ and prints:
 - the longest wait: the longest single call, less the time its own caller was frozen.
 
 Exits 1 if duplicates by live owners, divergent results, raised callers, crashes or hung
-workers are not all zero.
+workers are not all zero, or if an invariant of the hostile soak fails.
+
+    python tools/soak.py --seconds 600 --backend both          # --no-hostile: chaos only
+
+Hostile soak (on unless ``--no-hostile``). Beside the workers, an adversary process writes
+the shared storage as anyone who can, without the private key, planting one case every
+HOSTILE_EVERY (2) seconds by turns, aimed at the keys and graphs the workers will ask for
+next; an operator thread runs the CLI; and jobs also share compiled graphs through
+``tunecache.core.graphs`` (a key pair made with ``write_key_pair``; most jobs sign and
+publish, some only verify, one in ten is handed the world-writable key file below). The
+cases, by name (``*`` SQLite only: PostgreSQL keeps payloads in the row):
+
+- ``lease_far_future``: claims whose lease ends in 1e300 s or at 9999-12-31;
+- ``lease_nan``: a NaN lease (SQLite stores a NaN bound from Python as NULL);
+- ``lease_negative``: leases of -1 and -1e300 (already expired: taken over);
+- ``lease_wrong_type``: SQLite: text and bytes leases, a text token; PostgreSQL's float8
+  column has no wrong type, so its nearest, +inf and -inf;
+- ``garbled_timings``: done rows whose timings are broken JSON, JSON of the wrong shape,
+  NaN, or start with an escape sequence;
+- ``hostile_names``: a done entry and a graph row whose names (kind, op, device, torch and
+  triton versions, key, winner) hold terminal escape sequences, CR, newlines, a
+  right-to-left override and, where the database takes them (SQLite), NUL and a lone
+  surrogate as invalid UTF-8; half of them dated 2001, for ``prune --older-than``;
+- ``graph_size_2gib``, ``graph_size_negative``, ``graph_size_int64_max``: graph rows
+  declaring payloads of 2 GiB, -10**18 and 2**63-1 bytes (with a 512-byte payload);
+- ``blob_fifo``*: the blob of a graph jobs are loading replaced by a FIFO with no writer;
+- ``blob_shard_symlink``* and ``keys_shard_symlink``*: a blob shard directory
+  (``<db>.blobs/ab``) or a publishers' lock shard (``<db>.blobs/keys/ab``) of a graph
+  about to be published replaced by a symlink to a canary folder outside the cache, with
+  files dated 2001 named like orphan blobs, stale locks and leftovers of writers;
+- ``lock_symlink``*: the blob lock and the publishers' lock of a graph about to be
+  published replaced by symlinks to canary files (mode 640) outside the cache;
+- ``verify_key_world_writable``: a copy of the verify key, mode 666, that some jobs are
+  handed (as TUNECACHE_VERIFY_KEY): they must refuse it.
+
+The operator runs ``tunecache stats``, ``ls``, ``ls --graphs`` (also with ``--json``) and
+``prune --max-graph-bytes 256KiB --older-than 30d`` (and a ``--dry-run``) every
+OPERATOR_EVERY (4) seconds, each a subprocess in its own session under CLI_TIMEOUT (120
+s), with the operator's environment (none of the workers' TUNECACHE_* settings); after the
+workers stop, a last prune, ``ls --graphs`` and ``stats``. A command passes if it exits 0
+with output free of raw control characters (``--json``: parseable), or exits 1 or 2 with a
+one-line error (counted as an error, not a failure); a traceback, any other exit status
+or a raw control character is a failure, and a timeout a hang.
+
+A watchdog reads each worker's status record (one pwrite of what it is doing: a call and
+its keys, a graph load or publish, a key file) twice a second; an operation that has
+waited longer than HANG_LEASES (6) leases, its own tuning and the time it was frozen not
+counted, is a hang, and the worker is killed with its process group (and replaced). The
+same bound is applied to every operation that did return. So a hang in tunecache never
+hangs the soak: every process it starts is in a session of its own under a bound, and
+SIGINT/SIGTERM kill them all and remove the temp dir and the private PostgreSQL cluster.
+
+The three invariants, printed per backend with counts per case (planted, skipped, failed,
+hung, touched; the keys a plant aimed at attribute failures and hangs to it, and the rest
+are ``normal``), then one JSON summary line (``{"soak_summary": backend, ...}``):
+
+- **jobs failed**: calls that raised, graph loads or publishes that raised or returned
+  other bytes than were published, jobs that accepted the world-writable verify key,
+  duplicates by live owners, divergent results, worker crashes, and failed operator
+  commands;
+- **files outside the cache touched**: canary files deleted, no longer plain files, or
+  changed in content or mode, and files created in a canary folder;
+- **hangs**: operations past the hang bound, workers still running at the end, operator
+  commands past CLI_TIMEOUT.
+
+Keys the adversary wrote rows for are left out of the duplicate and divergence checks:
+their stored rows are the adversary's.
 
 PostgreSQL: by default a private throwaway cluster (initdb into a temp dir, as the
 ``postgres`` user when run as root, on a free port), restarted at will and removed at the
@@ -79,8 +145,9 @@ GRAPH_WINDOW = 5
 # A worker's operation (a call, a graph load or publish) hangs when it waits longer than
 # HANG_LEASES leases, not counting its own tuning nor the time it was frozen. The longest
 # wait of 10-minute chaos runs on a loaded 2-core VM was 3.2 leases (a dead owner's lease,
-# then a peer's retune of 1.3 leases); the wait timeout is 20 leases, so a job that waits
-# out its whole wait timeout on a claim nobody will finish exceeds this bound 3 times over.
+# then a peer's retune of 1.3 leases); the wait timeout is max(60 s, 10 leases), 20 leases
+# at the default lease, so a job that waits out its whole wait timeout on a claim nobody
+# will finish exceeds this bound.
 HANG_LEASES = 6.0
 HOSTILE_EVERY = 2.0  # seconds between two plants of the adversary (cases by turns)
 OPERATOR_EVERY = 4.0  # seconds between two operator commands (stats, ls, prune)
@@ -486,7 +553,7 @@ class Adversary:
         self.pg = spec["url"].startswith("postgresql")
         self.rng = random.Random(f"{spec['seed']}:adversary")
         self.log = EventLog(os.path.join(spec["logdir"], "plants.jsonl"))
-        self.blobs = spec.get("blobs")
+        self.blobs: str = spec.get("blobs") or ""  # SQLite's blob root ("" on PostgreSQL)
         self.planted: dict[str, set[int]] = {"keys": set(), "graphs": set()}
         self.made = 0
 
@@ -540,16 +607,16 @@ class Adversary:
                 for sql, params in statements:
                     conn.execute(sql, params)  # type: ignore[arg-type]
             return
-        conn = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=5,
-                               isolation_level=None)
+        db = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=5,
+                             isolation_level=None)
         try:
-            conn.execute("PRAGMA journal_mode=TRUNCATE")
-            conn.execute("BEGIN IMMEDIATE")
+            db.execute("PRAGMA journal_mode=TRUNCATE")
+            db.execute("BEGIN IMMEDIATE")
             for sql, params in statements:
-                conn.execute(sql, params)
-            conn.execute("COMMIT")
+                db.execute(sql, params)
+            db.execute("COMMIT")
         finally:
-            conn.close()
+            db.close()
 
     def _entry(self, number: int | None, **columns: Any) -> tuple[str, list[Any]]:
         from tunecache.keys import Key
@@ -571,7 +638,7 @@ class Adversary:
     def _artifact(self, kind: str, key: str, size: int, payload: bytes,
                   **columns: Any) -> tuple[str, list[Any]]:
         digest = hashlib.sha256(payload).hexdigest()
-        if self.blobs is not None:
+        if self.blobs:
             self._write_blob(digest, payload)
         row = {"kind": kind, "cache_key": key, "digest": digest,
                "signature": self.rng.randbytes(64), "size": size, "torch_version": "soak",
@@ -622,7 +689,7 @@ class Adversary:
     def hostile_names(self) -> dict[str, Any]:
         old = self.rng.random() < 0.5  # old ones are what prune --older-than selects
         when = OLD if old else time.time()
-        names = {"kind": "gemm\r\x1b[2K", "op": "\x1b[31mmm\x1b[0m\x1b]0;owned\x07",
+        names: dict[str, Any] = {"kind": "gemm\r\x1b[2K", "op": "\x1b[31mmm\x1b[0m\x1b]0;owned\x07",
                  "device": "cpu\nFAKE LINE  done  aten", "torch_version": "2.13\x1b[5m",
                  "triton_version": "3.\u202e1"}
         if not self.pg:  # PostgreSQL refuses NUL and invalid UTF-8 in text
