@@ -35,7 +35,7 @@ workers are not all zero, or if an invariant of the hostile soak fails.
 
 Hostile soak (on unless ``--no-hostile``). Beside the workers, an adversary process writes
 the shared storage as anyone who can, without the private key, planting one case every
-HOSTILE_EVERY (2) seconds by turns, aimed at the keys and graphs the workers will ask for
+HOSTILE_EVERY (1) second by turns, aimed at the keys and graphs the workers will ask for
 next; an operator thread runs the CLI; and jobs also share compiled graphs through
 ``tunecache.core.graphs`` (a key pair made with ``write_key_pair``; most jobs sign and
 publish, some only verify, one in ten is handed the world-writable key file below). The
@@ -149,7 +149,7 @@ GRAPH_WINDOW = 5
 # at the default lease, so a job that waits out its whole wait timeout on a claim nobody
 # will finish exceeds this bound.
 HANG_LEASES = 6.0
-HOSTILE_EVERY = 2.0  # seconds between two plants of the adversary (cases by turns)
+HOSTILE_EVERY = 1.0  # seconds between two plants of the adversary (cases by turns)
 OPERATOR_EVERY = 4.0  # seconds between two operator commands (stats, ls, prune)
 CLI_TIMEOUT = 120.0  # seconds an operator command may take before it counts as hung
 STATUS_BYTES = 2048  # a worker's status record (see Status)
@@ -576,17 +576,18 @@ class Adversary:
     # -- targets
 
     def _upcoming(self, count: int, what: str = "keys") -> list[int]:
-        """Workload numbers (keys or graphs) no job has asked for yet, but soon will: a
-        call's keys start at one of the first three of their generation, so those come
-        first (the third is in almost every call of the generation)."""
-        base = generation(self.spec) + 3
+        """Workload numbers (keys or graphs) no job has asked for yet, but soon will. Keys
+        are asked for only in their generation's second, by calls that start at one of
+        its first three keys, so the third key of each of the next generations comes
+        first: one key per generation, since a second in which no call starts (the
+        workers' start-up, a kill storm) would miss them all."""
+        first = generation(self.spec) + 3
         if what == "keys":
-            base *= KEYS_PER_GENERATION
-            order = [base + 2, base + 1, base + 3, base]
+            order = [g * KEYS_PER_GENERATION + offset for offset in (2, 1, 3, 0)
+                     for g in range(first, first + 8)]
         else:
-            order = [base, base + 1, base + 2, base + 3]
-        found = [i for i in order + list(range(base + 4, base + 40))
-                 if i not in self.planted[what]][:count]
+            order = list(range(first, first + 32))
+        found = [i for i in order if i not in self.planted[what]][:count]
         self.planted[what].update(found)
         return found
 
@@ -607,7 +608,8 @@ class Adversary:
                 for sql, params in statements:
                     conn.execute(sql, params)  # type: ignore[arg-type]
             return
-        db = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=5,
+        # Longer than a frozen worker holds the write lock (3 leases at most).
+        db = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=15,
                              isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=TRUNCATE")
