@@ -831,9 +831,11 @@ class Adversary:
         return {"graphs": [i], "canary": files, "canary_dirs": [folder], "variant": planted}
 
     def blob_fifo(self) -> dict[str, Any]:
-        """Replace the blob of a graph jobs are loading now with a FIFO no one writes."""
+        """Replace the blobs of the two latest graphs jobs are loading now with FIFOs no
+        one writes."""
         from tunecache.store.blobs import DIGEST
 
+        done: dict[str, Any] = {"graphs": [], "variant": []}
         for i in reversed(self._recent_graphs()):
             kind, key = graph_key(self.spec["run"], i)
             conn = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=5)
@@ -850,8 +852,11 @@ class Adversary:
             tmp = os.path.join(shard, f".adv-fifo-{uuid.uuid4().hex}")
             os.mkfifo(tmp)
             os.replace(tmp, os.path.join(shard, row[0]))
-            return {"graphs": [i], "variant": row[0][:12]}
-        return {"skipped": "no published graph in the window yet"}
+            done["graphs"].append(i)
+            done["variant"].append(row[0][:12])
+            if len(done["graphs"]) == 2:
+                break
+        return done if done["graphs"] else {"skipped": "no published graph in the window yet"}
 
 
 def run_adversary(spec: dict[str, Any]) -> None:
@@ -1397,19 +1402,26 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
                    plants: list[dict[str, Any]], freezes_by_pid: dict[int, list[tuple[float, float]]],
                    normal_failures: list[str]) -> dict[str, Any]:
     """Per hostile case: plants, failures and hangs, attributed by the keys and graphs
-    the adversary aimed at; and the three invariants."""
+    the adversary aimed at; and the three invariants. A call that asked for keys of
+    several cases counts under each of them (the invariants count it once)."""
     bound = driver.opts.hang_bound
     cases: dict[str, dict[str, Any]] = {}
+    totals = {"failed": 0, "hung": 0}
 
     def case(name: str) -> dict[str, Any]:
         return cases.setdefault(name, {"planted": 0, "skipped": 0, "failed": 0, "hung": 0,
                                        "examples": []})
 
-    def count(name: str, what: str, example: str) -> None:
-        c = case(name)
-        c[what] += 1
-        if len(c["examples"]) < 3:
-            c["examples"].append(example[:300])
+    def count(names: list[str] | str, what: str, example: str) -> None:
+        totals[what] += 1
+        names = [names] if isinstance(names, str) else names
+        for name in names:
+            c = case(name)
+            c[what] += 1
+            if len(c["examples"]) < 3:
+                also = f" [also counted under {', '.join(n for n in names if n != name)}]" \
+                    if len(names) > 1 else ""
+                c["examples"].append(example[:300] + also)
 
     key_case: dict[int, str] = {}
     graph_case: dict[int, str] = {}
@@ -1419,13 +1431,13 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
         key_case.update({i: p["case"] for i in p.get("keys", [])})
         graph_case.update({i: p["case"] for i in p.get("graphs", [])})
 
-    def attribute(keys: Any = (), graph: Any = None, role: Any = None) -> str:
-        for i in keys or ():
-            if i in key_case:
-                return key_case[i]
+    def attribute(keys: Any = (), graph: Any = None, role: Any = None) -> list[str]:
+        names = list(dict.fromkeys(key_case[i] for i in keys or () if i in key_case))
         if graph in graph_case:
-            return graph_case[graph]
-        return "verify_key_world_writable" if role == "hostile_key" else "normal"
+            names.append(graph_case[graph])
+        if role == "hostile_key":
+            names.append("verify_key_world_writable")
+        return names or ["normal"]
 
     def frozen(pid: int, start: float, end: float) -> float:
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in freezes_by_pid.get(pid, []))
@@ -1433,26 +1445,26 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
     for example in normal_failures:
         count("normal", "failed", example)
     for call in calls:
-        name = attribute(call.get("keys"))
+        names = attribute(call.get("keys"))
         if call["raised"]:
-            count(name, "failed", f"pid {call['pid']} raised {call['raised']}")
+            count(names, "failed", f"pid {call['pid']} raised {call['raised']}")
         waited = call["end"] - call["start"] - call.get("tuning", 0.0) \
             - frozen(call["pid"], call["start"], call["end"])
         if waited > bound:
-            count(name, "hung", f"pid {call['pid']} waited {waited:.1f}s on keys "
+            count(names, "hung", f"pid {call['pid']} waited {waited:.1f}s on keys "
                   f"{call.get('keys')}")
     for ev in others:
-        name = attribute(graph=ev.get("graph"), role=ev.get("role"))
+        names = attribute(graph=ev.get("graph"), role=ev.get("role"))
         if ev.get("raised"):
-            count(name, "failed", f"pid {ev['pid']} {ev['ev']} raised {ev['raised']}")
+            count(names, "failed", f"pid {ev['pid']} {ev['ev']} raised {ev['raised']}")
         if ev.get("wrong"):
-            count(name, "failed", f"pid {ev['pid']} loaded graph {ev['graph']} with other "
+            count(names, "failed", f"pid {ev['pid']} loaded graph {ev['graph']} with other "
                   "bytes than were published")
         if ev["ev"] == "keyfile" and ev["role"] == "hostile_key" and ev["accepted"]:
-            count(name, "failed", f"pid {ev['pid']} loaded the world-writable verify key")
+            count(names, "failed", f"pid {ev['pid']} loaded the world-writable verify key")
         waited = ev["end"] - ev["start"] - frozen(ev["pid"], ev["start"], ev["end"])
         if waited > bound:
-            count(name, "hung", f"pid {ev['pid']} {ev['ev']} took {waited:.1f}s")
+            count(names, "hung", f"pid {ev['pid']} {ev['ev']} took {waited:.1f}s")
     for h in driver.chaos.hangs:
         count(attribute(h.get("keys"), h.get("graph"), h.get("role")), "hung",
               f"pid {h['pid']} killed after waiting {h['waited']}s in {h['op']} "
@@ -1470,16 +1482,16 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
             count(run["case"], "failed" if run["outcome"] == "failed" else "hung",
                   f"tunecache {' '.join(run['args'])}: {run['why']}")
     touched = check_canaries(plants)
-    for name, what in touched:
-        c = case(name)
+    for planted_by, what in touched:
+        c = case(planted_by)
         c["touched"] = c.get("touched", 0) + 1
         if len(c["examples"]) < 3:
             c["examples"].append(what)
     return {
         "cases": cases,
-        "jobs_failed": sum(c["failed"] for c in cases.values()),
+        "jobs_failed": totals["failed"],
         "files_touched": len(touched),
-        "hangs": sum(c["hung"] for c in cases.values()),
+        "hangs": totals["hung"],
         "hang_bound_s": bound,
     }
 
