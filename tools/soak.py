@@ -29,7 +29,73 @@ and prints:
 - the longest wait: the longest single call, less the time its own caller was frozen.
 
 Exits 1 if duplicates by live owners, divergent results, raised callers, crashes or hung
-workers are not all zero.
+workers are not all zero, or if an invariant of the hostile soak fails.
+
+    python tools/soak.py --seconds 600 --backend both          # --no-hostile: chaos only
+
+Hostile soak (on unless ``--no-hostile``). Beside the workers, an adversary process writes
+the shared storage as anyone who can, without the private key, planting one case every
+HOSTILE_EVERY (1) second by turns, aimed at the keys and graphs the workers will ask for
+next; an operator thread runs the CLI; and jobs also share compiled graphs through
+``tunecache.core.graphs`` (a key pair made with ``write_key_pair``; most jobs sign and
+publish, some only verify, one in ten is handed the world-writable key file below). The
+cases, by name (``*`` SQLite only: PostgreSQL keeps payloads in the row):
+
+- ``lease_far_future``: claims whose lease ends in 1e300 s or at 9999-12-31;
+- ``lease_nan``: a NaN lease (SQLite stores a NaN bound from Python as NULL);
+- ``lease_negative``: leases of -1 and -1e300 (already expired: taken over);
+- ``lease_wrong_type``: SQLite: text and bytes leases, a text token; PostgreSQL's float8
+  column has no wrong type, so its nearest, +inf and -inf;
+- ``garbled_timings``: done rows whose timings are broken JSON, JSON of the wrong shape,
+  NaN, or start with an escape sequence;
+- ``hostile_names``: a done entry and a graph row whose names (kind, op, device, torch and
+  triton versions, key, winner) hold terminal escape sequences, CR, newlines, a
+  right-to-left override and, where the database takes them (SQLite), NUL and a lone
+  surrogate as invalid UTF-8; half of them dated 2001, for ``prune --older-than``;
+- ``graph_size_2gib``, ``graph_size_negative``, ``graph_size_int64_max``: graph rows
+  declaring payloads of 2 GiB, -10**18 and 2**63-1 bytes (with a 512-byte payload);
+- ``blob_fifo``*: the blob of a graph jobs are loading replaced by a FIFO with no writer;
+- ``blob_shard_symlink``* and ``keys_shard_symlink``*: a blob shard directory
+  (``<db>.blobs/ab``) or a publishers' lock shard (``<db>.blobs/keys/ab``) of a graph
+  about to be published replaced by a symlink to a canary folder outside the cache, with
+  files dated 2001 named like orphan blobs, stale locks and leftovers of writers;
+- ``lock_symlink``*: the blob lock and the publishers' lock of a graph about to be
+  published replaced by symlinks to canary files (mode 640) outside the cache;
+- ``verify_key_world_writable``: a copy of the verify key, mode 666, that some jobs are
+  handed (as TUNECACHE_VERIFY_KEY): they must refuse it.
+
+The operator runs ``tunecache stats``, ``ls``, ``ls --graphs`` (also with ``--json``) and
+``prune --max-graph-bytes 256KiB --older-than 30d`` (and a ``--dry-run``) every
+OPERATOR_EVERY (4) seconds, each a subprocess in its own session under CLI_TIMEOUT (120
+s), with the operator's environment (none of the workers' TUNECACHE_* settings); after the
+workers stop, a last prune, ``ls --graphs`` and ``stats``. A command passes if it exits 0
+with output free of raw control characters (``--json``: parseable), or exits 1 or 2 with a
+one-line error (counted as an error, not a failure); a traceback, any other exit status
+or a raw control character is a failure, and a timeout a hang.
+
+A watchdog reads each worker's status record (one pwrite of what it is doing: a call and
+its keys, a graph load or publish, a key file) twice a second; an operation that has
+waited longer than HANG_LEASES (6) leases, its own tuning and the time it was frozen not
+counted, is a hang, and the worker is killed with its process group (and replaced). The
+same bound is applied to every operation that did return. So a hang in tunecache never
+hangs the soak: every process it starts is in a session of its own under a bound, and
+SIGINT/SIGTERM kill them all and remove the temp dir and the private PostgreSQL cluster.
+
+The three invariants, printed per backend with counts per case (planted, skipped, failed,
+hung, touched; the keys a plant aimed at attribute failures and hangs to it, and the rest
+are ``normal``), then one JSON summary line (``{"soak_summary": backend, ...}``):
+
+- **jobs failed**: calls that raised, graph loads or publishes that raised or returned
+  other bytes than were published, jobs that accepted the world-writable verify key,
+  duplicates by live owners, divergent results, worker crashes, and failed operator
+  commands;
+- **files outside the cache touched**: canary files deleted, no longer plain files, or
+  changed in content or mode, and files created in a canary folder;
+- **hangs**: operations past the hang bound, workers still running at the end, operator
+  commands past CLI_TIMEOUT.
+
+Keys the adversary wrote rows for are left out of the duplicate and divergence checks:
+their stored rows are the adversary's.
 
 PostgreSQL: by default a private throwaway cluster (initdb into a temp dir, as the
 ``postgres`` user when run as root, on a free port), restarted at will and removed at the
@@ -40,12 +106,15 @@ instead: backends are still terminated, but restarts need ``--pg-restart-cmd``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
+import hashlib
 import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -56,6 +125,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -68,6 +138,21 @@ PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 KEYS_PER_GENERATION = 4  # new keys per GENERATION_SECONDS: a steady stream of cold keys
 GENERATION_SECONDS = 1.0
 WINDOW = 6  # keys one call may ask for, from the current generation on
+# Compiled graphs (hostile mode): one new graph key per generation; a job loads (and, if
+# absent, publishes) graphs of the last GRAPH_WINDOW generations, so each is read again by
+# many jobs after its first publish.
+GRAPH_WINDOW = 5
+# A worker's operation (a call, a graph load or publish) hangs when it waits longer than
+# HANG_LEASES leases, not counting its own tuning nor the time it was frozen. The longest
+# wait of 10-minute chaos runs on a loaded 2-core VM was 3.2 leases (a dead owner's lease,
+# then a peer's retune of 1.3 leases); the wait timeout is max(60 s, 10 leases), 20 leases
+# at the default lease, so a job that waits out its whole wait timeout on a claim nobody
+# will finish exceeds this bound.
+HANG_LEASES = 6.0
+HOSTILE_EVERY = 1.0  # seconds between two plants of the adversary (cases by turns)
+OPERATOR_EVERY = 4.0  # seconds between two operator commands (stats, ls, prune)
+CLI_TIMEOUT = 120.0  # seconds an operator command may take before it counts as hung
+STATUS_BYTES = 2048  # a worker's status record (see Status)
 
 
 # -- the worker ----------------------------------------------------------------------------
@@ -95,15 +180,86 @@ class EventLog:
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
 
+def graph_key(run: str, i: int) -> tuple[str, str]:
+    """(kind, key) of the soak's compiled graph number ``i``."""
+    return ("fxgraph" if i % 2 else "autograd"), f"soak-{run}-graph-{i}"
+
+
+def graph_payload(run: str, i: int) -> bytes:
+    """The bytes every job "compiles" for graph ``i``: a load must return exactly these."""
+    rng = random.Random(f"{run}:graph:{i}")
+    return rng.randbytes(rng.randint(1024, 64 * 1024))
+
+
+def graph_digest(run: str, i: int) -> str:
+    """The blob digest of graph ``i`` as a publisher stores it (zlib at GraphShare's level),
+    so that the adversary can plant files where that blob and its locks will go."""
+    from tunecache.core import graphs
+
+    level = getattr(graphs, "_LEVEL", 6)
+    return hashlib.sha256(zlib.compress(graph_payload(run, i), level)).hexdigest()
+
+
+def generation(spec: dict[str, Any], at: float | None = None) -> int:
+    return int(((time.time() if at is None else at) - spec["t0"]) / GENERATION_SECONDS)
+
+
+class Status:
+    """What a worker is doing now, rewritten in place (one pwrite of a fixed-size record)
+    so that the driver can see an operation that never returns (a blocking open of a
+    FIFO, a wait on a claim that never ends) and kill the worker."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.op: dict[str, Any] | None = None
+
+    def begin(self, op: str, **what: Any) -> None:
+        self.op = {"op": op, "start": time.time(), "tuned": 0.0, "tune_since": None, **what}
+        self._write()
+
+    def tune(self, started: bool) -> None:
+        if self.op is None:
+            return
+        now = time.time()
+        if started:
+            self.op["tune_since"] = now
+        elif self.op["tune_since"] is not None:
+            self.op["tuned"] += now - self.op["tune_since"]
+            self.op["tune_since"] = None
+        self._write()
+
+    def end(self) -> float:
+        """The operation's own tuning seconds."""
+        tuned = self.op["tuned"] if self.op else 0.0
+        self.op = None
+        self._write()
+        return float(tuned)
+
+    def _write(self) -> None:
+        data = json.dumps(self.op).encode()[: STATUS_BYTES - 1]
+        os.pwrite(self._fd, data.ljust(STATUS_BYTES, b" "), 0)
+
+
+def read_status(logdir: str, pid: int) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(logdir, f"status-{pid}"), "rb") as f:
+            value = json.loads(f.read(STATUS_BYTES) or b"null")
+    except (OSError, ValueError):
+        return None  # not written yet, or read mid-write: next look
+    return value if isinstance(value, dict) else None
+
+
 class Worker:
-    """A worker process: jobs (open, one to four calls, close) until the deadline. Its
-    settings are the TUNECACHE_* variables the driver set."""
+    """A worker process: jobs (open, one to four calls, in hostile mode a few graph loads
+    and publishes, close) until the deadline. Its settings are the TUNECACHE_* variables
+    the driver set."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.pid = os.getpid()
         self.rng = random.Random(f"{spec['seed']}:{self.pid}")
         self.log = EventLog(os.path.join(spec["logdir"], f"events-{self.pid}.jsonl"))
+        self.status = Status(os.path.join(spec["logdir"], f"status-{self.pid}"))
         self.lease = float(os.environ["TUNECACHE_LEASE_SECONDS"])
         self.calls = 0
 
@@ -118,19 +274,21 @@ class Worker:
                 if time.time() >= self.spec["deadline"]:
                     break
                 self.call(cache, cheap)
+            if self.spec.get("keys") and time.time() < self.spec["deadline"]:
+                self.graphs(cache)
             try:
                 cache.close()
             except Exception as e:  # noqa: BLE001 - counted like a call that raised
                 self.log.write(ev="call", pid=self.pid, call=-1, start=time.time(),
-                               end=time.time(), results={}, raised=f"close: {e!r}")
+                               end=time.time(), results={}, keys=[], tuning=0.0,
+                               raised=f"close: {e!r}")
 
     def call(self, cache: Any, cheap: bool) -> None:
         """One get_or_tune or get_or_tune_many on keys of the moving window; logs the
         results, or what it raised."""
         self.calls += 1
         call, rng = self.calls, self.rng
-        generation = int((time.time() - self.spec["t0"]) / GENERATION_SECONDS)
-        first = generation * KEYS_PER_GENERATION + rng.randint(0, 2)
+        first = generation(self.spec) * KEYS_PER_GENERATION + rng.randint(0, 2)
         numbers = list(range(first, first + rng.randint(1, WINDOW * (4 if cheap else 1))))
         one = rng.random() < 0.5
         if one:
@@ -139,15 +297,18 @@ class Worker:
         def tune(key: Any) -> dict[str, float]:
             self.log.write(ev="tune", pid=self.pid, call=call, i=key["i"], t=time.time(),
                            local=cache.disabled_reason is not None)
+            self.status.tune(started=True)
             # Now and then longer than the lease: only the heartbeat keeps the claim.
             if rng.random() < (0.03 if cheap else 0.15):
                 time.sleep(1.3 * self.lease)
             else:
                 time.sleep(0.0005 if cheap else rng.uniform(0.05, 0.3))
+            self.status.tune(started=False)
             return timings_for(self.pid, key["i"])
 
         keys = [soak_key(self.spec["run"], i) for i in numbers]
         start, raised, results = time.time(), None, {}
+        self.status.begin("call", keys=numbers)
         try:
             if one:
                 found = [cache.get_or_tune(keys[0], lambda: tune(keys[0]))]
@@ -158,8 +319,62 @@ class Worker:
             results = {str(numbers[0]): ["failed", None]}
         except Exception as e:  # noqa: BLE001 - a caller that raised is what we count
             raised = f"{type(e).__name__}: {e}"
+        tuning = self.status.end()
         self.log.write(ev="call", pid=self.pid, call=call, start=start, end=time.time(),
-                       results=results, raised=raised)
+                       results=results, keys=numbers, tuning=round(tuning, 4), raised=raised)
+
+    def graphs(self, cache: Any) -> None:
+        """Compiled graphs as Inductor shares them: set up graph sharing from the job's
+        key file (mostly the private key; some jobs are consumers with the public key,
+        and some are handed the world-writable copy the adversary keeps, which they must
+        refuse), then load graphs of the window and publish those absent."""
+        from tunecache.core.graphs import GraphShare
+        from tunecache.errors import SigningKeyError
+        from tunecache.settings import Settings
+
+        keys, roll = self.spec["keys"], self.rng.random()
+        if roll < 0.1 and os.path.exists(keys["hostile_verify"]):
+            role, files = "hostile_key", {"verify_key": keys["hostile_verify"]}
+        elif roll < 0.3:
+            role, files = "consumer", {"verify_key": keys["verify"]}
+        else:
+            role, files = "publisher", {"signing_key": keys["signing"]}
+        self.status.begin("keyfile", role=role)
+        start, raised, share = time.time(), None, None
+        try:
+            plan = Settings.from_env(db=self.spec["url"], **files).graph_sharing()
+            share = GraphShare.from_settings(plan, lambda: cache)
+        except SigningKeyError:
+            pass  # refused: the job shares tuning only, as it should
+        except Exception as e:  # noqa: BLE001 - a job that raised is what we count
+            raised = f"{type(e).__name__}: {e}"
+        self.status.end()
+        self.log.write(ev="keyfile", pid=self.pid, role=role, start=start, end=time.time(),
+                       accepted=share is not None, raised=raised)
+        if share is None:
+            return
+        top = generation(self.spec)
+        for _ in range(self.rng.randint(1, 3)):
+            if time.time() >= self.spec["deadline"]:
+                break
+            self.graph(share, self.rng.randint(max(0, top - GRAPH_WINDOW), top))
+
+    def graph(self, share: Any, i: int) -> None:
+        kind, key = graph_key(self.spec["run"], i)
+        start, raised, outcome, wrong = time.time(), None, "absent", False
+        self.status.begin("graph", graph=i)
+        try:
+            data = share.load(kind, key)
+            if data is not None:
+                outcome, wrong = "loaded", data != graph_payload(self.spec["run"], i)
+            elif share.publishes and share.publish(kind, key, graph_payload(self.spec["run"], i),
+                                                   "soak"):
+                outcome = "published"
+        except Exception as e:  # noqa: BLE001 - GraphShare promises never to raise
+            raised = f"{type(e).__name__}: {e}"
+        self.status.end()
+        self.log.write(ev="graph", pid=self.pid, graph=i, start=start, end=time.time(),
+                       outcome=outcome, wrong=wrong, raised=raised)
 
 
 def run_worker(spec: dict[str, Any]) -> None:
@@ -288,16 +503,498 @@ def terminate_backends(url: str, rng: random.Random) -> int:
     return len(chosen)
 
 
+# -- the adversary: hostile rows and files -----------------------------------------------------
+
+# Cases the adversary plants, by turns; those of blob files exist only beside a SQLite
+# database (PostgreSQL keeps payloads in the row).
+CASES = [
+    "lease_far_future", "graph_size_2gib", "blob_fifo", "lease_nan", "hostile_names",
+    "blob_shard_symlink", "lease_negative", "graph_size_negative", "keys_shard_symlink",
+    "garbled_timings", "lease_wrong_type", "lock_symlink", "graph_size_int64_max",
+    "verify_key_world_writable",
+]
+SQLITE_ONLY = {"blob_fifo", "blob_shard_symlink", "keys_shard_symlink", "lock_symlink"}
+OLD = 1_000_000_000.0  # 2001-09-09: the mtime of canary files and old hostile rows
+_ENTRY_COLUMNS = ("key_hash", "key_json", "kind", "op", "device", "torch_version",
+                  "triton_version", "state", "owner", "token", "lease_expires_at", "attempts",
+                  "timings_json", "best", "tune_seconds", "error", "created_at", "updated_at",
+                  "last_used_at", "hits")
+_ARTIFACT_COLUMNS = ("kind", "cache_key", "digest", "signature", "size", "torch_version",
+                     "created_at", "last_used_at", "payload")
+
+
+class RawText(bytes):
+    """Bytes that SQLite is to store as TEXT as they are (invalid UTF-8: a lone surrogate
+    encoded as a C writer would), which Python's sqlite3 cannot bind as a str."""
+
+
+def _upsert(table: str, columns: tuple[str, ...], conflict: str, row: dict[str, Any],
+            pg: bool) -> tuple[str, list[Any]]:
+    """An INSERT that overwrites the row of the same identity: the adversary writes what
+    it likes, where it likes."""
+    marks = ["CAST(? AS TEXT)" if isinstance(row[c], RawText) else "?" for c in columns]
+    keep = set(conflict.split(", "))
+    sql = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(marks)}) "
+           f"ON CONFLICT ({conflict}) DO UPDATE SET "
+           + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in keep))
+    params = [bytes(row[c]) if isinstance(row[c], RawText) else row[c] for c in columns]
+    return (sql.replace("?", "%s") if pg else sql), params
+
+
+class Adversary:
+    """Writes the shared storage as anyone who can, without the private key: hostile rows
+    in the database, and on SQLite FIFOs and symlinks among the blob files, pointing at
+    "canary" files outside the cache that nothing may touch. Every plant is one line of
+    ``plants.jsonl``: its case, the workload keys and graphs it aims at, and the canary
+    files it made (path, sha256, mode) for the check at the end."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.pg = spec["url"].startswith("postgresql")
+        self.rng = random.Random(f"{spec['seed']}:adversary")
+        self.log = EventLog(os.path.join(spec["logdir"], "plants.jsonl"))
+        self.blobs: str = spec.get("blobs") or ""  # SQLite's blob root ("" on PostgreSQL)
+        self.planted: dict[str, set[int]] = {"keys": set(), "graphs": set()}
+        self.made = 0
+
+    def run(self) -> None:
+        cases = [c for c in CASES if not (self.pg and c in SQLITE_ONLY)]
+        # The key file first, so that jobs handed it find it from the start.
+        cases.remove("verify_key_world_writable")
+        cases.insert(0, "verify_key_world_writable")
+        n = 0
+        while time.time() < self.spec["deadline"]:
+            case = cases[n % len(cases)]
+            n += 1
+            try:
+                record = getattr(self, case)()
+            except Exception as e:  # noqa: BLE001 - a plant that did not take is skipped
+                record = {"skipped": f"{type(e).__name__}: {e}"[:300]}
+            self.log.write(case=case, t=time.time(), **record)
+            time.sleep(HOSTILE_EVERY)
+
+    # -- targets
+
+    def _upcoming(self, count: int, what: str = "keys") -> list[int]:
+        """Workload numbers (keys or graphs) no job has asked for yet, but soon will. Keys
+        are asked for only in their generation's second, by calls that start at one of
+        its first three keys, so the third key of each of the next generations comes
+        first: one key per generation, since a second in which no call starts (the
+        workers' start-up, a kill storm) would miss them all."""
+        first = generation(self.spec) + 3
+        if what == "keys":
+            # A cheap call asks for up to 24 keys (6 generations) from its own: further
+            # ahead than that, no job has claimed the key yet.
+            first += 4
+            order = [g * KEYS_PER_GENERATION + offset for offset in (2, 1, 3, 0)
+                     for g in range(first, first + 8)]
+        else:
+            order = list(range(first, first + 32))
+        found = [i for i in order if i not in self.planted[what]][:count]
+        self.planted[what].update(found)
+        return found
+
+    def _recent_graphs(self) -> list[int]:
+        """Graphs jobs published a moment ago and keep loading (none of ours)."""
+        top = generation(self.spec)
+        return [i for i in range(max(0, top - 3), top) if i not in self.planted["graphs"]]
+
+    # -- SQL
+
+    def _execute(self, statements: list[tuple[str, list[Any]]]) -> None:
+        if self.pg:
+            import psycopg
+
+            with psycopg.connect(libpq_url(self.spec["url"]), connect_timeout=5,
+                                 application_name="soak-adversary") as conn:
+                conn.execute("SET statement_timeout = '5s'")
+                for sql, params in statements:
+                    conn.execute(sql, params)  # type: ignore[arg-type]
+            return
+        # Longer than a frozen worker holds the write lock (3 leases at most).
+        db = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=15,
+                             isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=TRUNCATE")
+            db.execute("BEGIN IMMEDIATE")
+            for sql, params in statements:
+                db.execute(sql, params)
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    def _entry(self, number: int | None, **columns: Any) -> tuple[str, list[Any]]:
+        from tunecache.keys import Key
+
+        now = time.time()
+        if number is None:
+            row: dict[str, Any] = {"key_hash": uuid.uuid4().hex * 2, "key_json": "{}",
+                                   "kind": "gemm", "op": "mm", "device": "cpu",
+                                   "torch_version": "2.13", "triton_version": None}
+        else:
+            key = Key.of(soak_key(self.spec["run"], number))
+            row = {"key_hash": key.hash, "key_json": key.json, **key.labels}
+        row.update(state="claimed", owner="adversary", token=1, lease_expires_at=now,
+                   attempts=1, timings_json=None, best=None, tune_seconds=None, error=None,
+                   created_at=now, updated_at=now, last_used_at=None, hits=0)
+        row.update(columns)
+        return _upsert("tunecache_entries", _ENTRY_COLUMNS, "key_hash", row, self.pg)
+
+    def _artifact(self, kind: str, key: str, size: int, payload: bytes,
+                  **columns: Any) -> tuple[str, list[Any]]:
+        digest = hashlib.sha256(payload).hexdigest()
+        if self.blobs:
+            self._write_blob(digest, payload)
+        row = {"kind": kind, "cache_key": key, "digest": digest,
+               "signature": self.rng.randbytes(64), "size": size, "torch_version": "soak",
+               "created_at": time.time(), "last_used_at": time.time(),
+               "payload": payload if self.pg else None, **columns}
+        return _upsert("tunecache_artifacts", _ARTIFACT_COLUMNS, "kind, cache_key", row,
+                       self.pg)
+
+    def _lease_case(self, values: list[Any], **columns: Any) -> dict[str, Any]:
+        numbers = self._upcoming(len(values))
+        self._execute([self._entry(n, lease_expires_at=v, **columns)
+                       for n, v in zip(numbers, values)])
+        return {"keys": numbers, "variant": [repr(v) for v in values]}
+
+    # -- claims no live owner holds
+
+    def lease_far_future(self) -> dict[str, Any]:
+        return self._lease_case([1e300, 253402300799.0])  # and 9999-12-31T23:59:59Z
+
+    def lease_nan(self) -> dict[str, Any]:
+        # SQLite stores a NaN bound from Python as NULL; PostgreSQL's float8 keeps it.
+        return self._lease_case([float("nan")])
+
+    def lease_negative(self) -> dict[str, Any]:
+        return self._lease_case([-1.0, -1e300])
+
+    def lease_wrong_type(self) -> dict[str, Any]:
+        if self.pg:  # a typed column: the nearest to a wrong type are the infinities
+            return self._lease_case([float("inf"), float("-inf")])
+        # SQLite keeps text and bytes in a REAL column, and text in an INTEGER one.
+        lease = self._lease_case(["next week", b"\x00\xff"])
+        token = self._lease_case([time.time() + 3600.0], token="one")
+        return {"keys": lease["keys"] + token["keys"],
+                "variant": lease["variant"] + ["token 'one'"]}
+
+    # -- rows that are not what a publisher wrote
+
+    def garbled_timings(self) -> dict[str, Any]:
+        texts = ['{"aten": 0.1,', '{"aten": "fast"}', "[1, 2]", "null", '{"aten": NaN}',
+                 "\x1b[2J{}"]
+        chosen = self.rng.sample(texts, 2)
+        numbers = self._upcoming(2)
+        self._execute([self._entry(n, state="done", lease_expires_at=None, timings_json=t,
+                                   best="aten", tune_seconds=0.1, last_used_at=time.time())
+                       for n, t in zip(numbers, chosen)])
+        return {"keys": numbers, "variant": chosen}
+
+    def hostile_names(self) -> dict[str, Any]:
+        old = self.rng.random() < 0.5  # old ones are what prune --older-than selects
+        when = OLD if old else time.time()
+        names: dict[str, Any] = {"kind": "gemm\r\x1b[2K", "op": "\x1b[31mmm\x1b[0m\x1b]0;owned\x07",
+                 "device": "cpu\nFAKE LINE  done  aten", "torch_version": "2.13\x1b[5m",
+                 "triton_version": "3.\u202e1"}
+        if not self.pg:  # PostgreSQL refuses NUL and invalid UTF-8 in text
+            names.update(torch_version="2.13\x00evil", triton_version=RawText(b"3.\xed\xa0\x80"))
+        key_json = json.dumps({"kind": "gemm", "op": "\x1b[31mmm\nx"}) + "\x1b[0m"
+        statements = [self._entry(None, state="done", lease_expires_at=None, key_json=key_json,
+                                  timings_json='{"aten": 0.5}', best="aten\x1b[1m",
+                                  tune_seconds=0.5, created_at=when, updated_at=when,
+                                  last_used_at=when, **names)]
+        key = "\x1b[2Jgraph\nkey\x07" + ("\x00nul" if not self.pg else "") + uuid.uuid4().hex
+        payload = self.rng.randbytes(100)
+        statements.append(self._artifact("fxgraph", key, len(payload), payload,
+                                         torch_version="2.13\x1b[5m\n", created_at=when,
+                                         last_used_at=when))
+        self._execute(statements)
+        return {"variant": "old" if old else "new"}
+
+    def _graph_size(self, size: int) -> dict[str, Any]:
+        (i,) = self._upcoming(1, "graphs")
+        kind, key = graph_key(self.spec["run"], i)
+        self._execute([self._artifact(kind, key, size, self.rng.randbytes(512))])
+        return {"graphs": [i], "variant": size}
+
+    def graph_size_2gib(self) -> dict[str, Any]:
+        return self._graph_size(2 * 2**30)
+
+    def graph_size_negative(self) -> dict[str, Any]:
+        return self._graph_size(-10**18)
+
+    def graph_size_int64_max(self) -> dict[str, Any]:
+        return self._graph_size(2**63 - 1)
+
+    # -- key files
+
+    def verify_key_world_writable(self) -> dict[str, Any]:
+        keys = self.spec["keys"]
+        with open(keys["verify"], "rb") as f:
+            data = f.read()
+        tmp = f"{keys['hostile_verify']}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666)  # whatever the umask: writable by every user
+        os.replace(tmp, keys["hostile_verify"])
+        return {"variant": oct(os.stat(keys["hostile_verify"]).st_mode & 0o777)}
+
+    # -- blob files (SQLite)
+
+    def _real_dir(self, path: str) -> bool:
+        """Make ``path`` a real directory under the blob root, unless a symlink (one of
+        ours) is in the way: the adversary never creates anything through one."""
+        walk = self.blobs
+        for part in ["."] + os.path.relpath(path, self.blobs).split(os.sep):
+            walk = os.path.normpath(os.path.join(walk, part))
+            if os.path.islink(walk):
+                return False
+            os.makedirs(walk, exist_ok=True)
+        return True
+
+    def _write_blob(self, digest: str, payload: bytes) -> None:
+        shard = os.path.join(self.blobs, digest[:2])
+        if self._real_dir(shard):
+            path = os.path.join(shard, digest)
+            with open(f"{path}.adv", "wb") as f:
+                f.write(payload)
+            os.replace(f"{path}.adv", path)
+
+    def _canary_file(self, folder: str, name: str, content: bytes, mode: int) -> dict[str, Any]:
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(content)
+        os.chmod(path, mode)
+        os.utime(path, (OLD, OLD))
+        return {"path": path, "sha256": hashlib.sha256(content).hexdigest(), "mode": mode}
+
+    def _canary_dir(self, prefix: str, lock_names: bool) -> tuple[str, list[dict[str, Any]]]:
+        """A directory outside the cache holding old files named like what a prune
+        removes from a shard (orphan blobs, leftovers of writers, stale locks)."""
+        self.made += 1
+        folder = os.path.join(self.spec["canary"], f"dir-{self.made}")
+        os.makedirs(folder)
+        def fake() -> str:
+            return prefix + uuid.uuid4().hex + uuid.uuid4().hex[:30]
+
+        names = ([f"{fake()}.lock", f"{fake()}.lock"] if lock_names
+                 else [fake(), f"{fake()}.lock", f"{fake()}.tmp.1.deadbeef"])
+        files = [self._canary_file(folder, n, f"canary {n}\n".encode(), 0o644)
+                 for n in [*names, "precious.txt"]]
+        os.utime(folder, (OLD, OLD))
+        return folder, files
+
+    def _symlink_shard(self, parent: str, prefix: str, lock_names: bool) -> dict[str, Any]:
+        shard = os.path.join(parent, prefix)
+        if not self._real_dir(parent) or os.path.islink(shard):
+            return {"skipped": "shard already a symlink"}
+        folder, files = self._canary_dir(prefix, lock_names)
+        if os.path.isdir(shard):  # out of the cache, as an adversary may
+            self.made += 1
+            os.rename(shard, os.path.join(self.spec["trash"], f"shard-{self.made}"))
+        tmp = os.path.join(parent, f".adv-{uuid.uuid4().hex}")
+        os.symlink(folder, tmp)
+        os.replace(tmp, shard)
+        return {"canary": files, "canary_dirs": [folder], "variant": shard}
+
+    def blob_shard_symlink(self) -> dict[str, Any]:
+        (i,) = self._upcoming(1, "graphs")
+        digest = graph_digest(self.spec["run"], i)
+        return {"graphs": [i], **self._symlink_shard(self.blobs, digest[:2], False)}
+
+    def keys_shard_symlink(self) -> dict[str, Any]:
+        (i,) = self._upcoming(1, "graphs")
+        kind, key = graph_key(self.spec["run"], i)
+        name = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
+        return {"graphs": [i],
+                **self._symlink_shard(os.path.join(self.blobs, "keys"), name[:2], True)}
+
+    def lock_symlink(self) -> dict[str, Any]:
+        (i,) = self._upcoming(1, "graphs")
+        kind, key = graph_key(self.spec["run"], i)
+        digest = graph_digest(self.spec["run"], i)
+        name = hashlib.sha256(f"{kind}\0{key}".encode()).hexdigest()
+        self.made += 1
+        folder = os.path.join(self.spec["canary"], f"locks-{self.made}")
+        os.makedirs(folder)
+        files, planted = [], []
+        for n, lock in enumerate([os.path.join(self.blobs, digest[:2], f"{digest}.lock"),
+                                  os.path.join(self.blobs, "keys", name[:2], f"{name}.lock")]):
+            if not self._real_dir(os.path.dirname(lock)):
+                continue
+            target = self._canary_file(folder, f"target-{n}", b"canary lock target\n", 0o640)
+            tmp = f"{lock}.adv"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.symlink(target["path"], tmp)
+            os.replace(tmp, lock)
+            files.append(target)
+            planted.append(lock)
+        return {"graphs": [i], "canary": files, "canary_dirs": [folder], "variant": planted}
+
+    def blob_fifo(self) -> dict[str, Any]:
+        """Replace the blobs of the two latest graphs jobs are loading now with FIFOs no
+        one writes."""
+        from tunecache.store.blobs import DIGEST
+
+        done: dict[str, Any] = {"graphs": [], "variant": []}
+        for i in reversed(self._recent_graphs()):
+            kind, key = graph_key(self.spec["run"], i)
+            conn = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=5)
+            try:
+                row = conn.execute("SELECT digest FROM tunecache_artifacts WHERE kind = ? "
+                                   "AND cache_key = ?", (kind, key)).fetchone()
+            finally:
+                conn.close()
+            if row is None or not isinstance(row[0], str) or not DIGEST.match(row[0]):
+                continue
+            shard = os.path.join(self.blobs, row[0][:2])
+            if os.path.islink(shard) or not os.path.isdir(shard):
+                continue
+            tmp = os.path.join(shard, f".adv-fifo-{uuid.uuid4().hex}")
+            os.mkfifo(tmp)
+            os.replace(tmp, os.path.join(shard, row[0]))
+            done["graphs"].append(i)
+            done["variant"].append(row[0][:12])
+            if len(done["graphs"]) == 2:
+                break
+        return done if done["graphs"] else {"skipped": "no published graph in the window yet"}
+
+
+def run_adversary(spec: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Adversary(spec).run()
+
+
+# -- the operator: tunecache's CLI while jobs run ----------------------------------------------
+
+OPERATOR_COMMANDS = [
+    ("cli_stats", ["stats"]),
+    ("cli_ls", ["ls"]),
+    ("cli_prune", ["prune", "--max-graph-bytes", "256KiB", "--older-than", "30d"]),
+    ("cli_ls", ["ls", "--graphs"]),
+    ("cli_stats", ["stats", "--json"]),
+    ("cli_ls", ["ls", "--json", "--limit", "200"]),
+    ("cli_prune", ["prune", "--max-graph-bytes", "64KiB", "--older-than", "7d", "--dry-run"]),
+    ("cli_ls", ["ls", "--graphs", "--json"]),
+]
+# The last round, once every worker has stopped: each symlink planted is seen by a prune.
+FINAL_COMMANDS = [
+    ("cli_prune", ["prune", "--max-graph-bytes", "256KiB", "--older-than", "30d"]),
+    ("cli_ls", ["ls", "--graphs"]),
+    ("cli_stats", ["stats"]),
+]
+# What a terminal would act on: C0 controls but tab and newline, DEL and C1 controls.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def judge_cli(args: list[str], rc: int, out: bytes, err: bytes) -> tuple[str, str]:
+    """("ok" | "error" | "failed", why) of one operator command: exit 0 with clean
+    output, or 1/2 with a one-line error, and never a traceback."""
+    try:
+        text, errors = out.decode(), err.decode()
+    except UnicodeDecodeError:
+        return "failed", "output is not UTF-8"
+    if "Traceback (most recent call last)" in errors:
+        return "failed", "traceback: " + errors.strip().splitlines()[-1][:200]
+    bad = _CONTROL.search(text + errors)
+    if bad:
+        return "failed", f"raw control character {bad.group()!r} in the output"
+    if rc == 0:
+        if "--json" in args:
+            try:
+                json.loads(text)
+            except ValueError:
+                try:
+                    [json.loads(line) for line in text.splitlines() if line.strip()]
+                except ValueError:
+                    return "failed", "--json output is not JSON"
+        return "ok", ""
+    lines = [line for line in errors.splitlines() if line.strip()]
+    if rc in (1, 2) and len(lines) == 1:
+        return "error", lines[0][:200]
+    return "failed", f"exit status {rc} with {len(lines)} lines on stderr"
+
+
+class Operator(threading.Thread):
+    """Runs `tunecache stats`, `ls` and `prune` now and then, as an operator would, each
+    as a subprocess in a session of its own under CLI_TIMEOUT (past it, its process group
+    is killed and it counts as hung). The environment is the operator's: none of the
+    workers' TUNECACHE_* settings."""
+
+    def __init__(self, url: str, deadline: float) -> None:
+        super().__init__(name="soak-operator", daemon=True)
+        self.url, self.deadline = url, deadline
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+        self.runs: list[dict[str, Any]] = []
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> None:
+        n = 0
+        while not self._halt.wait(OPERATOR_EVERY) and time.time() < self.deadline:
+            self.command(*OPERATOR_COMMANDS[n % len(OPERATOR_COMMANDS)])
+            n += 1
+
+    def command(self, case: str, args: list[str], final: bool = False) -> None:
+        argv = [sys.executable, "-m", "tunecache.cli", *args, "--db", self.url]
+        start = time.time()
+        with self._lock:
+            if self._halt.is_set() and not final:
+                return  # stopped meanwhile
+            proc = self._proc = subprocess.Popen(
+                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=CLI_TIMEOUT)
+            outcome, why = judge_cli(args, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            outcome, why = "hang", f"still running after {CLI_TIMEOUT:g}s"
+        finally:
+            with self._lock:
+                self._proc = None
+        self.runs.append({"case": case, "args": args, "rc": proc.returncode,
+                          "start": start, "seconds": round(time.time() - start, 2),
+                          "outcome": outcome, "why": why})
+
+    def stop(self, kill: bool) -> None:
+        """Start no more commands; ``kill``: kill the one under way (an interrupted soak
+        leaves none behind), else let it end (CLI_TIMEOUT bounds it)."""
+        self._halt.set()
+        if kill:
+            with self._lock:
+                if self._proc is not None:
+                    _kill_group(self._proc)
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=30 if kill else CLI_TIMEOUT + 30)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child started in a session of its own, with whatever it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 # -- the chaos driver ----------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class Options:
-    minutes: float
+    seconds: float
     workers: int
     lease: float
     seed: int
     restart_every: float
+    hostile: bool = True  # the adversary, the operator and compiled graphs
+
+    @property
+    def hang_bound(self) -> float:
+        return HANG_LEASES * self.lease
 
 
 @dataclasses.dataclass
@@ -313,13 +1010,15 @@ class Chaos:
     terminated: int = 0
     crashes: list[str] = dataclasses.field(default_factory=list)
     hung: int = 0
+    # Operations the watchdog ended: {pid, op, what it was doing, waited}.
+    hangs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class Driver:
     """Keeps ``workers`` worker processes running until the deadline and hurts them."""
 
     def __init__(self, opts: Options, url: str, logdir: str, env: dict[str, str],
-                 restart_cmd: Any) -> None:
+                 restart_cmd: Any, hostile: dict[str, Any] | None = None) -> None:
         self.opts, self.url, self.logdir, self.env = opts, url, logdir, env
         self.restart_cmd = restart_cmd  # callable(mode) -> argv, or None: no restarts
         self.rng = random.Random(opts.seed)
@@ -330,24 +1029,33 @@ class Driver:
         self.restarting: tuple[subprocess.Popen[bytes], float] | None = None
         self.spawned = 0
         self.t0 = time.time()
-        self.deadline = self.t0 + opts.minutes * 60
+        self.deadline = self.t0 + opts.seconds
+        # hostile: the key files, the canary and trash folders, the blob root (SQLite).
         self.spec = {"url": url, "logdir": logdir, "run": uuid.uuid4().hex[:12],
-                     "seed": opts.seed, "t0": self.t0, "deadline": self.deadline}
+                     "seed": opts.seed, "t0": self.t0, "deadline": self.deadline,
+                     **(hostile or {})}
+        self.adversary: subprocess.Popen[bytes] | None = None
+        self.operator = Operator(url, self.deadline) if hostile else None
+        self._next_watch = 0.0
 
-    def spawn(self) -> subprocess.Popen[bytes]:
+    def spawn(self, role: str = "worker") -> subprocess.Popen[bytes]:
         self.spawned += 1
-        out = open(os.path.join(self.logdir, f"worker-{self.spawned}.log"), "wb")
+        out = open(os.path.join(self.logdir, f"{role}-{self.spawned}.log"), "wb")
         with out:
             return subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(self.spec)],
+                [sys.executable, __file__, f"--{role}", json.dumps(self.spec)],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def run(self) -> None:
+        if self.operator is not None:
+            self.adversary = self.spawn("adversary")
+            self.operator.start()
         self.procs = [self.spawn() for _ in range(self.opts.workers)]
         next_event = time.time() + 2.0
         next_restart = time.time() + self.opts.restart_every
         while time.time() < self.deadline:
             self._reap()
+            self._watch()
             self._thaw(due_only=True)
             self._restart_progress()
             now = time.time()
@@ -360,6 +1068,22 @@ class Driver:
             time.sleep(0.05)
         self._thaw(due_only=False)
         self._finish()
+        if self.operator is not None:
+            self.operator.stop(kill=False)
+            self._stop_adversary()
+            for case, args in FINAL_COMMANDS:
+                self.operator.command(case, args, final=True)
+
+    def _stop_adversary(self) -> None:
+        """The adversary plants nothing after the deadline; one stuck past a plant's
+        timeouts is killed."""
+        if self.adversary is None:
+            return
+        try:
+            self.adversary.wait(timeout=HOSTILE_EVERY + 30)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.adversary)
+            self.adversary.wait()
 
     # Events ---------------------------------------------------------------------------
 
@@ -383,7 +1107,7 @@ class Driver:
 
     def _kill(self, victims: list[subprocess.Popen[bytes]]) -> None:
         for p in victims:
-            p.kill()
+            _kill_group(p)
             p.wait()
             self.chaos.died[p.pid] = time.time()
             self.chaos.kills += 1
@@ -440,27 +1164,68 @@ class Driver:
             if time.time() < self.deadline:
                 self.procs[n] = self.spawn()
 
+    def _watch(self) -> None:
+        """The watchdog, twice a second: a worker whose operation has waited longer than
+        the hang bound (its own tuning and the time it was frozen not counted) hangs; it
+        is killed with its process group, recorded, and replaced like a killed worker."""
+        now = time.time()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + 0.5
+        for p in self._live():
+            status = read_status(self.logdir, p.pid)
+            if not status:
+                continue
+            try:
+                since = status.get("tune_since")
+                tuning = float(status["tuned"]) + (now - float(since) if since else 0.0)
+                waited = now - float(status["start"]) - tuning \
+                    - self._frozen_for(p.pid, float(status["start"]), now)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if waited > self.opts.hang_bound:
+                _kill_group(p)
+                p.wait()
+                self.chaos.died[p.pid] = time.time()  # its claims may be taken over
+                if p.pid in self.frozen:
+                    since_frozen, _ = self.frozen.pop(p.pid)
+                    self.chaos.freezes.append((p.pid, since_frozen, time.time()))
+                self.chaos.hangs.append({**status, "pid": p.pid, "waited": round(waited, 1),
+                                         "at": round(now - self.t0, 1)})
+
+    def _frozen_for(self, pid: int, start: float, end: float) -> float:
+        windows = [(a, b) for q, a, b in self.chaos.freezes if q == pid]
+        if pid in self.frozen:
+            windows.append((self.frozen[pid][0], end))
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in windows)
+
     def _finish(self) -> None:
         """Let the last calls end (bounded by the worst case of a wait: no progress for
-        the wait timeout, then a lock timeout), then kill whatever is left."""
+        the wait timeout, then a lock timeout), the watchdog still on, then kill
+        whatever is left."""
         self._end_restart()
         bound = time.time() + float(self.env["TUNECACHE_WAIT_TIMEOUT"]) \
             + 2 * float(self.env["TUNECACHE_LOCK_TIMEOUT"]) + 60
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, bound - time.time()))
-            except subprocess.TimeoutExpired:
-                self.chaos.hung += 1
+        while self._live() and time.time() < bound:
+            self._watch()
+            time.sleep(0.1)
+        for p in self._live():
+            self.chaos.hung += 1
+            _kill_group(p)
+            p.wait()
+            self.chaos.died[p.pid] = time.time()
         for p in self.procs:
             if p.returncode not in (None, 0) and p.pid not in self.chaos.died:
                 self.chaos.crashes.append(f"worker {p.pid} exited with {p.returncode}")
 
     def cleanup(self) -> None:
-        """On any exit: no worker left stopped or running, no restart left behind."""
-        for p in self.procs:
+        """On any exit: no worker, adversary or operator command left stopped or
+        running, no restart left behind."""
+        if self.operator is not None:
+            self.operator.stop(kill=True)
+        for p in [*self.procs, *([self.adversary] if self.adversary else [])]:
             if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
+                _kill_group(p)
                 p.wait()
         self._end_restart()
 
@@ -497,11 +1262,19 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
     lease, chaos = driver.opts.lease, driver.chaos
     tunes: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (pid, call) -> tune events
     calls: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []  # graph loads and publishes, key files
+    plants = read_plants(driver.logdir)
+    # Keys the adversary wrote rows for are judged by the hostile cases, not by the
+    # duplicate and divergence checks (their stored rows are the adversary's).
+    hostile = {i for p in plants for i in p.get("keys", [])}
     for ev in read_events(driver.logdir):
         if ev["ev"] == "tune":
-            tunes.setdefault((ev["pid"], ev["call"]), []).append(ev)
-        else:
+            if ev["i"] not in hostile:
+                tunes.setdefault((ev["pid"], ev["call"]), []).append(ev)
+        elif ev["ev"] == "call":
             calls.append(ev)
+        else:
+            others.append(ev)
     # A tune is local if the cache was already disabled when it started, or if it is the
     # last tune of a key in a call whose result for that key was local (a wait timeout).
     for call in calls:
@@ -537,7 +1310,7 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
                 duplicates.append(f"key {i}: pid {p1} at {t1 - driver.t0:.1f}s, "
                                   f"pid {p2} at {t2 - driver.t0:.1f}s")
 
-    numbers = {int(i) for c in calls for i in c["results"]} | set(claimed)
+    numbers = ({int(i) for c in calls for i in c["results"]} | set(claimed)) - hostile
     stored, takeovers = read_stored(driver.url, driver.spec["run"], numbers)
     divergent: dict[int, str] = {}
     sources: dict[str, int] = {}
@@ -549,6 +1322,8 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
         longest = max(longest, call["end"] - call["start"] - own_freeze)
         for i, (source, timings) in call["results"].items():
             sources[source] = sources.get(source, 0) + 1
+            if int(i) in hostile:
+                continue
             if source in ("hit", "tuned", "peer") and timings != stored.get(int(i)):
                 divergent.setdefault(int(i), f"key {i}: pid {call['pid']} got {source} "
                                      f"{timings}, stored {stored.get(int(i))}")
@@ -577,6 +1352,150 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
         "sources": sources,
         "examples": (duplicates[:3] + list(divergent.values())[:3] + raised[:3]
                      + chaos.crashes[:3]),
+        # Calls that raised are counted by hostile_report, by case.
+        **hostile_report(driver, calls, others, plants, freezes_by_pid,
+                         duplicates + list(divergent.values()) + chaos.crashes),
+    }
+
+
+def read_plants(logdir: str) -> list[dict[str, Any]]:
+    path = os.path.join(logdir, "plants.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check_canaries(plants: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(case, what happened) for every canary file outside the cache that is gone, no
+    longer a plain file, or changed in content or mode, and every file that appeared in
+    a canary folder: the files outside the cache that the soak touched."""
+    touched: list[tuple[str, str]] = []
+    for plant in plants:
+        known = set()
+        for c in plant.get("canary", []):
+            known.add(c["path"])
+            try:
+                st = os.lstat(c["path"])
+                if not os.path.isfile(c["path"]) or os.path.islink(c["path"]):
+                    why = "is no longer a plain file"
+                else:
+                    with open(c["path"], "rb") as f:
+                        same = hashlib.sha256(f.read()).hexdigest() == c["sha256"]
+                    why = ("content changed" if not same
+                           else f"mode {st.st_mode & 0o7777:o}, was {c['mode']:o}"
+                           if st.st_mode & 0o7777 != c["mode"] else "")
+            except FileNotFoundError:
+                why = "deleted"
+            if why:
+                touched.append((plant["case"], f"{c['path']}: {why}"))
+        for folder in plant.get("canary_dirs", []):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                touched.append((plant["case"], f"{folder}: folder gone"))
+                continue
+            for name in names:
+                if os.path.join(folder, name) not in known:
+                    touched.append((plant["case"], f"{folder}/{name}: created there"))
+    return touched
+
+
+def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dict[str, Any]],
+                   plants: list[dict[str, Any]], freezes_by_pid: dict[int, list[tuple[float, float]]],
+                   normal_failures: list[str]) -> dict[str, Any]:
+    """Per hostile case: plants, failures and hangs, attributed by the keys and graphs
+    the adversary aimed at; and the three invariants. A call that asked for keys of
+    several cases counts under each of them (the invariants count it once)."""
+    bound = driver.opts.hang_bound
+    cases: dict[str, dict[str, Any]] = {}
+    totals = {"failed": 0, "hung": 0}
+
+    def case(name: str) -> dict[str, Any]:
+        return cases.setdefault(name, {"planted": 0, "skipped": 0, "failed": 0, "hung": 0,
+                                       "examples": []})
+
+    def count(names: list[str] | str, what: str, example: str) -> None:
+        totals[what] += 1
+        names = [names] if isinstance(names, str) else names
+        for name in names:
+            c = case(name)
+            c[what] += 1
+            if len(c["examples"]) < 3:
+                also = f" [also counted under {', '.join(n for n in names if n != name)}]" \
+                    if len(names) > 1 else ""
+                c["examples"].append(example[:300] + also)
+
+    key_case: dict[int, str] = {}
+    graph_case: dict[int, str] = {}
+    for p in plants:
+        c = case(p["case"])
+        c["skipped" if "skipped" in p else "planted"] += 1
+        key_case.update({i: p["case"] for i in p.get("keys", [])})
+        graph_case.update({i: p["case"] for i in p.get("graphs", [])})
+
+    def attribute(keys: Any = (), graph: Any = None, role: Any = None) -> list[str]:
+        names = list(dict.fromkeys(key_case[i] for i in keys or () if i in key_case))
+        if graph in graph_case:
+            names.append(graph_case[graph])
+        if role == "hostile_key":
+            names.append("verify_key_world_writable")
+        return names or ["normal"]
+
+    def frozen(pid: int, start: float, end: float) -> float:
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in freezes_by_pid.get(pid, []))
+
+    for example in normal_failures:
+        count("normal", "failed", example)
+    for call in calls:
+        names = attribute(call.get("keys"))
+        if call["raised"]:
+            count(names, "failed", f"pid {call['pid']} raised {call['raised']}")
+        waited = call["end"] - call["start"] - call.get("tuning", 0.0) \
+            - frozen(call["pid"], call["start"], call["end"])
+        if waited > bound:
+            count(names, "hung", f"pid {call['pid']} waited {waited:.1f}s on keys "
+                  f"{call.get('keys')}")
+    for ev in others:
+        names = attribute(graph=ev.get("graph"), role=ev.get("role"))
+        if ev.get("raised"):
+            count(names, "failed", f"pid {ev['pid']} {ev['ev']} raised {ev['raised']}")
+        if ev.get("wrong"):
+            count(names, "failed", f"pid {ev['pid']} loaded graph {ev['graph']} with other "
+                  "bytes than were published")
+        if ev["ev"] == "keyfile" and ev["role"] == "hostile_key" and ev["accepted"]:
+            count(names, "failed", f"pid {ev['pid']} loaded the world-writable verify key")
+        waited = ev["end"] - ev["start"] - frozen(ev["pid"], ev["start"], ev["end"])
+        if waited > bound:
+            count(names, "hung", f"pid {ev['pid']} {ev['ev']} took {waited:.1f}s")
+    for h in driver.chaos.hangs:
+        count(attribute(h.get("keys"), h.get("graph"), h.get("role")), "hung",
+              f"pid {h['pid']} killed after waiting {h['waited']}s in {h['op']} "
+              f"({', '.join(f'{k} {h[k]}' for k in ('keys', 'graph', 'role') if k in h)})")
+    for _ in range(driver.chaos.hung):
+        count("normal", "hung", "a worker still running past the final bound")
+    for run in driver.operator.runs if driver.operator else []:
+        c = case(run["case"])
+        c["planted"] += 1
+        if run["outcome"] == "error":  # allowed (exit 1 or 2, one line), but worth seeing
+            c["errors"] = c.get("errors", 0) + 1
+            if len(c["examples"]) < 3:
+                c["examples"].append(f"(error) tunecache {' '.join(run['args'])}: {run['why']}")
+        if run["outcome"] in ("failed", "hang"):
+            count(run["case"], "failed" if run["outcome"] == "failed" else "hung",
+                  f"tunecache {' '.join(run['args'])}: {run['why']}")
+    touched = check_canaries(plants)
+    for planted_by, what in touched:
+        c = case(planted_by)
+        c["touched"] = c.get("touched", 0) + 1
+        if len(c["examples"]) < 3:
+            c["examples"].append(what)
+    return {
+        "cases": cases,
+        "jobs_failed": totals["failed"],
+        "files_touched": len(touched),
+        "hangs": totals["hung"],
+        "hang_bound_s": bound,
     }
 
 
@@ -591,7 +1510,7 @@ def read_stored(url: str, run: str, numbers: set[int]) -> tuple[dict[int, Any], 
         cache.close()
     stored = {hashes[h]: json.loads(row.timings_json)
               for h, row in rows.items() if row.state == "done" and row.timings_json}
-    return stored, sum(row.token - 1 for row in rows.values())
+    return stored, sum((row.token or 1) - 1 for row in rows.values())
 
 
 # -- one backend, end to end ---------------------------------------------------------------
@@ -602,7 +1521,10 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
     server = None
     restart_cmd = None
     if backend == "sqlite":
-        url = f"sqlite:///{workdir}/soak.db"
+        # A folder of its own: the blob files go beside the database, and everything
+        # else in the work dir (the canary folders) is outside the cache.
+        os.makedirs(os.path.join(workdir, "cache"), exist_ok=True)
+        url = f"sqlite:///{workdir}/cache/soak.db"
     elif pg_url:
         url = pg_url
         if pg_restart_cmd:
@@ -621,26 +1543,58 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
            # Kills are not the tuner's fault: a key should never run out of attempts here.
            "TUNECACHE_MAX_ATTEMPTS": "1000",
            "TUNECACHE_TRITON_CONFIGS": "0"}
-    driver = Driver(opts, url, logdir, env, restart_cmd)
+    driver = Driver(opts, url, logdir, env, restart_cmd,
+                    hostile_setup(backend, url, workdir) if opts.hostile else None)
     probe = OutageProbe(url)
     try:
         if server is not None:
             server.start()
-        tunecache.open(url).close()  # migrate before the crowd arrives
+        migrate(url)  # before the crowd (and the adversary) arrives
         probe.start()
         driver.run()
         probe.stop()
         with open(os.path.join(logdir, "chaos.json"), "w") as f:  # for --keep's readers
             json.dump({**dataclasses.asdict(driver.chaos), "outages": probe.outages,
-                       "t0": driver.t0}, f)
+                       "t0": driver.t0,
+                       "operator": driver.operator.runs if driver.operator else []}, f)
         report = analyse(driver, probe.outages)
     finally:
         probe.stop()
         driver.cleanup()
         if server is not None:
             server.stop()
-    return {"backend": backend, "minutes": opts.minutes, "workers": opts.workers,
-            "lease_s": opts.lease, **report}
+    return {"backend": backend, "seconds": opts.seconds, "workers": opts.workers,
+            "lease_s": opts.lease, "hostile": opts.hostile, **report}
+
+
+def migrate(url: str) -> None:
+    """Create the schema now (opening a cache is lazy: its first use migrates)."""
+    cache = tunecache.open(url)
+    try:
+        if cache.database() is None:
+            raise SystemExit(f"soak: cannot use {url}: {cache.disabled_reason}")
+    finally:
+        cache.close()
+
+
+def hostile_setup(backend: str, url: str, workdir: str) -> dict[str, Any]:
+    """The key pair jobs publish and verify with, the adversary's canary and trash
+    folders (outside the cache), and the blob root of a SQLite database."""
+    from tunecache.core.signing import write_key_pair
+    from tunecache.store.blobs import blob_dir_for
+
+    keydir = os.path.join(workdir, f"keys-{backend}")
+    pair = write_key_pair(keydir)
+    spec: dict[str, Any] = {
+        "keys": {"signing": str(pair.private_key), "verify": str(pair.public_key),
+                 "hostile_verify": os.path.join(keydir, "world-writable-verify.pub")},
+        "canary": os.path.join(workdir, f"canary-{backend}"),
+        "trash": os.path.join(workdir, f"trash-{backend}"),
+        "blobs": blob_dir_for(url.split("///", 1)[1]) if backend == "sqlite" else None,
+    }
+    os.makedirs(spec["canary"])
+    os.makedirs(spec["trash"])
+    return spec
 
 
 FIGURES = [
@@ -658,17 +1612,41 @@ FIGURES = [
 
 
 def print_report(row: dict[str, Any]) -> None:
-    print(f"soak {row['backend']}: {row['minutes']:g} min, {row['workers']} workers, "
-          f"lease {row['lease_s']:g}s")
+    print(f"soak {row['backend']}: {row['seconds']:g} s, {row['workers']} workers, "
+          f"lease {row['lease_s']:g}s, hang bound {row['hang_bound_s']:g}s")
     for name, label in FIGURES:
         print(f"  {label:<38} {row[name]}")
     for example in row["examples"]:
         print(f"  ! {example}")
+    print(f"  {'case':<28} {'planted':>7} {'skipped':>7} {'failed':>6} {'hung':>5} "
+          f"{'touched':>7}")
+    for name, c in sorted(row["cases"].items()):
+        print(f"  {name:<28} {c['planted']:>7} {c['skipped']:>7} {c['failed']:>6} "
+              f"{c['hung']:>5} {c.get('touched', 0):>7}")
+        for example in c["examples"]:
+            print(f"    ! {example!a}"[:400])
+    for name, label in INVARIANTS:
+        verdict = "ok" if row[name] == 0 else "FAILED"
+        print(f"  {label:<38} {row[name]}  {verdict}")
+
+
+# The three invariants of the hostile soak (all must be 0).
+INVARIANTS = [("jobs_failed", "jobs failed"),
+              ("files_touched", "files outside the cache touched"),
+              ("hangs", "hangs")]
+
+
+def summary(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON summary line: invariants and per-case counts, without examples."""
+    return {"soak_summary": row["backend"], "seconds": row["seconds"], "seed": row["seed"],
+            "ok": not failed(row), **{name: row[name] for name, _ in INVARIANTS},
+            "cases": {name: {k: v for k, v in c.items() if k != "examples"}
+                      for name, c in row["cases"].items()}}
 
 
 def failed(row: dict[str, Any]) -> bool:
     return any(row[k] for k in ("duplicates_by_live_owners", "divergent", "raised",
-                                "crashes", "hung"))
+                                "crashes", "hung", *(name for name, _ in INVARIANTS)))
 
 
 def _interrupt(*_: Any) -> None:
@@ -679,6 +1657,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=2.0, help="per backend (default 2)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="per backend, instead of --minutes")
+    parser.add_argument("--no-hostile", dest="hostile", action="store_false",
+                        help="chaos only: no adversary, operator commands or compiled graphs")
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--lease", type=float, default=3.0,
@@ -695,14 +1677,19 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs and SQLite file")
     parser.add_argument("--json", action="store_true", help="one JSON object per backend")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--adversary", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         run_worker(json.loads(args.worker))
         return 0
-    if args.minutes <= 0 or args.workers < 2 or args.lease <= 0:
-        parser.error("--minutes and --lease must be positive, --workers at least 2")
+    if args.adversary:
+        run_adversary(json.loads(args.adversary))
+        return 0
+    seconds = args.seconds if args.seconds is not None else args.minutes * 60
+    if seconds <= 0 or args.workers < 2 or args.lease <= 0:
+        parser.error("--seconds (--minutes) and --lease must be positive, --workers at least 2")
     seed = random.randrange(1 << 30) if args.seed is None else args.seed
-    opts = Options(args.minutes, args.workers, args.lease, seed, args.restart_every)
+    opts = Options(seconds, args.workers, args.lease, seed, args.restart_every, args.hostile)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     # SIGINT and SIGTERM clean up through the finally clauses (SIGINT explicitly: a shell
     # starts background jobs with it ignored, and Python then installs no handler).
@@ -718,6 +1705,7 @@ def main() -> int:
                 print(json.dumps(rows[-1]), flush=True)
             else:
                 print_report(rows[-1])
+                print(json.dumps(summary(rows[-1])), flush=True)
     except KeyboardInterrupt:
         print("soak: interrupted; workers stopped and cleaned up", file=sys.stderr)
         return 130
