@@ -1062,6 +1062,17 @@ def test_the_hostile_cases_are_refused_by_entry_validation():
     assert triton_config_problem({**_FINE, "configs_hash": "h"}) is None
 
 
+def test_a_config_without_xblock_fits_only_a_kernel_without_an_x_dimension():
+    # cached_autotune drops XBLOCK (1 there) from such a kernel's configs, and a config
+    # saved for it has none; a kernel that has an x dimension needs it.
+    from tunecache.inductor.triton.keys import kernel_config_problem
+
+    stored = TritonConfig({"R0_BLOCK": 256}, 4, 1)
+    assert kernel_config_problem(stored, [FakeConfig(4, XBLOCK=1, R0_BLOCK=128)]) is None
+    problem = kernel_config_problem(stored, [FakeConfig(4, XBLOCK=8, R0_BLOCK=128)])
+    assert problem is not None and "not this kernel's" in problem
+
+
 def test_tiny_blocks_32_warps_and_16_stages_are_still_used(enabled, tmp_path, monkeypatch,
                                                            caplog):
     # What ran correctly on an H200: a coordinate-descent result may go below the

@@ -263,19 +263,24 @@ def kernel_config_problem(config: Any, own: Sequence[Any]) -> str | None:
     """Why ``config`` (a triton.Config read from a cache) is not one this kernel could
     have, or None. ``own``: the configs Inductor generated for the kernel.
 
-    Its constexprs must be those of one of its own configs (without XBLOCK, which
-    cached_autotune drops from a kernel with no x dimension, saved configs included),
+    Its constexprs must be those of one of its own configs (without XBLOCK where that
+    config has XBLOCK=1: cached_autotune drops it from a kernel with no x dimension),
     each of the same type, and every value within :func:`triton_config_problem`'s rules,
     unless it is the value one of the kernel's own configs has (a fixed config may go
     past the autotuning limits).
     """
     kwargs = dict(getattr(config, "kwargs", None) or {})
-    launch = _launch_problem(getattr(config, "num_warps", None),
-                             getattr(config, "num_stages", None))
-    if launch is not None:
+    num_warps = getattr(config, "num_warps", None)
+    num_stages = getattr(config, "num_stages", None)
+    launch = _launch_problem(num_warps, num_stages)
+    if launch is not None and not any(
+            (c.num_warps, c.num_stages) == (num_warps, num_stages) for c in own):
         return launch
     names = set(kwargs)
-    matching = [c for c in own if names in (set(c.kwargs), set(c.kwargs) - {"XBLOCK"})]
+    # cached_autotune drops XBLOCK (always 1 there) from the configs of a kernel without
+    # an x dimension, so a config saved for it has none.
+    matching = [c for c in own if names == set(c.kwargs) or (
+        c.kwargs.get("XBLOCK") == 1 and names == set(c.kwargs) - {"XBLOCK"})]
     if own and not matching:
         return "its constexpr names are not this kernel's"
     for k, v in kwargs.items():
@@ -290,7 +295,9 @@ def kernel_config_problem(config: Any, own: Sequence[Any]) -> str | None:
     return None
 
 
-def triton_entry_problem(timings: Mapping[str, float]) -> tuple[dict[str, Any] | None, str | None]:
+def triton_entry_problem(
+    timings: Mapping[str, float]
+) -> tuple[dict[str, Any] | None, str | None]:
     """(the best-config dict of a stored entry, None), or (None, why it is refused).
 
     An entry holds exactly one candidate whose name is the canonical JSON of the dict
