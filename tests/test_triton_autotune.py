@@ -152,6 +152,7 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
     hooked = [(th.CachingAutotuner, "coordinate_descent_tuning"),
               (th.CachingAutotuner, "autotune_to_one_config"),
               (th.CachingAutotuner, "_dynamic_scale_rblock"),
+              (th.CachingAutotuner, "precompile"), (ac.AutotuneCache, "read_best"),
               (CoordescTuner, "autotune_single_field"),
               (CoordescTuner, "call_func"),
               (TritonScheduling, "benchmark_codegened_module"),
