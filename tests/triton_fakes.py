@@ -105,10 +105,19 @@ class TritonConfig(FakeConfig):
         super().__init__(num_warps, num_stages, **kwargs)
 
 
+# XBLOCK values whose launch the faked Triton refuses (CUDA's "invalid argument").
+LAUNCH_FAILS: set[int] = set()
+
+
 class FakeLauncher:
     def __init__(self, config: FakeConfig) -> None:
         self.config = config
         self.cache_hash = f"cubin-{config.kwargs}-{config.num_warps}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.config.kwargs.get("XBLOCK") in LAUNCH_FAILS:
+            raise RuntimeError(f"invalid argument launching {self.config.kwargs}")
+        return ("ran", dict(self.config.kwargs), self.config.num_warps)
 
 
 class FakeKernel:

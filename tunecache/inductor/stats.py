@@ -106,6 +106,8 @@ class TritonStats(Counters):
     hits: int = 0  # a stored, valid best config was returned: the kernel is not tuned
     misses: int = 0  # nothing stored (or a failed key): Inductor tunes the kernel
     invalid: int = 0  # stored entries refused by validation: Inductor tunes the kernel
+    # stored configs that raised when compiled or launched: Inductor tuned the kernel
+    stored_config_failed: int = 0
     puts: int = 0  # results Inductor saved
     published: int = 0  # results stored in the shared cache
     unpublished: int = 0  # not stored: done already, a peer publishing it, store down

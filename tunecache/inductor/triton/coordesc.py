@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 
 from ..state import REGISTRY
+from .keys import kernel_config_problem
+from .stored import FirstLaunch, load_fn
 
 __all__ = ["DEFERRED_CHECK_SECONDS", "sharing_coordesc", "sharing_one_config",
            "keeping_hit_configs"]
@@ -89,10 +91,16 @@ def _same_config(a: Any, b: Any) -> bool:
             == (b.num_warps, b.num_stages, dict(b.kwargs)))
 
 
-def _adopt(kernel: Any, launcher: Any, best: dict[str, Any]) -> Any:
-    """The launcher of the stored coordinate-descent config ``best`` of ``kernel``."""
+def _adopt(kernel: Any, launcher: Any, best: dict[str, Any], key: tuple[str, str],
+           instead: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Any | None:
+    """The launcher of the stored coordinate-descent config ``best`` of ``kernel``, or
+    None where this kernel could not have it or it fails to compile (one warning per
+    reason; the key is refused in this process). Its first launch is guarded
+    (:class:`.stored.FirstLaunch`): if it raises, ``instead(args, kwargs)`` gives the
+    launcher to run, as without the entry."""
     from torch._inductor.runtime import autotune_cache as ac
 
+    state = REGISTRY.triton
     autotune_cache = kernel.save_cache_hook.__self__
     # Inductor's own reading of a saved best config (the one a kernel load uses).
     config = ac._load_cached_autotuning(
@@ -104,13 +112,21 @@ def _adopt(kernel: Any, launcher: Any, best: dict[str, Any]) -> Any:
         launcher.config.found_by_coordesc = True
         REGISTRY.triton_stats.add(coordesc_restored=1)
         return launcher
-    ensure_loaded = getattr(kernel, "_ensure_kernel_loaded", None)
-    if ensure_loaded is not None:
-        ensure_loaded()
-    elif kernel.fn.fn is None:  # 2.11: what its coordinate descent does first
-        kernel.fn = kernel._reload_kernel().fn
-    with kernel.lock:  # as Inductor's coordinate descent compiles a config
-        adopted = kernel._precompile_config(config).make_launcher()
+    # Coordinate descent changes values, never names: the kernel's constexprs are those
+    # of the config it runs.
+    problem = kernel_config_problem(config, [launcher.config])
+    if problem is not None:
+        if state is not None:
+            state.refuse(*key, problem, config)
+        return None
+    try:
+        load_fn(kernel)  # what Inductor's coordinate descent does first
+        with kernel.lock:  # as Inductor's coordinate descent compiles a config
+            adopted = kernel._precompile_config(config).make_launcher()
+    except Exception as e:  # noqa: BLE001 - the stored config's: tune as without it
+        if state is not None:
+            state.stored_config_failed(*key, "compiling", e)
+        return None
     adopted.config.found_by_coordesc = True
     try:
         from torch._inductor.triton_bundler import TritonBundler
@@ -120,7 +136,16 @@ def _adopt(kernel: Any, launcher: Any, best: dict[str, Any]) -> Any:
     except ImportError:
         pass
     REGISTRY.triton_stats.add(adopted=1)
-    return adopted
+
+    def launch_instead(error: BaseException, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        if REGISTRY.triton is not None:
+            REGISTRY.triton.stored_config_failed(*key, "launching", error)
+        replacement = instead(args, {k: v for k, v in kwargs.items() if k != "stream"})
+        kernel.launchers = [replacement]
+        return replacement, replacement(*args, **kwargs)
+
+    return FirstLaunch(kernel, adopted, launch_instead)
 
 
 def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
@@ -168,7 +193,12 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             action, best = state.plan_coordesc(*kernel, waits=waits)
             if action == "adopt":
                 _end_deferral(self)
-                return _adopt(self, launcher, best or {})
+                adopted = _adopt(
+                    self, launcher, best or {}, kernel,
+                    lambda a, k: coordinate_descent_tuning(self, launcher, *a, **k))
+                if adopted is not None:
+                    return adopted
+                action = "local"  # refused: tuned here, as without the entry
         except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
             state.warn_once("sharing a Triton kernel's coordinate descent", e)
             state.release_claim(*kernel, e)
@@ -194,7 +224,9 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
         try:
             stored = state.stored_instead(*kernel)
             if stored is not None:  # a peer's result won: run it, as every rank does
-                return _adopt(self, winner, stored)
+                adopted = _adopt(self, winner, stored, kernel, lambda a, k: winner)
+                if adopted is not None:
+                    return adopted
         except Exception as e:  # noqa: BLE001 - our own result still runs correctly
             state.warn_once("adopting the stored config of a Triton kernel tuned here", e)
         return winner

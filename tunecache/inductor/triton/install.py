@@ -20,6 +20,7 @@ from .fusion import install_fusion_sharing
 from .keys import triton_kernel_info
 from .remote import TritonCache, remote_cache_class
 from .split import splitting_single_field, stopping_unwanted
+from .stored import checking_read_best, falling_back_precompile
 from .worker import EnvCache, workers_read_cache
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -92,10 +93,11 @@ def ensure_runtime_hooks(ours: type) -> None:
     hooks are enabled after select_algorithm, which imports it), and it must be there
     by then: with parallel compile the first in-process kernel load can come after the
     forward graph's first run, whose kernels would otherwise all be tuned on every rank
-    (seen on 2xH200). Compile workers never need them (no runs, no benchmarks).
+    (seen on 2xH200). Compile workers need only the stored-config checks (they load and
+    compile kernels; no runs, no benchmarks).
     """
     state = REGISTRY.triton
-    if state is None or state.worker or REGISTRY.runtime_hooks_tried:
+    if state is None or REGISTRY.runtime_hooks_tried:
         return
     th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if getattr(th, "CachingAutotuner", None) is None:
@@ -111,9 +113,23 @@ def _install_runtime_hooks(cls: type, ours: type, state: TritonCache) -> None:
     """Wrap, each on its own (one that fails leaves the others in place):
     ``CachingAutotuner.coordinate_descent_tuning`` (:func:`sharing_coordesc`),
     ``CachingAutotuner.autotune_to_one_config`` (:func:`sharing_one_config`),
-    ``CachingAutotuner._dynamic_scale_rblock`` (:func:`keeping_hit_configs`) and
+    ``CachingAutotuner._dynamic_scale_rblock`` (:func:`keeping_hit_configs`),
     ``CoordescTuner.autotune_single_field`` (:func:`splitting_single_field`, with
-    ``CoordescTuner.call_func``: :func:`stopping_unwanted`)."""
+    ``CoordescTuner.call_func``: :func:`stopping_unwanted`), and ``AutotuneCache.read_best``
+    with ``CachingAutotuner.precompile`` (:mod:`.stored`; the only ones in a compile
+    worker)."""
+
+    def stored_configs() -> None:
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+        orig = AutotuneCache.__dict__.get("read_best")
+        if not callable(orig) or param_names(orig) != ("inductor_meta", "configs"):
+            raise TypeError("AutotuneCache.read_best(inductor_meta, configs) changed")
+        precompile = cls.__dict__.get("precompile")
+        if not callable(precompile):
+            raise TypeError("CachingAutotuner.precompile changed")
+        _replace(AutotuneCache, "read_best", checking_read_best(orig, ours))
+        _replace(cls, "precompile", falling_back_precompile(precompile))
 
     def coordesc() -> None:
         orig = cls.__dict__.get("coordinate_descent_tuning")
@@ -148,10 +164,13 @@ def _install_runtime_hooks(cls: type, ours: type, state: TritonCache) -> None:
             raise TypeError("CoordescTuner.call_func(func, config) changed")
         _replace(CoordescTuner, "call_func", stopping_unwanted(orig))
 
-    for what, install in (("sharing coordinate descent", coordesc),
+    for what, install in (("checking stored configs", stored_configs),
+                          ("sharing coordinate descent", coordesc),
                           ("leaving a peer's kernels unbenchmarked", one_config),
                           ("keeping stored reduction configs", rblock),
                           ("splitting the split-size search", single_field)):
+        if state.worker and install is not stored_configs:
+            continue
         try:
             install()
         except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own

@@ -3,16 +3,18 @@ their stored entries (a shared database can hold anything)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..fingerprint import dist_version
 
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
            "fusion_benchmark_key", "fusion_ms_from_entry", "triton_config_from_entry",
+           "triton_entry_problem", "triton_config_problem", "kernel_config_problem",
            "coordesc_result"]
 
 
@@ -135,54 +137,194 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def triton_config_from_entry(timings: Mapping[str, float]) -> dict[str, Any] | None:
-    """The best-config dict of a stored entry, or None if it is not one we would write.
+# What Inductor's saved dict holds besides the config's constexprs (AutotuneCache.save and
+# _load_cached_autotuning, 2.11-2.14; the two warp-specialization fields where Triton has
+# them). Every other field is one of the kernel's constexprs, or, where the kernel's
+# source has no such argument, a Triton compile option (_create_compile_meta).
+CONFIG_FIELDS = frozenset({
+    "num_warps", "num_stages", "configs_hash", "found_by_coordesc", "time_taken_ms",
+    "triton_cache_hash", "extra_options", "num_consumer_groups", "num_buffers_warp_spec",
+})
+# CUDA allows 1024 threads a block: 32 warps of 32 (16 of 64 on ROCm; its launch then
+# fails and falls back). 64 passed Triton's compile and failed at launch on an H200.
+MAX_NUM_WARPS = 32
+# Pipelining stages: Inductor's configs use 1-5; 16 ran correctly on an H200. Also the
+# bound of the mix-order reductions' NUM_STAGES constexpr, which coordinate descent tunes.
+MAX_NUM_STAGES = 16
+# Compile options Inductor's configs may carry as kwargs (num_ctas, maxnreg; waves_per_eu
+# and its neighbours on ROCm), each (smallest, largest, power of two).
+_OPTION_RANGES = {
+    "num_ctas": (1, 16, True),
+    "maxnreg": (1, 256, False),
+    "waves_per_eu": (0, 8, False),
+    "matrix_instr_nonkdim": (0, 32, False),
+    "kpack": (1, 2, False),
+}
+# XBLOCK, YBLOCK, ZBLOCK, R0_BLOCK, R1_BLOCK, and a combo kernel's XBLOCK_0 ...:
+# Inductor's block sizes, each capped by TRITON_MAX_BLOCK[prefix].
+_INDUCTOR_BLOCK = re.compile(r"^(X|Y|Z|R0_|R1_)BLOCK(_\d+)?$")
+
+
+@functools.lru_cache(maxsize=1)
+def _inductor_limits() -> tuple[dict[str, int], int, int]:
+    """(TRITON_MAX_BLOCK, TRITON_MAX_RSPLIT, TRITON_MAX_TENSOR_NUMEL) of the installed
+    torch (torch/_inductor/runtime/hints.py, 2.11-2.14: the limits of runtime autotuning,
+    coordinate descent included); a torch without one gets 2**20, Triton's largest block."""
+    try:
+        from torch._inductor.runtime import hints
+    except ImportError:  # pragma: no cover - tunecache.inductor needs torch
+        hints = None
+    numel = int(getattr(hints, "TRITON_MAX_TENSOR_NUMEL", 1 << 20))
+    blocks = {str(k): int(v) for k, v in dict(getattr(hints, "TRITON_MAX_BLOCK", {})).items()}
+    return blocks, int(getattr(hints, "TRITON_MAX_RSPLIT", numel)), numel
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _constexpr_problem(name: str, v: Any) -> str | None:
+    """Why ``name=v`` is not a value Inductor's tuning could give a constexpr, or None.
+    Each reason names the field and the rule, never the value, so that it is one warning
+    however many kernels break it (remote.py)."""
+    blocks, max_rsplit, max_numel = _inductor_limits()
+    inductor_block = _INDUCTOR_BLOCK.match(name)
+    if inductor_block or "BLOCK" in name.upper():
+        if not _int(v) or not _is_pow2(v):
+            return f"{name} is not a positive power of two"
+        limit = blocks.get(inductor_block.group(1), max_numel) if inductor_block else max_numel
+        if v > limit:
+            return f"{name} is above Inductor's limit of {limit}"
+    elif name == "RSPLIT":
+        if not _int(v) or not 1 <= v <= max_rsplit:
+            return f"RSPLIT is not an integer from 1 to {max_rsplit}"
+    elif name == "NUM_STAGES":
+        if not _int(v) or not 1 <= v <= MAX_NUM_STAGES:
+            return f"NUM_STAGES is not an integer from 1 to {MAX_NUM_STAGES}"
+    elif name in _OPTION_RANGES:
+        low, high, pow2 = _OPTION_RANGES[name]
+        if not _int(v) or not low <= v <= high or (pow2 and not _is_pow2(v)):
+            return f"{name} is not {'a power of two' if pow2 else 'an integer'} from " \
+                f"{low} to {high}"
+    elif isinstance(v, bool) or v is None:
+        pass
+    elif isinstance(v, int):
+        if abs(v) > 1 << 31:
+            return f"{name} is not a 32-bit integer"
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            return f"{name} is not a finite number"
+    elif isinstance(v, str):
+        if len(v) > 256:
+            return f"{name} is a string over 256 characters"
+    else:
+        return f"{name} is not a number or a string"
+    return None
+
+
+def _launch_problem(num_warps: Any, num_stages: Any) -> str | None:
+    if not _int(num_warps) or not (_is_pow2(num_warps) and num_warps <= MAX_NUM_WARPS):
+        return f"num_warps is not a power of two from 1 to {MAX_NUM_WARPS}"
+    if not _int(num_stages) or not 0 <= num_stages <= MAX_NUM_STAGES:
+        return f"num_stages is not an integer from 0 to {MAX_NUM_STAGES}"
+    return None
+
+
+def triton_config_problem(value: Mapping[str, Any]) -> str | None:
+    """Why a stored best-config dict is not one Inductor could have saved for any kernel,
+    or None: ``num_warps`` a power of two up to 32, ``num_stages`` 0-16, ``configs_hash``
+    a string, block sizes positive powers of two within Inductor's limits (TRITON_MAX_BLOCK
+    by prefix, 2**20 for other ``*BLOCK*`` names), ``RSPLIT`` within TRITON_MAX_RSPLIT,
+    compile options in range, the rest scalars. Whether the constexprs are the kernel's
+    own is :func:`kernel_config_problem`'s, at the kernel's load."""
+    if not isinstance(value.get("configs_hash"), str):
+        return "configs_hash is not a string"
+    launch = _launch_problem(value.get("num_warps"), value.get("num_stages"))
+    if launch is not None:
+        return launch
+    for k, v in value.items():
+        if k == "extra_options":
+            if v is not None and not isinstance(v, dict):
+                return "extra_options is not a dict"
+        elif k == "found_by_coordesc":
+            if not isinstance(v, bool):
+                return "found_by_coordesc is not a bool"
+        elif k in ("num_consumer_groups", "num_buffers_warp_spec"):
+            if not _int(v) or not 0 <= v <= 64:
+                return f"{k} is not an integer from 0 to 64"
+        elif k not in CONFIG_FIELDS:
+            problem = _constexpr_problem(k, v)
+            if problem is not None:
+                return problem
+    return None
+
+
+def kernel_config_problem(config: Any, own: Sequence[Any]) -> str | None:
+    """Why ``config`` (a triton.Config read from a cache) is not one this kernel could
+    have, or None. ``own``: the configs Inductor generated for the kernel.
+
+    Its constexprs must be those of one of its own configs (without XBLOCK where that
+    config has XBLOCK=1: cached_autotune drops it from a kernel with no x dimension),
+    each of the same type, and every value within :func:`triton_config_problem`'s rules,
+    unless it is the value one of the kernel's own configs has (a fixed config may go
+    past the autotuning limits).
+    """
+    kwargs = dict(getattr(config, "kwargs", None) or {})
+    num_warps = getattr(config, "num_warps", None)
+    num_stages = getattr(config, "num_stages", None)
+    launch = _launch_problem(num_warps, num_stages)
+    if launch is not None and not any(
+            (c.num_warps, c.num_stages) == (num_warps, num_stages) for c in own):
+        return launch
+    names = set(kwargs)
+    # cached_autotune drops XBLOCK (always 1 there) from the configs of a kernel without
+    # an x dimension, so a config saved for it has none.
+    matching = [c for c in own if names == set(c.kwargs) or (
+        c.kwargs.get("XBLOCK") == 1 and names == set(c.kwargs) - {"XBLOCK"})]
+    if own and not matching:
+        return "its constexpr names are not this kernel's"
+    for k, v in kwargs.items():
+        theirs = [c.kwargs[k] for c in matching]
+        if any(type(t) is type(v) and t == v for t in theirs):
+            continue
+        if theirs and not any(type(t) is type(v) for t in theirs):
+            return f"{k} is not of the type this kernel's configs give it"
+        problem = _constexpr_problem(k, v)
+        if problem is not None:
+            return problem
+    return None
+
+
+def triton_entry_problem(
+    timings: Mapping[str, float]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the best-config dict of a stored entry, None), or (None, why it is refused).
 
     An entry holds exactly one candidate whose name is the canonical JSON of the dict
     ``AutotuneCache.save`` built (without ``time_taken_ms``). A shared database can hold
-    anything, so every field Inductor turns into a Triton launch is checked.
+    anything, so every field Inductor turns into a Triton launch is checked
+    (:func:`triton_config_problem`).
     """
     if len(timings) != 1:
-        return None
+        return None, "the entry does not hold exactly one config"
     (name,) = timings
     try:
         value = json.loads(name)
     except ValueError:
-        return None
+        return None, "the entry is not JSON"
     if not isinstance(value, dict):
-        return None
-    for field, wanted in (("num_warps", int), ("num_stages", int), ("configs_hash", str)):
-        v = value.get(field)
-        if isinstance(v, bool) or not isinstance(v, wanted):
-            return None
-    if not (_is_pow2(value["num_warps"]) and value["num_warps"] <= 64):
-        return None
-    if not 0 <= value["num_stages"] <= 16:
-        return None
-    for k, v in value.items():
-        if k == "extra_options":
-            if v is not None and not isinstance(v, dict):
-                return None
-        elif k == "found_by_coordesc":
-            if not isinstance(v, bool):
-                return None
-        elif isinstance(v, bool) or v is None:
-            continue
-        elif isinstance(v, int):
-            if k.upper().endswith("BLOCK") and not (_is_pow2(v) and v <= 1 << 20):
-                return None
-            if abs(v) > 1 << 31:
-                return None
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                return None
-        elif isinstance(v, str):
-            if len(v) > 256:
-                return None
-        else:
-            return None
+        return None, "the entry is not a JSON object"
+    problem = triton_config_problem(value)
+    if problem is not None:
+        return None, problem
     value["time_taken_ms"] = int(timings[name]) if math.isfinite(timings[name]) else 0
-    return value
+    return value, None
+
+
+def triton_config_from_entry(timings: Mapping[str, float]) -> dict[str, Any] | None:
+    """The best-config dict of a stored entry, or None if it is not one we would write
+    (:func:`triton_entry_problem`)."""
+    return triton_entry_problem(timings)[0]
 
 
 def coordesc_result(timings: Mapping[str, float]) -> dict[str, Any] | None:

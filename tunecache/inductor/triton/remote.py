@@ -16,7 +16,7 @@ from ... import keys as tc_keys
 from ..gemm import to_ms
 from ..state import REGISTRY
 from .keys import (NO_SAVE_HEURISTICS, coordesc_result, fusion_ms_from_entry,
-                   triton_config_from_entry, triton_key)
+                   triton_config_from_entry, triton_entry_problem, triton_key)
 from .signals import released_as
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -62,6 +62,11 @@ class TritonCache:
         self._claimed_ahead: dict[int, str] = {}
         self._unpublished: set[str] = set()  # plan_coordesc's claims whose publish failed
         self._warned: set[str] = set()
+        # Kernels (key hashes) whose stored config this process refused, or saw fail to
+        # compile or launch: Inductor tunes them here, and nothing adopts that entry.
+        self._refused: set[str] = set()
+        self._reasons: set[str] = set()  # reasons already warned about, once each
+        self._local = threading.local()  # .served: key text of this thread's last hit
 
     @staticmethod
     def _info(key_text: str) -> dict[str, Any]:
@@ -81,8 +86,10 @@ class TritonCache:
         key = triton_key(inductor_key, info)
         return info, key, tc_keys.key_hash(key)[0]
 
-    def _stored_best(self, key: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
-        """(found, best config): whether a done entry is stored, and its config if valid."""
+    def _stored_best(self, key: Mapping[str, Any]
+                     ) -> tuple[bool, dict[str, Any] | None, str | None, str]:
+        """(found, best config, why it is refused, the stored text): whether a done entry
+        is stored, and its config if valid, else the reason."""
         cache = self.cache()
         try:
             answer = cache.lookup(key)
@@ -90,8 +97,46 @@ class TritonCache:
             if self.worker:
                 cache.release_connections()
         if answer is None or answer.source == "failed":
-            return False, None
-        return True, triton_config_from_entry(answer.timings)
+            return False, None, None, ""
+        return (True, *triton_entry_problem(answer.timings), " ".join(answer.timings))
+
+    def _once(self, reason: str) -> bool:
+        with self._lock:
+            first = reason not in self._reasons
+            self._reasons.add(reason)
+        return first
+
+    def refuse(self, inductor_key: str, key_text: str, reason: str, config: Any) -> None:
+        """A stored config that is not one this kernel could have (``reason``, from
+        triton/keys.py): this process leaves the entry alone and Inductor tunes the
+        kernel. One warning per reason, not one per kernel."""
+        _, key, key_hash = self._key(inductor_key, key_text)
+        served = getattr(self._local, "served", None) == key_text
+        self._local.served = None
+        with self._lock:
+            self._refused.add(key_hash)
+        # Counted as a hit when get() returned it; it is not one.
+        REGISTRY.triton_stats.add(invalid=1, hits=-1 if served else 0)
+        level = logging.WARNING if self._once(reason) else logging.DEBUG
+        log.log(level, "tunecache: stored Triton configs refused: %s (first: %s, %s); "
+                "Inductor tunes such kernels as usual, and the entries stay in the database "
+                "(further refusals for this reason are logged at debug level)",
+                reason, key["op"], describe_config(config))
+
+    def stored_config_failed(self, inductor_key: str, key_text: str, doing: str,
+                             error: BaseException) -> None:
+        """A stored config that raised while ``doing`` ("compiling", "launching"): from
+        now on this process tunes the kernel as without the entry. One warning per
+        ``doing``."""
+        _, key, key_hash = self._key(inductor_key, key_text)
+        with self._lock:
+            self._refused.add(key_hash)
+        REGISTRY.triton_stats.add(stored_config_failed=1)
+        level = logging.WARNING if self._once(f"failed {doing}") else logging.DEBUG
+        log.log(level, "tunecache: a stored Triton config failed %s (%s: %s; kernel %s); "
+                "Inductor tunes the kernel as without tunecache (further failures %s a "
+                "stored config are logged at debug level)",
+                doing, type(error).__name__, str(error)[:300], key["op"], doing)
 
     def warn_once(self, what: str, error: BaseException) -> None:
         REGISTRY.triton_stats.add(errors=1)
@@ -142,19 +187,22 @@ class TritonCache:
     # -- the protocol
 
     def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        info, key, key_hash = self._key(inductor_key, key_text)
-        found, best = self._stored_best(key)
+        _, key, key_hash = self._key(inductor_key, key_text)
+        self._local.served = None
+        with self._lock:
+            refused = key_hash in self._refused
+        if refused:
+            REGISTRY.triton_stats.add(invalid=1)
+            return None
+        found, best, problem, text = self._stored_best(key)
         if not found:
             REGISTRY.triton_stats.add(misses=1)
             return None
         if best is None:
-            REGISTRY.triton_stats.add(invalid=1)
-            if key_hash not in self._warned:
-                self._warned.add(key_hash)
-                log.warning("tunecache: the stored Triton config of %s (%s) is not valid; "
-                            "Inductor tunes it here", info.get("name", "?"), key_hash[:16])
+            self.refuse(inductor_key, key_text, problem or "not a config", text)
             return None
         REGISTRY.triton_stats.add(hits=1)
+        self._local.served = key_text
         return best
 
     def plan_coordesc(
@@ -187,6 +235,9 @@ class TritonCache:
         if early is not None and early != key_hash:
             self._release(early, "no coordinate descent followed its configs' benchmark",
                           failed=False)
+        with self._lock:
+            if key_hash in self._refused:  # tuned here, as without the entry
+                return "local", None
         state, value = self._claim_step(key, waits, coordesc_result)
         if state == "claimed":
             with self._lock:
@@ -332,6 +383,16 @@ class TritonCache:
         answer = self.cache().lookup(key)
         return None if answer is None or answer.source == "failed" \
             else coordesc_result(answer.timings)
+
+
+def describe_config(config: Any) -> str:
+    """A stored config in a warning: a triton.Config's fields, or the stored text."""
+    if hasattr(config, "kwargs"):
+        text = (f"{dict(config.kwargs)} num_warps={getattr(config, 'num_warps', '?')} "
+                f"num_stages={getattr(config, 'num_stages', '?')}")
+    else:
+        text = str(config)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @functools.lru_cache(maxsize=None)
