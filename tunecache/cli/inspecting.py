@@ -162,8 +162,8 @@ def show(out: Out, key_hash_prefix: str) -> None:
         click.echo(f"owner        {entry['owner'] or '-'} (token {entry['token']}, "
                    f"attempts {entry['attempts']})")
         if entry["state"] == "claimed":
-            left = (entry["lease_expires_at"] or entry["now"]) - entry["now"]
-            click.echo(f"lease        {'expired' if left <= 0 else fmt.dur(left) + ' left'}")
+            left = None if entry["lease_expired"] else entry["lease_expires_at"] - entry["now"]
+            click.echo(f"lease        {'expired' if left is None else fmt.dur(left) + ' left'}")
         if entry["error"]:
             click.echo(f"error        {entry['error']}")
         click.echo(f"hits         {entry['hits']}")

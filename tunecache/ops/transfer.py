@@ -20,6 +20,7 @@ from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
 from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
 from ..store import ArtifactStore, Database, admin
+from ..store.store import lease_passed
 from ..store.artifacts import (
     MAX_PAYLOAD_BYTES,
     MAX_SIGNATURE_BYTES,
@@ -333,7 +334,7 @@ def import_records(
                     inserts.append({**params, "p_key_json": inc.key_json,
                                     **{f"p_{k}": v for k, v in inc.labels.items()}})
                     continue
-                if row.state == "claimed" and (row.lease_expires_at or 0.0) > row.now:
+                if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
                     got["busy"] += 1
                     continue
                 if row.state == "done":

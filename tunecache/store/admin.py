@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 
 from .schema import entries, usage
-from .store import db_now, insert_if_absent
+from .store import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 
 __all__ = [
     "STATS_GROUPS",
@@ -134,14 +134,12 @@ _CLAIM_COLUMNS = (
 # Claims use the state index; there are at most a few thousand in flight.
 CLAIMS_LIVE = (
     select(*_CLAIM_COLUMNS)
-    .where(entries.c.state == "claimed", entries.c.lease_expires_at > NOW)
+    .where(entries.c.state == "claimed", LEASE_RUNNING)
     .order_by(entries.c.updated_at)
     .limit(bindparam("p_limit"))
 )
-CLAIMS_EXPIRED_COUNT = select(func.count()).where(
-    entries.c.state == "claimed",
-    or_(entries.c.lease_expires_at.is_(None), entries.c.lease_expires_at <= NOW),
-)
+# Expired: passed, or a lease no owner could have set (store.lease_passed).
+CLAIMS_EXPIRED_COUNT = select(func.count()).where(entries.c.state == "claimed", LEASE_PASSED)
 FAILED_KEYS = (
     select(entries.c.key_hash, entries.c.op, entries.c.attempts, entries.c.error,
            entries.c.updated_at)
@@ -215,10 +213,7 @@ class EntryFilter:
 # -- prune -----------------------------------------------------------------------------
 
 _LAST_USE = func.coalesce(entries.c.last_used_at, entries.c.updated_at)
-_CLAIM_EXPIRED = and_(
-    entries.c.state == "claimed",
-    or_(entries.c.lease_expires_at.is_(None), entries.c.lease_expires_at <= NOW),
-)
+_CLAIM_EXPIRED = and_(entries.c.state == "claimed", LEASE_PASSED)
 
 
 def prune_condition(
@@ -248,8 +243,7 @@ def prune_condition(
     if not classes:
         return false()
     # Belt and braces: whatever the classes say, a claim whose lease runs is someone's work.
-    return and_(or_(*classes), not_(and_(entries.c.state == "claimed",
-                                         entries.c.lease_expires_at > NOW)))
+    return and_(or_(*classes), not_(and_(entries.c.state == "claimed", LEASE_RUNNING)))
 
 
 _LISTING_COLUMNS = (
