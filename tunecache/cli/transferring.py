@@ -58,7 +58,8 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
     else:
         click.echo(summary, err=True)
         for s in report["skipped_invalid"]:
-            click.echo(f"  skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+            click.echo(f"  skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
+                       err=True)
 
 
 _CONFLICT_HELP = (
@@ -97,7 +98,7 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
             click.echo(f"compiled graphs: {graphs['inserted']} new, {graphs['unchanged']} "
                        "already there (first publish wins)")
         for bad in report["bad"]:
-            click.echo(f"{what}: {bad['where']}: {bad['reason']}", err=True)
+            click.echo(f"{what}: {fmt.safe(bad['where'])}: {fmt.safe(bad['reason'])}", err=True)
 
     out.emit(report, human)
     if report["invalid"] and not skip_invalid:

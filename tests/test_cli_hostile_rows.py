@@ -1,0 +1,73 @@
+"""Hostile rows through the operator commands: text from the database never reaches a
+terminal raw (a stored name cannot forge a table row or recolour it), and sizes read from
+rows are validated before they are summed or budgeted."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from sqlalchemy import text, update
+
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
+from tunecache.keys import key_hash
+from tunecache.settings import resolve_db_url
+from tunecache.store import ArtifactStore, Database, ensure_schema
+from tunecache.store.schema import artifacts, entries
+
+# ESC (C0), NEL (C1), DEL, a newline that would start a forged row, right-to-left
+# override and isolate (bidi), the Unicode line separator.
+HOSTILE = "x\x1b[31mred\x1b[0m\nforged  row\x85\x7f\u202e\u2066\u2028!"
+RAW = set("\x1b\x85\x7f\u202e\u2066\u2028\r\x00")
+
+
+def _db(url: str) -> Database:
+    db = Database(resolve_db_url(url))
+    ensure_schema(db)
+    return db
+
+
+def _set_entries(url: str, h: str, **values) -> None:
+    db = _db(url)
+    db.run(lambda c: c.execute(update(entries).where(entries.c.key_hash == h).values(**values)),
+           write=True)
+    db.dispose()
+
+
+def _assert_clean(output: str, lines_before: int | None = None) -> None:
+    assert not RAW & set(output), repr(output)
+    assert "forged  row" not in output.splitlines()[0] if output else True
+    for line in output.splitlines():
+        assert not line.startswith("forged"), repr(output)
+
+
+def test_ls_stats_and_show_escape_control_characters_from_the_database(db_url):
+    done, claimed, failed = (gemm_key("mm", i) for i in range(3))
+    populate(db_url, [done])
+    claim_key(db_url, claimed, lease_seconds=600, owner=HOSTILE)
+    fail_key(db_url, failed)
+    for k in (done, claimed, failed):
+        _set_entries(db_url, key_hash(k)[0], kind=HOSTILE, op=HOSTILE, device=HOSTILE,
+                     torch_version=HOSTILE, triton_version=HOSTILE)
+    _set_entries(db_url, key_hash(done)[0], best=HOSTILE)
+    _set_entries(db_url, key_hash(failed)[0], error=HOSTILE)
+    db = _db(db_url)
+    store = ArtifactStore(db)
+    assert store.put("fxgraph", "k" + HOSTILE, os.urandom(100), b"\x07" * 64, HOSTILE)
+    db.run(lambda c: c.execute(update(artifacts).values(kind=HOSTILE)), write=True)
+    db.dispose()
+
+    for args in (["ls"], ["ls", "--graphs"], ["stats"], ["show", key_hash(done)[0]],
+                 ["show", key_hash(claimed)[0]], ["show", key_hash(failed)[0]],
+                 ["prune", "--failed", "--dry-run"]):
+        result = run(*args, "--db", db_url)
+        assert result.exit_code == 0, result.output
+        _assert_clean(result.stdout)
+        assert "x\\x1b[31mred\\x1b[0m\\x0aforged  row\\x85\\x7f\\u202e\\u2066\\u2028!" \
+            in result.stdout or "\u2026" in result.stdout, (args, result.stdout)
+
+    # --json stays JSON, with the stored text exactly as stored.
+    rows = run_json("ls", "--db", db_url)
+    assert {r["op"] for r in rows} == {HOSTILE}
+    assert {r["kind"] for r in run_json("ls", "--graphs", "--db", db_url)} == {HOSTILE}
+    assert run_json("stats", "--db", db_url)["claims"]["live"][0]["owner"] == HOSTILE
