@@ -71,3 +71,38 @@ def test_ls_stats_and_show_escape_control_characters_from_the_database(db_url):
     assert {r["op"] for r in rows} == {HOSTILE}
     assert {r["kind"] for r in run_json("ls", "--graphs", "--db", db_url)} == {HOSTILE}
     assert run_json("stats", "--db", db_url)["claims"]["live"][0]["owner"] == HOSTILE
+
+
+def _graphs(url: str, *sizes: int) -> None:
+    """Publish one 1000-byte graph per entry of ``sizes``, then set its row's size."""
+    db = _db(url)
+    store = ArtifactStore(db)
+    for i, size in enumerate(sizes):
+        assert store.put("fxgraph", f"g{i}", os.urandom(1000), b"\x07" * 64, "2.13.0")
+        db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == f"g{i}")
+                                   .values(size=size, last_used_at=1e9 + i)), write=True)
+    db.dispose()
+
+
+BAD_SIZES = [-10**18, 2**63 - 1, -1]
+
+
+def test_stats_counts_rows_with_an_impossible_size_as_invalid_and_sums_the_rest(db_url):
+    _graphs(db_url, 1000, 1000, *BAD_SIZES)
+    for _ in range(2):  # and again: nothing it did left the database unreadable
+        graphs = run_json("stats", "--db", db_url)["graphs"]
+        assert (graphs["count"], graphs["bytes"], graphs["invalid"]) == (5, 2000, 3)
+        human = run("stats", "--db", db_url)
+        assert human.exit_code == 0, human.output
+        assert "5 compiled graphs, 2.0 KiB" in human.stdout
+        assert "3 with an invalid size" in human.stdout
+    listed = {r["key"]: r["size"] for r in run_json("ls", "--graphs", "--db", db_url)}
+    assert listed == {"g0": 1000, "g1": 1000, "g2": None, "g3": None, "g4": None}
+
+
+def test_prune_by_graph_bytes_removes_rows_with_an_impossible_size_first(db_url):
+    # The most recently used row claims -10^18 bytes: summed, it left room for everything.
+    _graphs(db_url, 1000, 1000, 1000, *BAD_SIZES[::-1])
+    report = run_json("prune", "--db", db_url, "--max-graph-bytes", "2000B")["graphs"]
+    assert (report["deleted"], report["over_budget"]) == (4, 4)
+    assert sorted(r["key"] for r in run_json("ls", "--graphs", "--db", db_url)) == ["g1", "g2"]

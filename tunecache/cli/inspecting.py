@@ -55,7 +55,9 @@ def stats(out: Out) -> None:
         graphs = data["graphs"]
         kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs["by_kind"])
         click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
-                   + (f" ({kinds})" if kinds else ""))
+                   + (f" ({kinds})" if kinds else "")
+                   + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
+                      "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),

@@ -37,7 +37,9 @@ __all__ = ["prune"]
               help="Drop done entries whose key or timings fail validation.")
 @click.option("--max-graph-bytes", type=ByteSize(), default=None, metavar="SIZE",
               help="Compiled graphs: keep at most this many payload bytes (2GB, 500MiB, "
-                   "0B), deleting the least recently used first.")
+                   "0B), deleting the least recently used first; rows whose digest or size "
+                   "is invalid (a size below 0 or over the 512 MiB a graph may have) go "
+                   "before any.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
 @click.option("--vacuum/--no-vacuum", default=None,
               help="SQLite: VACUUM after deleting (default: only when a quarter of the "

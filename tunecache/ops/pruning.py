@@ -232,7 +232,9 @@ def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dic
         chosen = {(x.kind, x.key) for x in selected}
         rest = [info for page in store.infos() for info in page
                 if (info.kind, info.key) not in chosen]
-        # A row whose digest or size does not read serves no job: it goes first.
+        # A row whose digest or size does not read serves no job (a size out of 0 to
+        # MAX_PAYLOAD_BYTES reads as None, and load refuses the row): it goes first,
+        # whatever its last use, and is never counted against the budget.
         over_budget = [x for x in rest if x.digest is None or x.size is None]
         rest = [x for x in rest if x.digest is not None and x.size is not None]
         rest.sort(key=lambda x: (-x.last_use, x.kind, x.key))  # most recently used first
