@@ -106,3 +106,52 @@ def test_prune_by_graph_bytes_removes_rows_with_an_impossible_size_first(db_url)
     report = run_json("prune", "--db", db_url, "--max-graph-bytes", "2000B")["graphs"]
     assert (report["deleted"], report["over_budget"]) == (4, 4)
     assert sorted(r["key"] for r in run_json("ls", "--graphs", "--db", db_url)) == ["g1", "g2"]
+
+
+def _import_line(key, timings) -> str:
+    # json.dumps writes a lone surrogate and NUL as \ud800 and \u0000 escapes, which
+    # json.loads reads back as those characters: what a hostile export file holds.
+    return json.dumps({"key": key, "timings": timings, "tune_seconds": 1.0})
+
+
+def test_import_reports_and_skips_lines_with_nul_or_lone_surrogates_and_keeps_the_rest(
+        db_url, tmp_path):
+    good = [gemm_key("mm", i) for i in range(3)]
+    lines = [
+        json.dumps({"format": "tunecache-export", "version": 1}),
+        _import_line(good[0], {"aten": 1.0}),
+        _import_line(gemm_key("mm", 10), {"aten\ud800": 1.0}),  # line 3
+        _import_line(gemm_key("mm\x00", 11), {"aten": 1.0}),  # line 4: NUL in a label
+        _import_line({**gemm_key("mm", 12), "extra": "a\x00b"}, {"aten": 1.0}),  # 5: in the key
+        _import_line(gemm_key("mm", 13), {"at\x00en": 1.0}),  # line 6
+        _import_line(gemm_key("mm\ud800", 14), {"aten": 1.0}),  # line 7
+        _import_line(good[1], {"aten": 2.0}),
+        _import_line({**gemm_key("mm", 15), "note": "a\\u0000b"}, {"aten": 1.0}),  # 9: no NUL
+        _import_line(good[2], {"aten": 3.0}),
+    ]
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1, result.output
+    assert "4 new, 0 replaced, 0 kept, 0 busy (being tuned), 5 invalid" in result.stdout
+    reported = [line.split(": ", 2)[:2] for line in result.stderr.splitlines()[:5]]
+    assert reported == [[str(path), f"line {n}"] for n in (3, 4, 5, 6, 7)]
+    stored = sorted(r["key_hash"] for r in run_json("ls", "--db", db_url))
+    assert stored == sorted(key_hash(k)[0] for k in [*good, {**gemm_key("mm", 15),
+                                                            "note": "a\\u0000b"}])
+
+
+def test_keys_and_timings_with_nul_or_lone_surrogates_are_refused_at_validation():
+    import pytest
+
+    from tunecache.errors import InvalidEntryError
+    from tunecache.keys import Key, validate_timings
+
+    for bad in ({"op": "mm\x00"}, {"env": {"torch": "2.13\x00"}}, {"a": ["x\x00"]},
+                {"op": "mm\udc80"}, {"k\x00": 1}):
+        with pytest.raises(ValueError):
+            Key.of(bad)
+    assert Key.of({"a": "\\u0000"}).mapping == {"a": "\\u0000"}  # text, not a NUL
+    for name in ("a\x00", "\ud800"):
+        with pytest.raises(InvalidEntryError):
+            validate_timings({name: 1.0})

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from typing import Any, Mapping, Union
 
 from .errors import InvalidEntryError
@@ -39,6 +40,16 @@ MAX_CANDIDATE_NAME = 1024
 MAX_LABEL = 256
 
 
+# Text neither database can store: PostgreSQL's text refuses NUL, and a lone surrogate
+# (what JSON's "\ud800" escape reads as) has no UTF-8 encoding, so SQLite's driver cannot
+# write it. Refused when a key or timings are validated, so that a bad import line or API
+# call fails alone instead of aborting the transaction that writes its neighbours.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A NUL inside canonical JSON: the escape \u0000 after an even number of backslashes (an
+# odd number means the backslash itself was escaped, and the text is "\u0000", not NUL).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def canonical_json(value: Any) -> str:
     """One text per value: sorted keys, no spaces, no NaN, so equal keys hash equally."""
     try:
@@ -59,6 +70,9 @@ def key_hash(key: Mapping[str, Any]) -> tuple[str, str]:
     if not isinstance(key, Mapping):
         raise TypeError(f"a tunecache key must be a mapping, not {type(key).__name__}")
     text = canonical_json(dict(key))
+    if _UNSTORABLE.search(text) or _JSON_NUL.search(text):
+        raise ValueError("a tunecache key must not contain NUL characters or lone surrogates "
+                         "(no database can store them)")
     if len(text.encode()) > MAX_KEY_BYTES:
         raise ValueError(f"a tunecache key must be under {MAX_KEY_BYTES} bytes as JSON")
     return hashlib.sha256(text.encode()).hexdigest(), text
@@ -135,7 +149,8 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
         raise InvalidEntryError(key, f"more than {MAX_CANDIDATES} candidates")
     out: dict[str, float] = {}
     for name, ms in raw.items():
-        if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME:
+        if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME \
+                or _UNSTORABLE.search(name):
             raise InvalidEntryError(key, f"bad candidate name {str(name)[:40]!r}")
         if ms is None or ms == math.inf:
             out[name] = math.inf
