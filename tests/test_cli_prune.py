@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -277,3 +278,43 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
     assert len(newer) >= 20 and set(newer) <= left
     assert report["deleted"] >= 300
     assert run_json("ls", "--db", sqlite_url, "--torch", "2.13.0") == []  # the 300 went
+
+
+def test_keep_filter_that_matches_no_stored_version_is_refused_and_deletes_nothing(db_url):
+    # The README's example on the torch the demo installs: its entries say 2.13.0+cpu.
+    populate(db_url, [gemm_key("mm", i, torch="2.13.0+cpu") for i in range(3)])
+    populate(db_url, [gemm_key("mm", 9, torch="2.12.0")])
+    for args in (["--keep-torch", "2.13.0"], ["--keep-torch", "2.13.0+cpu", "--keep-torch",
+                                               "2.14.0"], ["--keep-device", "cpu"],
+                 ["--keep-triton", "3.1"]):
+        for dry in ([], ["--dry-run"]):
+            result = run("prune", "--db", db_url, *args, *dry)
+            assert result.exit_code == 2, (args, result.output)
+            [line] = result.stderr.splitlines()
+            assert "matches no stored" in line, line
+    result = run("prune", "--db", db_url, "--keep-torch", "2.13.0")
+    assert "2.12.0, 2.13.0+cpu" in result.stderr and "--keep-torch 2.12.0" in result.stderr
+    assert len(run_json("ls", "--db", db_url)) == 4
+    assert run_json("prune", "--db", db_url, "--keep-torch", "2.13.0+cpu")["deleted"] == 1
+
+
+def test_drop_filter_that_matches_no_stored_version_warns(db_url):
+    populate(db_url, [gemm_key("mm", 0, torch="2.13.0+cpu")])
+    result = run("prune", "--db", db_url, "--torch", "2.13.0", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["deleted"] == 0
+    assert "--torch 2.13.0 matches no stored torch version" in result.stderr
+    assert "2.13.0+cpu" in result.stderr
+
+
+def test_prune_refuses_an_unknown_kind_and_names_the_known_ones(db_url):
+    populate(db_url, [gemm_key("mm", 0), {"kind": "my_tuner", "i": 1}])
+    result = run("prune", "--db", db_url, "--kind", "gemmm", "--older-than", "0s")
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert "gemmm" in line and "gemm, triton_config, fusion_benchmark, fxgraph, autograd" in line
+    assert "my_tuner" in line  # a kind written through the API is known too
+    assert len(run_json("ls", "--db", db_url)) == 2
+    assert run_json("prune", "--db", db_url, "--kind", "my_tuner", "--older-than",
+                    "0s")["deleted"] == 1
+    assert run_json("prune", "--db", db_url, "--kind", "autograd", "--older-than",
+                    "0s")["deleted"] == 0

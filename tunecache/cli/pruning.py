@@ -93,6 +93,9 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
             progress=step, on_total=total,
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
 
+    for warning in report["warnings"]:  # on stderr, with --json too
+        click.echo(f"Warning: {warning}", err=True)
+
     def human() -> None:
         g = report["graphs"]
         orphans = g["orphans"]

@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, Literal
 
 from sqlalchemy import Connection
 
-from ..errors import ConfigError, InvalidEntryError
+from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
+from ..keys import KINDS
 from ..store import ArtifactStore, Database, admin
 from ..store.artifacts import ArtifactInfo, GraphFilter
 from .browse import show
@@ -94,6 +95,39 @@ class PruneSpec:
                     or self.expired_claims or self.invalid or self.max_graph_bytes is not None)
 
 
+_LABEL_NAMES = {"torch": "torch version", "triton": "triton version", "device": "device"}
+
+
+def check_filters(db: Database, spec: PruneSpec) -> list[str]:
+    """Refuse filters that cannot mean what the operator meant, before anything goes.
+
+    A keep filter (--keep-torch ...) with a value no entry or graph holds would keep
+    nothing of it and delete everything it applies to (`--keep-torch 2.13.0` where the
+    entries say 2.13.0+cpu): refused, with the stored values, so that a typo deletes
+    nothing. A --kind neither tunecache's own (keys.KINDS) nor stored is a typo that
+    selects nothing: refused with the known kinds. A drop filter (--torch ...) that
+    matches nothing deletes nothing: a warning, returned (the report's ``warnings``).
+    """
+    warnings: list[str] = []
+    if spec.kinds:
+        known = list(KINDS) + [k for k in db.run(lambda c: admin.stored_labels(c, "kind"))
+                               if k not in KINDS]
+        for kind in spec.kinds:
+            if kind not in known:
+                raise ConfigError("--kind", kind, f"one of the known kinds: {', '.join(known)}")
+    for name, label in _LABEL_NAMES.items():
+        keep, only = spec.keep.get(name) or [], spec.only.get(name) or []
+        if not keep and not only:
+            continue
+        stored = db.run(lambda c: admin.stored_labels(c, name))
+        for value in keep:
+            if value not in stored:
+                raise FilterMatchesNothingError(f"--keep-{name}", value, label, stored)
+        warnings += [f"--{name} {value} matches no stored {label} (stored: "
+                     f"{', '.join(stored) or 'none'}); it selects nothing"
+                     for value in only if value not in stored]
+    return warnings
+
 
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
     """(key_hash, reason) of done entries whose key or timings fail validation, page by
@@ -145,13 +179,15 @@ def prune(
         )
     if not dry_run:
         refuse_readonly(db, "prune")
+    warnings = check_filters(db, spec)
     started = time.perf_counter()
     condition = admin.prune_condition(
         older_than=spec.older_than, env=spec.env if spec.env else None,
         failed=spec.failed, expired_claims=spec.expired_claims,
     )
     size_before = database_size(db)
-    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run}
+    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run,
+                              "warnings": warnings}
     invalid = list(_invalid_hashes(db)) if spec.invalid else []
     if dry_run:
         report["graphs"] = prune_graphs(db, spec, dry_run=True)

@@ -37,7 +37,7 @@ from sqlalchemy import (
     update,
 )
 
-from .schema import entries, usage
+from .schema import artifacts, entries, usage
 from .store import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "select_by_prefix",
     "read_for_import",
     "stats_groups",
+    "stored_labels",
     "usage_totals",
     "live_claims",
     "expired_claims_count",
@@ -492,6 +493,26 @@ def rows(conn: Connection, statement: Any) -> list[Any]:
 
 def stats_groups(conn: Connection) -> list[Any]:
     return list(conn.execute(STATS_GROUPS).all())
+
+
+# The columns prune's filters compare, in entries and (where graphs have one) in
+# compiled graphs' rows.
+_LABEL_COLUMNS = {
+    "torch": (entries.c.torch_version, artifacts.c.torch_version),
+    "triton": (entries.c.triton_version,),
+    "device": (entries.c.device,),
+    "kind": (entries.c.kind, artifacts.c.kind),
+}
+
+
+def stored_labels(conn: Connection, name: str) -> list[str]:
+    """Every distinct value of a label (torch, triton, device, kind) that an entry or a
+    compiled graph holds, sorted; one scan of each table."""
+    found: set[str] = set()
+    for col in _LABEL_COLUMNS[name]:
+        found.update(v for v in conn.execute(select(col).distinct()).scalars()
+                     if isinstance(v, str))
+    return sorted(found)
 
 
 def usage_totals(conn: Connection) -> Any:
