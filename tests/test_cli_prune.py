@@ -318,3 +318,57 @@ def test_prune_refuses_an_unknown_kind_and_names_the_known_ones(db_url):
                     "0s")["deleted"] == 1
     assert run_json("prune", "--db", db_url, "--kind", "autograd", "--older-than",
                     "0s")["deleted"] == 0
+
+
+def _count(url: str) -> int:
+    engine = create_engine(resolve_db_url(url))
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(entries)).scalar_one()
+    engine.dispose()
+    return n
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_a_prune_says_how_many_were_deleted_and_exits_130(db_url):
+    """A real prune process, its stderr on a terminal so that it draws its progress bar;
+    SIGINT once the bar has moved. The prune stops after the batch in hand, prints what
+    it deleted, which is exactly what is gone, and exits 130."""
+    import os
+    import pty
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    populate(db_url, [gemm_key("mm", i, torch="2.12.0") for i in range(1500)])
+    populate(db_url, [gemm_key("mm", i) for i in range(5)])
+    before = _count(db_url)
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "prune", "--db", db_url, "--torch", "2.12.0",
+         "--batch-size", "5"],
+        stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env, text=True)
+    os.close(slave)
+    seen = ""
+    try:
+        # Read the terminal until the bar shows progress (position over 0 of 1000).
+        while not any(int(n) > 0 for n in re.findall(r"(\d+)/1000", seen)):
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end closed (the process ended)
+                chunk = b""
+            assert chunk, f"the prune ended before showing progress: {seen!r}"
+            seen += chunk.decode(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 130, stdout
+    [line] = stdout.splitlines()
+    deleted = int(re.match(r"interrupted: deleted (\d+) entries \(of them 0 invalid\)",
+                           line).group(1))
+    assert 0 < deleted < 1500
+    assert before - _count(db_url) == deleted

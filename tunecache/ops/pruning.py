@@ -153,8 +153,14 @@ def prune(
     pause: bool = True,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
+
+    ``stop`` is asked after every committed batch (the CLI's Ctrl-C): once it says True,
+    the prune ends there, before compiled graphs and VACUUM if it had not reached them,
+    and the report says ``interrupted`` with what was deleted so far, every count of
+    which is committed.
 
     ``batch`` fixes the rows per transaction; by default SQLite's batches are sized to
     hold the write lock about PRUNE_BATCH_SECONDS each. ``pause=False`` deletes batch
@@ -229,17 +235,31 @@ def prune(
         shown = where
         if timed and selected == size:
             size = _next_batch_size(size, held)
+        if stop is not None and stop():
+            break
         if pause:
             _yield_lock(db)
     progress(1000 - shown)
     # Invalid entries (done ones only; the condition pass may have taken some already).
+    invalid_deleted = 0
     for i in range(0, len(invalid), DELETE_BATCH):
+        if stop is not None and stop():
+            break
         chunk = [h for h, _ in invalid[i:i + DELETE_BATCH]]
         n = db.run(lambda c: admin.delete_invalid_done(c, chunk), write=True)
         deleted += n
+        invalid_deleted += n
         batches += 1
-    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid))
+    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid),
+                  invalid_deleted=invalid_deleted, interrupted=False)
+    if stop is not None and stop():
+        report.update(interrupted=True, graphs=None, seconds=time.perf_counter() - started)
+        return report
     report["graphs"] = prune_graphs(db, spec, dry_run=False)
+    if stop is not None and stop():
+        # Graphs are few and deleted in one go; VACUUM, which could be long, is skipped.
+        report.update(interrupted=True, seconds=time.perf_counter() - started)
+        return report
     report["vacuum"] = run_vacuum(db, vacuum, deleted)
     report["size_before"] = size_before
     report["size_after"] = database_size(db)
