@@ -155,3 +155,24 @@ def test_keys_and_timings_with_nul_or_lone_surrogates_are_refused_at_validation(
     for name in ("a\x00", "\ud800"):
         with pytest.raises(InvalidEntryError):
             validate_timings({name: 1.0})
+
+
+def test_import_skips_graph_lines_with_nul_or_lone_surrogates_and_keeps_the_rest(
+        db_url, tmp_path):
+    import base64
+
+    def graph(key: str, torch: str = "2.13.0") -> str:
+        return json.dumps({"graph": {
+            "kind": "fxgraph", "key": key, "torch": torch,
+            "signature": base64.b64encode(b"\x07" * 64).decode(),
+            "payload": base64.b64encode(os.urandom(100)).decode()}})
+
+    lines = [json.dumps({"format": "tunecache-export", "version": 2}), graph("a"),
+             graph("b\x00"), graph("c", torch="2.13\x00"), graph("d\udc80"), graph("e")]
+    path = tmp_path / "graphs.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1, result.output
+    assert [line.split(": ", 2)[1] for line in result.stderr.splitlines()[:3]] == [
+        "line 3", "line 4", "line 5"]
+    assert sorted(r["key"] for r in run_json("ls", "--graphs", "--db", db_url)) == ["a", "e"]

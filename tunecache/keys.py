@@ -30,6 +30,7 @@ __all__ = [
     "MAX_TIMINGS_BYTES",
     "MAX_CANDIDATES",
     "KINDS",
+    "storable",
 ]
 
 # The kinds of entries tunecache itself writes (the key convention's "kind"); the last two
@@ -54,6 +55,11 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # A NUL inside canonical JSON: the escape \u0000 after an even number of backslashes (an
 # odd number means the backslash itself was escaped, and the text is "\u0000", not NUL).
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable(text: str) -> bool:
+    """Whether both databases can store ``text`` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE.search(text) is None
 
 
 def canonical_json(value: Any) -> str:
@@ -156,7 +162,7 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
     out: dict[str, float] = {}
     for name, ms in raw.items():
         if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME \
-                or _UNSTORABLE.search(name):
+                or not storable(name):
             raise InvalidEntryError(key, f"bad candidate name {str(name)[:40]!r}")
         if ms is None or ms == math.inf:
             out[name] = math.inf

@@ -18,7 +18,8 @@ from sqlalchemy import Connection
 
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
-from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
+from ..keys import (MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable,
+                    timings_to_json)
 from ..store import ArtifactStore, Database, admin
 from ..store.store import lease_passed
 from ..store.artifacts import (
@@ -232,6 +233,9 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     why = validate_identity(kind, key)
     if why is not None:
         raise ValueError(why)
+    torch = record.get("torch")
+    if not storable(key) or (isinstance(torch, str) and not storable(torch)):
+        raise ValueError('"key" or "torch" holds a NUL character or a lone surrogate')
     signature = _decoded(record.get("signature"), "signature", MAX_SIGNATURE_BYTES)
     if not signature:
         raise ValueError('"signature" is empty')
