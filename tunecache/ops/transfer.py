@@ -234,7 +234,7 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     if why is not None:
         raise ValueError(why)
     torch = record.get("torch")
-    if not storable(key) or (isinstance(torch, str) and not storable(torch)):
+    if not storable(str(key)) or (isinstance(torch, str) and not storable(torch)):
         raise ValueError('"key" or "torch" holds a NUL character or a lone surrogate')
     signature = _decoded(record.get("signature"), "signature", MAX_SIGNATURE_BYTES)
     if not signature:
