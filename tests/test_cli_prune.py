@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -277,3 +278,97 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
     assert len(newer) >= 20 and set(newer) <= left
     assert report["deleted"] >= 300
     assert run_json("ls", "--db", sqlite_url, "--torch", "2.13.0") == []  # the 300 went
+
+
+def test_keep_filter_that_matches_no_stored_version_is_refused_and_deletes_nothing(db_url):
+    # The README's example on the torch the demo installs: its entries say 2.13.0+cpu.
+    populate(db_url, [gemm_key("mm", i, torch="2.13.0+cpu") for i in range(3)])
+    populate(db_url, [gemm_key("mm", 9, torch="2.12.0")])
+    for args in (["--keep-torch", "2.13.0"], ["--keep-torch", "2.13.0+cpu", "--keep-torch",
+                                               "2.14.0"], ["--keep-device", "cpu"],
+                 ["--keep-triton", "3.1"]):
+        for dry in ([], ["--dry-run"]):
+            result = run("prune", "--db", db_url, *args, *dry)
+            assert result.exit_code == 2, (args, result.output)
+            [line] = result.stderr.splitlines()
+            assert "matches no stored" in line, line
+    result = run("prune", "--db", db_url, "--keep-torch", "2.13.0")
+    assert "2.12.0, 2.13.0+cpu" in result.stderr and "--keep-torch 2.12.0" in result.stderr
+    assert len(run_json("ls", "--db", db_url)) == 4
+    assert run_json("prune", "--db", db_url, "--keep-torch", "2.13.0+cpu")["deleted"] == 1
+
+
+def test_drop_filter_that_matches_no_stored_version_warns(db_url):
+    populate(db_url, [gemm_key("mm", 0, torch="2.13.0+cpu")])
+    result = run("prune", "--db", db_url, "--torch", "2.13.0", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["deleted"] == 0
+    assert "--torch 2.13.0 matches no stored torch version" in result.stderr
+    assert "2.13.0+cpu" in result.stderr
+
+
+def test_prune_refuses_an_unknown_kind_and_names_the_known_ones(db_url):
+    populate(db_url, [gemm_key("mm", 0), {"kind": "my_tuner", "i": 1}])
+    result = run("prune", "--db", db_url, "--kind", "gemmm", "--older-than", "0s")
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert "gemmm" in line and "gemm, triton_config, fusion_benchmark, fxgraph, autograd" in line
+    assert "my_tuner" in line  # a kind written through the API is known too
+    assert len(run_json("ls", "--db", db_url)) == 2
+    assert run_json("prune", "--db", db_url, "--kind", "my_tuner", "--older-than",
+                    "0s")["deleted"] == 1
+    assert run_json("prune", "--db", db_url, "--kind", "autograd", "--older-than",
+                    "0s")["deleted"] == 0
+
+
+def _count(url: str) -> int:
+    engine = create_engine(resolve_db_url(url))
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(entries)).scalar_one()
+    engine.dispose()
+    return n
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_a_prune_says_how_many_were_deleted_and_exits_130(db_url):
+    """A real prune process, its stderr on a terminal so that it draws its progress bar;
+    SIGINT once the bar has moved. The prune stops after the batch in hand, prints what
+    it deleted, which is exactly what is gone, and exits 130."""
+    import os
+    import pty
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    populate(db_url, [gemm_key("mm", i, torch="2.12.0") for i in range(1500)])
+    populate(db_url, [gemm_key("mm", i) for i in range(5)])
+    before = _count(db_url)
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "prune", "--db", db_url, "--torch", "2.12.0",
+         "--batch-size", "5"],
+        stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env, text=True)
+    os.close(slave)
+    seen = ""
+    try:
+        # Read the terminal until the bar shows progress (position over 0 of 1000).
+        while not any(int(n) > 0 for n in re.findall(r"(\d+)/1000", seen)):
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end closed (the process ended)
+                chunk = b""
+            assert chunk, f"the prune ended before showing progress: {seen!r}"
+            seen += chunk.decode(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 130, stdout
+    [line] = stdout.splitlines()
+    deleted = int(re.match(r"interrupted: deleted (\d+) entries \(of them 0 invalid\)",
+                           line).group(1))
+    assert 0 < deleted < 1500
+    assert before - _count(db_url) == deleted

@@ -206,3 +206,14 @@ def test_best_only_export_keeps_every_candidate_so_consumers_get_a_full_hit(sqli
         hit = consumer.lookup(gemm_key("mm", 2))
     assert hit is not None and hit.best == "aten"
     assert hit.timings == {"aten": 1.5, "triton": float("inf")}
+
+
+def test_export_to_a_missing_directory_is_a_one_line_error_and_writes_nothing(db_url, tmp_path):
+    populate(db_url, [gemm_key("mm", 0)])
+    target = tmp_path / "missing" / "out.jsonl"
+    result = run("export", "--db", db_url, "-o", str(target))
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"Error: {target}: cannot write the export") and "No such file" in line
+    assert result.stdout == ""
+    assert not (tmp_path / "missing").exists()

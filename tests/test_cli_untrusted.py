@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import create_engine, update
+from sqlalchemy import create_engine, text, update
 
 from cli_helpers import gemm_key, populate, run, run_json
 from tunecache.keys import key_hash
@@ -90,3 +90,44 @@ def test_a_stored_key_that_is_not_an_object_is_invalid(sqlite_url):
         (bad.key_hash, "key is not a JSON object")]
     assert run("export", "--db", sqlite_url).stderr.splitlines()[1] == (
         f"  skipped {bad.key_hash[:16]}: key is not a JSON object")
+
+
+def test_a_claim_with_an_absurd_lease_counts_as_expired_for_stats_prune_and_import(
+        db_url, tmp_path):
+    """A lease that ends in 1e300 is nobody's claim (store.lease_passed): stats counts it
+    expired, prune --expired-claims deletes it, and import replaces it instead of calling
+    it busy."""
+    from cli_helpers import claim_key
+
+    for i in (1, 2):
+        claim_key(db_url, gemm_key("mm", i), lease_seconds=600)
+        _corrupt(db_url, key_hash(gemm_key("mm", i))[0], lease_expires_at=1e300)
+    claims = run_json("stats", "--db", db_url)["claims"]
+    assert (claims["in_flight"], claims["expired"], claims["live"]) == (0, 2, [])
+    shown = run("show", "--db", db_url, key_hash(gemm_key("mm", 1))[0])
+    assert "lease        expired" in shown.stdout
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([HEADER, _line(gemm_key("mm", 1), {"aten": 1.0})]) + "\n")
+    imported = run("import", str(path), "--db", db_url, "--json")
+    assert imported.exit_code == 0, imported.output
+    assert (json.loads(imported.stdout)["replaced"], json.loads(imported.stdout)["busy"]) == (1, 0)
+
+    assert run_json("prune", "--db", db_url, "--expired-claims")["deleted"] == 1
+    assert [r["key_hash"] for r in run_json("ls", "--db", db_url)] == [
+        key_hash(gemm_key("mm", 1))[0]]
+
+
+def test_import_over_a_claim_whose_lease_is_text_replaces_it(sqlite_url, tmp_path):
+    from cli_helpers import claim_key
+
+    claim_key(sqlite_url, gemm_key("mm", 1), lease_seconds=600)
+    engine = create_engine(resolve_db_url(sqlite_url))
+    with engine.begin() as conn:  # text in the REAL column, as SQLite keeps it
+        conn.execute(text("UPDATE tunecache_entries SET lease_expires_at = 'soon'"))
+    engine.dispose()
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([HEADER, _line(gemm_key("mm", 1), {"aten": 1.0})]) + "\n")
+    imported = run("import", str(path), "--db", sqlite_url, "--json")
+    assert imported.exit_code == 0, imported.output
+    assert json.loads(imported.stdout)["replaced"] == 1

@@ -105,3 +105,13 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
 )
 def test_autoload_activation_is_read_from_the_environment(env, expected):
     assert activation(env) == expected
+
+
+def test_lease_longer_than_the_longest_honest_lease_is_refused():
+    # Peers take a claim with a longer lease for one no tunecache wrote, and take it over.
+    from tunecache.settings import MAX_LEASE_SECONDS
+
+    assert Settings.from_env({"TUNECACHE_LEASE_SECONDS": str(MAX_LEASE_SECONDS)}).lease_seconds \
+        == MAX_LEASE_SECONDS
+    with pytest.raises(ConfigError, match="TUNECACHE_LEASE_SECONDS"):
+        Settings.from_env({"TUNECACHE_LEASE_SECONDS": str(MAX_LEASE_SECONDS + 1)})

@@ -22,6 +22,7 @@ __all__ = [
     "ExportFormatError",
     "SourceNotFoundError",
     "SigningKeyError",
+    "FilterMatchesNothingError",
 ]
 
 
@@ -196,3 +197,22 @@ class SigningKeyError(TuneCacheError):
 
     def __str__(self) -> str:
         return f"tunecache key file {self.path}: {self.reason}"
+
+
+class FilterMatchesNothingError(ConfigError):
+    """A prune keep filter (--keep-torch, ...) names a version no entry or graph has: it
+    would keep nothing, and so delete everything it applies to. A bad argument (exit 2)."""
+
+    def __init__(self, option: str, value: str, label: str, stored: list[str]) -> None:
+        TuneCacheError.__init__(self, option, value, label, stored)
+        self.name = option
+        self.value = value
+        self.expected = f"a stored {label}"
+        self.label = label
+        self.stored = stored
+
+    def __str__(self) -> str:
+        example = f" (e.g. {self.name} {self.stored[0]})" if self.stored else ""
+        return (f"{self.name} {self.value} matches no stored {self.label}, so it would keep "
+                f"nothing and delete every entry; stored: {', '.join(self.stored) or 'none'}. "
+                f"Write a value exactly as stored{example}; nothing was deleted")

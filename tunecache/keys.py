@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from typing import Any, Mapping, Union
 
 from .errors import InvalidEntryError
@@ -28,7 +29,14 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_TIMINGS_BYTES",
     "MAX_CANDIDATES",
+    "KINDS",
+    "storable",
 ]
+
+# The kinds of entries tunecache itself writes (the key convention's "kind"); the last two
+# are compiled graphs (Inductor's FX graph and AOTAutograd cache entries). Callers of the
+# API may write others.
+KINDS = ("gemm", "triton_config", "fusion_benchmark", "fxgraph", "autograd")
 
 # Bounds on what one entry may hold. Real GEMM keys are under 2 KiB and real candidate
 # lists under a few hundred names; anything far past that is garbage or hostile.
@@ -37,6 +45,21 @@ MAX_TIMINGS_BYTES = 1024 * 1024
 MAX_CANDIDATES = 10_000
 MAX_CANDIDATE_NAME = 1024
 MAX_LABEL = 256
+
+
+# Text neither database can store: PostgreSQL's text refuses NUL, and a lone surrogate
+# (what JSON's "\ud800" escape reads as) has no UTF-8 encoding, so SQLite's driver cannot
+# write it. Refused when a key or timings are validated, so that a bad import line or API
+# call fails alone instead of aborting the transaction that writes its neighbours.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A NUL inside canonical JSON: the escape \u0000 after an even number of backslashes (an
+# odd number means the backslash itself was escaped, and the text is "\u0000", not NUL).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable(text: str) -> bool:
+    """Whether both databases can store ``text`` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE.search(text) is None
 
 
 def canonical_json(value: Any) -> str:
@@ -59,6 +82,9 @@ def key_hash(key: Mapping[str, Any]) -> tuple[str, str]:
     if not isinstance(key, Mapping):
         raise TypeError(f"a tunecache key must be a mapping, not {type(key).__name__}")
     text = canonical_json(dict(key))
+    if _UNSTORABLE.search(text) or _JSON_NUL.search(text):
+        raise ValueError("a tunecache key must not contain NUL characters or lone surrogates "
+                         "(no database can store them)")
     if len(text.encode()) > MAX_KEY_BYTES:
         raise ValueError(f"a tunecache key must be under {MAX_KEY_BYTES} bytes as JSON")
     return hashlib.sha256(text.encode()).hexdigest(), text
@@ -135,7 +161,8 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
         raise InvalidEntryError(key, f"more than {MAX_CANDIDATES} candidates")
     out: dict[str, float] = {}
     for name, ms in raw.items():
-        if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME:
+        if not isinstance(name, str) or not name or len(name) > MAX_CANDIDATE_NAME \
+                or not storable(name):
             raise InvalidEntryError(key, f"bad candidate name {str(name)[:40]!r}")
         if ms is None or ms == math.inf:
             out[name] = math.inf

@@ -11,7 +11,8 @@ from typing import Any, Literal, Mapping
 from .errors import ConfigError
 
 __all__ = ["Settings", "Mode", "Activation", "GraphSharing", "activation", "resolve_db_url",
-           "default_db_path"]
+           "default_db_path", "MAX_LEASE_SECONDS", "LEASE_CLOCK_SLACK_SECONDS",
+           "IMPLAUSIBLE_LEASE_SECONDS"]
 
 Mode = Literal["readwrite", "readonly", "off"]
 MODES: tuple[str, ...] = ("readwrite", "readonly", "off")
@@ -89,6 +90,17 @@ def _positive_int(name: str, raw: str | int) -> int:
 
 _DEFAULT_LOCK_TIMEOUT = 15.0
 
+# The longest lease a claim may take (TUNECACHE_LEASE_SECONDS, TuneCache.claim's
+# lease_seconds). A lease is only how long a dead owner's keys stay blocked (a live owner's
+# heartbeat renews it), so an hour is far more than any job needs. It bounds what an
+# honest row can hold: a claim whose lease ends more than IMPLAUSIBLE_LEASE_SECONDS ahead
+# of the database's clock (this, plus slack for the clocks of hosts sharing a SQLite file,
+# which stamp leases with their own) was written by no tunecache, no process will renew or
+# finish it, and peers take it over as if it had passed instead of waiting for it.
+MAX_LEASE_SECONDS = 3600.0
+LEASE_CLOCK_SLACK_SECONDS = 600.0
+IMPLAUSIBLE_LEASE_SECONDS = MAX_LEASE_SECONDS + LEASE_CLOCK_SLACK_SECONDS
+
 # Spellings of a true TUNECACHE_* flag.
 TRUE_VALUES = ("1", "true", "yes", "on")
 # Not a setting of the cache: tools/bench_gpu.py's switch to count plain max-autotune runs.
@@ -159,6 +171,10 @@ class Settings:
             raise ConfigError("TUNECACHE_MODE", self.mode, " or ".join(MODES))
         for name in ("lease_seconds", "wait_timeout"):
             object.__setattr__(self, name, _positive_float(self._ENV[name], getattr(self, name)))
+        if self.lease_seconds > MAX_LEASE_SECONDS:
+            raise ConfigError(self._ENV["lease_seconds"], self.lease_seconds,
+                              f"at most {MAX_LEASE_SECONDS:g} seconds (a longer claim is "
+                              "taken for abandoned by peers)")
         # A heartbeat renews every lease/3 and may wait up to lock_timeout for the lock (a
         # writer stalled inside a transaction, e.g. a frozen process, holds every other
         # writer back), so a live owner keeps its claim through every stall the lock

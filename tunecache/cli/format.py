@@ -7,17 +7,39 @@ import contextlib
 import datetime
 import json
 import math
+import re
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import click
 
-__all__ = ["clip", "dur", "size", "when", "table", "dumps", "progress"]
+__all__ = ["clip", "safe", "dur", "size", "when", "table", "dumps", "progress"]
+
+# Characters a terminal acts on rather than shows: C0 controls (newline, ESC that starts a
+# colour or cursor sequence), DEL, C1 controls (NEL, CSI), the Unicode line and paragraph
+# separators, and the bidi controls that reorder what follows them. Text from the shared
+# database is anyone's, so a stored name could otherwise forge a table row or hide one.
+# Lone surrogates too: they cannot be written to a UTF-8 terminal at all.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+
+
+def _escape(match: "re.Match[str]") -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(value: Any) -> str:
+    """``value`` as text for a terminal, its control characters written as escapes
+    (``\\x1b``, ``\\u202e``). Every field of human output that comes from the database
+    goes through this (table cells do by themselves); --json needs none (json.dumps
+    escapes them)."""
+    return _UNSAFE.sub(_escape, "" if value is None else str(value))
 
 
 def clip(value: Any, width: int) -> str:
-    """``value`` as text in at most ``width`` characters, an ellipsis marking a cut."""
-    text = "" if value is None else str(value)
+    """``value`` as safe text in at most ``width`` characters, an ellipsis marking a cut."""
+    text = safe(value)
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
@@ -73,7 +95,7 @@ def when(ts: Any) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> None:
     """Echo rows in left-aligned columns under ``headers``."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r]
+    cells = [[str(h) for h in headers]] + [["-" if c is None else safe(c) for c in r]
                                            for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:

@@ -33,7 +33,7 @@ def stats(out: Out) -> None:
         size = data["size"]
         free = f", {fmt.size(size['free_bytes'])} free" if size["free_bytes"] else ""
         click.echo(f"database  {data['database']} ({data['backend']}, {fmt.size(size['bytes'])}"
-                   f"{free}, schema {data['schema']})")
+                   f"{free}, schema {fmt.safe(data['schema'])})")
         states = data["entries"]["by_state"]
         click.echo(f"entries   {data['entries']['total']} (done {states['done']}, "
                    f"claimed {states['claimed']}, failed {states['failed']})")
@@ -53,9 +53,11 @@ def stats(out: Out) -> None:
         click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
         click.echo(f"failed    {data['failed']['count']} keys")
         graphs = data["graphs"]
-        kinds = ", ".join(f"{r['kind']} {r['count']}" for r in graphs["by_kind"])
+        kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs["by_kind"])
         click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
-                   + (f" ({kinds})" if kinds else ""))
+                   + (f" ({kinds})" if kinds else "")
+                   + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
+                      "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
@@ -155,33 +157,33 @@ def show(out: Out, key_hash_prefix: str) -> None:
         entry = ops.show(db, key_hash_prefix)
 
     def human() -> None:
-        click.echo(f"key_hash     {entry['key_hash']}")
-        click.echo(f"state        {entry['state']}")
-        click.echo(f"best         {entry['best'] or '-'}")
+        click.echo(f"key_hash     {fmt.safe(entry['key_hash'])}")
+        click.echo(f"state        {fmt.safe(entry['state'])}")
+        click.echo(f"best         {fmt.safe(entry['best'] or '-')}")
         click.echo(f"tune time    {fmt.dur(entry['tune_seconds'])}")
-        click.echo(f"owner        {entry['owner'] or '-'} (token {entry['token']}, "
-                   f"attempts {entry['attempts']})")
+        click.echo(f"owner        {fmt.safe(entry['owner'] or '-')} (token "
+                   f"{fmt.safe(entry['token'])}, attempts {fmt.safe(entry['attempts'])})")
         if entry["state"] == "claimed":
-            left = (entry["lease_expires_at"] or entry["now"]) - entry["now"]
-            click.echo(f"lease        {'expired' if left <= 0 else fmt.dur(left) + ' left'}")
+            left = None if entry["lease_expired"] else entry["lease_expires_at"] - entry["now"]
+            click.echo(f"lease        {'expired' if left is None else fmt.dur(left) + ' left'}")
         if entry["error"]:
-            click.echo(f"error        {entry['error']}")
-        click.echo(f"hits         {entry['hits']}")
+            click.echo(f"error        {fmt.safe(entry['error'])}")
+        click.echo(f"hits         {fmt.safe(entry['hits'])}")
         click.echo(f"created      {fmt.when(entry['created_at'])}")
         click.echo(f"updated      {fmt.when(entry['updated_at'])}")
         click.echo(f"last used    {fmt.when(entry['last_used_at'])}")
         if entry["key_error"]:
-            click.echo(f"key: INVALID ({entry['key_error']})")
+            click.echo(f"key: INVALID ({fmt.safe(entry['key_error'])})")
         else:
             click.echo("key:")
             click.echo(json.dumps(entry["key"], indent=2, sort_keys=True))
         if entry["timings_error"]:
-            click.echo(f"timings: INVALID ({entry['timings_error']})")
+            click.echo(f"timings: INVALID ({fmt.safe(entry['timings_error'])})")
         elif entry["timings"]:
             click.echo("timings (ms, fastest first):")
             for t in entry["timings"]:
                 ms = "failed" if t["ms"] is None else f"{t['ms']:.6g}"
-                click.echo(f"  {ms:>12}  {t['candidate']}")
+                click.echo(f"  {ms:>12}  {fmt.safe(t['candidate'])}")
 
     out.emit(entry, human)
 

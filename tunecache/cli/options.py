@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 import click
 
 from ..errors import ConfigError
+from ..keys import KINDS as KNOWN_KINDS
 from ..settings import Settings
 from . import format as fmt
 
@@ -30,9 +31,9 @@ __all__ = ["KINDS", "Out", "common", "json_only", "Duration", "ByteSize", "Libra
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The kinds of entries tunecache writes, for --kind's help (any kind is accepted); the
-# last two are compiled graphs (Inductor's FX graph and AOTAutograd cache entries).
-KINDS = "gemm, triton_config, fusion_benchmark, fxgraph, autograd"
+# The kinds of entries tunecache writes, for --kind's help (ls and export accept any
+# kind; prune refuses one that is neither listed nor stored: tunecache.keys.KINDS).
+KINDS = ", ".join(KNOWN_KINDS)
 
 
 @dataclasses.dataclass

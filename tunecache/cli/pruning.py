@@ -3,6 +3,11 @@ over tunecache.ops.pruning, imported when the command runs)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from typing import Any, Callable, Iterator
+
 import click
 
 from . import format as fmt
@@ -10,6 +15,28 @@ from .app import BadArgument
 from .options import KINDS, ByteSize, Duration, Out, common, kind_option, op_option, opened
 
 __all__ = ["prune"]
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops() -> Iterator[Callable[[], bool]]:
+    """While a prune deletes, Ctrl-C (SIGINT) asks it to stop after the batch in hand
+    instead of raising inside a transaction: the count it then prints is exactly what was
+    committed. A second Ctrl-C interrupts at once, as usual."""
+    asked = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield asked.is_set
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        asked.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield asked.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.command()
@@ -37,7 +64,9 @@ __all__ = ["prune"]
               help="Drop done entries whose key or timings fail validation.")
 @click.option("--max-graph-bytes", type=ByteSize(), default=None, metavar="SIZE",
               help="Compiled graphs: keep at most this many payload bytes (2GB, 500MiB, "
-                   "0B), deleting the least recently used first.")
+                   "0B), deleting the least recently used first; rows whose digest or size "
+                   "is invalid (a size below 0 or over the 512 MiB a graph may have) go "
+                   "before any.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
 @click.option("--vacuum/--no-vacuum", default=None,
               help="SQLite: VACUUM after deleting (default: only when a quarter of the "
@@ -85,11 +114,17 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                           "--expired-claims, --invalid or --max-graph-bytes")
     with opened(out, writes=None if dry_run else "prune") as db, \
-            fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step):
+            fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step), \
+            (_ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(
             db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
-            progress=step, on_total=total,
+            progress=step, on_total=total, stop=stop,
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
+    if report.get("interrupted"):
+        _interrupted(out, report)
+
+    for warning in report["warnings"]:  # on stderr, with --json too
+        click.echo(f"Warning: {warning}", err=True)
 
     def human() -> None:
         g = report["graphs"]
@@ -132,4 +167,19 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
                        f"orphan blob files ({fmt.size(orphans['orphan_bytes'])})")
 
     out.emit(report, human)
+
+
+def _interrupted(out: Out, report: dict[str, Any]) -> None:
+    """Ctrl-C: say what was deleted (all of it committed), then exit 130 like a shell."""
+    g = report["graphs"]
+    graphs = g["deleted"] if g else 0
+
+    def human() -> None:
+        click.echo(f"interrupted: deleted {report['deleted']} entries (of them "
+                   f"{report['invalid_deleted']} invalid) in {report['batches']} batches and "
+                   f"{graphs} compiled graphs before Ctrl-C; the rest is left as it was "
+                   "(run the same prune again to finish)")
+
+    out.emit(report, human)
+    click.get_current_context().exit(130)
 

@@ -44,8 +44,7 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
     from .. import ops
 
     with opened(out) as db, contextlib.ExitStack() as stack:
-        f: TextIO = (sys.stdout if output == "-" else
-                     stack.enter_context(open(output, "w", encoding="utf-8")))
+        f: TextIO = sys.stdout if output == "-" else stack.enter_context(_output_file(output))
         with fmt.progress("exporting", output != "-" and not out.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
                                 graphs=graphs, progress=step, on_total=total)
@@ -58,7 +57,18 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
     else:
         click.echo(summary, err=True)
         for s in report["skipped_invalid"]:
-            click.echo(f"  skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+            click.echo(f"  skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
+                       err=True)
+
+
+def _output_file(path: str) -> TextIO:
+    """The export's output file, opened for writing; a path that cannot be written (a
+    missing directory, no permission) is a one-line error (exit 1), not a traceback."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise click.ClickException(f"{path}: cannot write the export there "
+                                   f"({e.strerror or e})") from None
 
 
 _CONFLICT_HELP = (
@@ -97,7 +107,7 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
             click.echo(f"compiled graphs: {graphs['inserted']} new, {graphs['unchanged']} "
                        "already there (first publish wins)")
         for bad in report["bad"]:
-            click.echo(f"{what}: {bad['where']}: {bad['reason']}", err=True)
+            click.echo(f"{what}: {fmt.safe(bad['where'])}: {fmt.safe(bad['reason'])}", err=True)
 
     out.emit(report, human)
     if report["invalid"] and not skip_invalid:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
 from ..keys import Key, KeyLike, best_candidate, timings_to_json, validate_timings
-from ..settings import Settings
+from ..settings import MAX_LEASE_SECONDS, Settings
 from ..store import Claim, Database, Entry, Publication, Store, ensure_schema
 from .heartbeat import Heartbeat
 from .result import Result, Source
@@ -169,8 +169,10 @@ class TuneCache:
         k = Key.of(key)
         h = k.hash
         lease = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
-        if not math.isfinite(lease) or lease <= 0:
-            raise ValueError(f"lease_seconds must be a positive number, not {lease_seconds!r}")
+        if not math.isfinite(lease) or not 0 < lease <= MAX_LEASE_SECONDS:
+            # Peers take a longer lease for one no tunecache wrote (store.lease_passed).
+            raise ValueError(f"lease_seconds must be a positive number of at most "
+                             f"{MAX_LEASE_SECONDS:g}, not {lease_seconds!r}")
         if not self._ensure_available():
             return None
         deadline = time.monotonic() + max(0.0, wait)

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
 from ..store import ArtifactStore, Database, admin
 from ..store.artifacts import GraphFilter
+from ..store.store import lease_passed
 from .entries import listing_row, stored_key, stored_timings
 
 __all__ = ["ls", "ls_graphs", "show"]
@@ -63,6 +64,7 @@ def show(db: Database, prefix: str) -> dict[str, Any]:
         "timings": timings, "timings_error": timings_error, "best": r.best,
         "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
         "attempts": r.attempts, "lease_expires_at": r.lease_expires_at, "error": r.error,
+        "lease_expired": lease_passed(r.lease_expires_at, r.now),
         "hits": r.hits, "created_at": r.created_at, "updated_at": r.updated_at,
         "last_used_at": r.last_used_at, "now": r.now,
     }

@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, Literal
 
 from sqlalchemy import Connection
 
-from ..errors import ConfigError, InvalidEntryError
+from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
+from ..keys import KINDS
 from ..store import ArtifactStore, Database, admin
 from ..store.artifacts import ArtifactInfo, GraphFilter
 from .browse import show
@@ -94,6 +95,39 @@ class PruneSpec:
                     or self.expired_claims or self.invalid or self.max_graph_bytes is not None)
 
 
+_LABEL_NAMES = {"torch": "torch version", "triton": "triton version", "device": "device"}
+
+
+def check_filters(db: Database, spec: PruneSpec) -> list[str]:
+    """Refuse filters that cannot mean what the operator meant, before anything goes.
+
+    A keep filter (--keep-torch ...) with a value no entry or graph holds would keep
+    nothing of it and delete everything it applies to (`--keep-torch 2.13.0` where the
+    entries say 2.13.0+cpu): refused, with the stored values, so that a typo deletes
+    nothing. A --kind neither tunecache's own (keys.KINDS) nor stored is a typo that
+    selects nothing: refused with the known kinds. A drop filter (--torch ...) that
+    matches nothing deletes nothing: a warning, returned (the report's ``warnings``).
+    """
+    warnings: list[str] = []
+    if spec.kinds:
+        known = list(KINDS) + [k for k in db.run(lambda c: admin.stored_labels(c, "kind"))
+                               if k not in KINDS]
+        for kind in spec.kinds:
+            if kind not in known:
+                raise ConfigError("--kind", kind, f"one of the known kinds: {', '.join(known)}")
+    for name, label in _LABEL_NAMES.items():
+        keep, only = spec.keep.get(name) or [], spec.only.get(name) or []
+        if not keep and not only:
+            continue
+        stored = db.run(lambda c: admin.stored_labels(c, name))
+        for value in keep:
+            if value not in stored:
+                raise FilterMatchesNothingError(f"--keep-{name}", value, label, stored)
+        warnings += [f"--{name} {value} matches no stored {label} (stored: "
+                     f"{', '.join(stored) or 'none'}); it selects nothing"
+                     for value in only if value not in stored]
+    return warnings
+
 
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
     """(key_hash, reason) of done entries whose key or timings fail validation, page by
@@ -119,8 +153,14 @@ def prune(
     pause: bool = True,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
+
+    ``stop`` is asked after every committed batch (the CLI's Ctrl-C): once it says True,
+    the prune ends there, before compiled graphs and VACUUM if it had not reached them,
+    and the report says ``interrupted`` with what was deleted so far, every count of
+    which is committed.
 
     ``batch`` fixes the rows per transaction; by default SQLite's batches are sized to
     hold the write lock about PRUNE_BATCH_SECONDS each. ``pause=False`` deletes batch
@@ -145,13 +185,15 @@ def prune(
         )
     if not dry_run:
         refuse_readonly(db, "prune")
+    warnings = check_filters(db, spec)
     started = time.perf_counter()
     condition = admin.prune_condition(
         older_than=spec.older_than, env=spec.env if spec.env else None,
         failed=spec.failed, expired_claims=spec.expired_claims,
     )
     size_before = database_size(db)
-    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run}
+    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run,
+                              "warnings": warnings}
     invalid = list(_invalid_hashes(db)) if spec.invalid else []
     if dry_run:
         report["graphs"] = prune_graphs(db, spec, dry_run=True)
@@ -193,17 +235,31 @@ def prune(
         shown = where
         if timed and selected == size:
             size = _next_batch_size(size, held)
+        if stop is not None and stop():
+            break
         if pause:
             _yield_lock(db)
     progress(1000 - shown)
     # Invalid entries (done ones only; the condition pass may have taken some already).
+    invalid_deleted = 0
     for i in range(0, len(invalid), DELETE_BATCH):
+        if stop is not None and stop():
+            break
         chunk = [h for h, _ in invalid[i:i + DELETE_BATCH]]
         n = db.run(lambda c: admin.delete_invalid_done(c, chunk), write=True)
         deleted += n
+        invalid_deleted += n
         batches += 1
-    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid))
+    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid),
+                  invalid_deleted=invalid_deleted, interrupted=False)
+    if stop is not None and stop():
+        report.update(interrupted=True, graphs=None, seconds=time.perf_counter() - started)
+        return report
     report["graphs"] = prune_graphs(db, spec, dry_run=False)
+    if stop is not None and stop():
+        # Graphs are few and deleted in one go; VACUUM, which could be long, is skipped.
+        report.update(interrupted=True, seconds=time.perf_counter() - started)
+        return report
     report["vacuum"] = run_vacuum(db, vacuum, deleted)
     report["size_before"] = size_before
     report["size_after"] = database_size(db)
@@ -232,7 +288,9 @@ def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dic
         chosen = {(x.kind, x.key) for x in selected}
         rest = [info for page in store.infos() for info in page
                 if (info.kind, info.key) not in chosen]
-        # A row whose digest or size does not read serves no job: it goes first.
+        # A row whose digest or size does not read serves no job (a size out of 0 to
+        # MAX_PAYLOAD_BYTES reads as None, and load refuses the row): it goes first,
+        # whatever its last use, and is never counted against the budget.
         over_budget = [x for x in rest if x.digest is None or x.size is None]
         rest = [x for x in rest if x.digest is not None and x.size is not None]
         rest.sort(key=lambda x: (-x.last_use, x.kind, x.key))  # most recently used first

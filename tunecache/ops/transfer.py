@@ -18,8 +18,10 @@ from sqlalchemy import Connection
 
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
-from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, timings_to_json
+from ..keys import (MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable,
+                    timings_to_json)
 from ..store import ArtifactStore, Database, admin
+from ..store.store import lease_passed
 from ..store.artifacts import (
     MAX_PAYLOAD_BYTES,
     MAX_SIGNATURE_BYTES,
@@ -231,6 +233,9 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     why = validate_identity(kind, key)
     if why is not None:
         raise ValueError(why)
+    torch = record.get("torch")
+    if not storable(str(key)) or (isinstance(torch, str) and not storable(torch)):
+        raise ValueError('"key" or "torch" holds a NUL character or a lone surrogate')
     signature = _decoded(record.get("signature"), "signature", MAX_SIGNATURE_BYTES)
     if not signature:
         raise ValueError('"signature" is empty')
@@ -333,7 +338,7 @@ def import_records(
                     inserts.append({**params, "p_key_json": inc.key_json,
                                     **{f"p_{k}": v for k, v in inc.labels.items()}})
                     continue
-                if row.state == "claimed" and (row.lease_expires_at or 0.0) > row.now:
+                if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
                     got["busy"] += 1
                     continue
                 if row.state == "done":

@@ -37,8 +37,8 @@ from sqlalchemy import (
     update,
 )
 
-from .schema import entries, usage
-from .store import db_now, insert_if_absent
+from .schema import artifacts, entries, usage
+from .store import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 
 __all__ = [
     "STATS_GROUPS",
@@ -70,6 +70,7 @@ __all__ = [
     "select_by_prefix",
     "read_for_import",
     "stats_groups",
+    "stored_labels",
     "usage_totals",
     "live_claims",
     "expired_claims_count",
@@ -134,14 +135,12 @@ _CLAIM_COLUMNS = (
 # Claims use the state index; there are at most a few thousand in flight.
 CLAIMS_LIVE = (
     select(*_CLAIM_COLUMNS)
-    .where(entries.c.state == "claimed", entries.c.lease_expires_at > NOW)
+    .where(entries.c.state == "claimed", LEASE_RUNNING)
     .order_by(entries.c.updated_at)
     .limit(bindparam("p_limit"))
 )
-CLAIMS_EXPIRED_COUNT = select(func.count()).where(
-    entries.c.state == "claimed",
-    or_(entries.c.lease_expires_at.is_(None), entries.c.lease_expires_at <= NOW),
-)
+# Expired: passed, or a lease no owner could have set (store.lease_passed).
+CLAIMS_EXPIRED_COUNT = select(func.count()).where(entries.c.state == "claimed", LEASE_PASSED)
 FAILED_KEYS = (
     select(entries.c.key_hash, entries.c.op, entries.c.attempts, entries.c.error,
            entries.c.updated_at)
@@ -215,10 +214,7 @@ class EntryFilter:
 # -- prune -----------------------------------------------------------------------------
 
 _LAST_USE = func.coalesce(entries.c.last_used_at, entries.c.updated_at)
-_CLAIM_EXPIRED = and_(
-    entries.c.state == "claimed",
-    or_(entries.c.lease_expires_at.is_(None), entries.c.lease_expires_at <= NOW),
-)
+_CLAIM_EXPIRED = and_(entries.c.state == "claimed", LEASE_PASSED)
 
 
 def prune_condition(
@@ -248,8 +244,7 @@ def prune_condition(
     if not classes:
         return false()
     # Belt and braces: whatever the classes say, a claim whose lease runs is someone's work.
-    return and_(or_(*classes), not_(and_(entries.c.state == "claimed",
-                                         entries.c.lease_expires_at > NOW)))
+    return and_(or_(*classes), not_(and_(entries.c.state == "claimed", LEASE_RUNNING)))
 
 
 _LISTING_COLUMNS = (
@@ -498,6 +493,26 @@ def rows(conn: Connection, statement: Any) -> list[Any]:
 
 def stats_groups(conn: Connection) -> list[Any]:
     return list(conn.execute(STATS_GROUPS).all())
+
+
+# The columns prune's filters compare, in entries and (where graphs have one) in
+# compiled graphs' rows.
+_LABEL_COLUMNS = {
+    "torch": (entries.c.torch_version, artifacts.c.torch_version),
+    "triton": (entries.c.triton_version,),
+    "device": (entries.c.device,),
+    "kind": (entries.c.kind, artifacts.c.kind),
+}
+
+
+def stored_labels(conn: Connection, name: str) -> list[str]:
+    """Every distinct value of a label (torch, triton, device, kind) that an entry or a
+    compiled graph holds, sorted; one scan of each table."""
+    found: set[str] = set()
+    for col in _LABEL_COLUMNS[name]:
+        found.update(v for v in conn.execute(select(col).distinct()).scalars()
+                     if isinstance(v, str))
+    return sorted(found)
 
 
 def usage_totals(conn: Connection) -> Any:

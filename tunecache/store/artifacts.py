@@ -158,6 +158,15 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _size(value: Any) -> int | None:
+    """A payload size read from a row, or None: no whole number from 0 to
+    MAX_PAYLOAD_BYTES (what put and replace accept) was written by a tunecache. A hostile
+    size is never summed: -10^18 hid every other graph from a byte budget, and 2^63-1
+    overflowed SQLite's sum for good."""
+    size = _int(value)
+    return size if size is not None and 0 <= size <= MAX_PAYLOAD_BYTES else None
+
+
 def _time(value: Any) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
@@ -273,10 +282,15 @@ _REFERENCED = select(artifacts.c.digest).where(
 _INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, artifacts.c.size,
                  artifacts.c.torch_version, artifacts.c.created_at, artifacts.c.last_used_at)
 _LAST_USE = func.coalesce(artifacts.c.last_used_at, artifacts.c.created_at)
+# _size in SQL (SQLite sorts text and blobs above every number, so they fall outside too;
+# a fraction is no whole number of bytes).
+_SIZE_VALID = and_(artifacts.c.size.between(0, MAX_PAYLOAD_BYTES),
+                   artifacts.c.size == func.round(artifacts.c.size))
 _STATS = select(
     artifacts.c.kind, artifacts.c.torch_version,
     func.count().label("count"),
-    func.coalesce(func.sum(artifacts.c.size), 0).label("bytes"),
+    func.coalesce(func.sum(case((_SIZE_VALID, artifacts.c.size), else_=0)), 0).label("bytes"),
+    func.coalesce(func.sum(case((_SIZE_VALID, 0), else_=1)), 0).label("invalid"),
     func.min(artifacts.c.created_at).label("oldest"),
     func.max(_LAST_USE).label("last_used"),
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
@@ -397,7 +411,7 @@ class ArtifactStore:
         if row is None:
             return None, None
         digest = _text(row.digest, 64)
-        size = _int(row.size)
+        size = _size(row.size)
         signature = _bytes(row.signature)
         created_at = _time(row.created_at)
         torch_version = _text(row.torch_version, MAX_TORCH_CHARS)
@@ -578,10 +592,12 @@ class ArtifactStore:
     # -- the operators' side ------------------------------------------------------------
 
     def stats(self) -> list[dict[str, Any]]:
-        """Count, bytes, oldest creation and last use, by kind and torch version."""
+        """Count, bytes, oldest creation and last use, by kind and torch version;
+        ``invalid`` counts rows whose size is impossible (see _size), left out of bytes."""
         rows = self.db.run(lambda c: list(c.execute(_STATS).all()))
         return [{"kind": _text(r.kind) or _clip(r.kind), "torch": _text(r.torch_version),
                  "count": int(r.count), "bytes": _total(r.bytes),
+                 "invalid": _total(r.invalid),
                  "oldest_created_at": _time(r.oldest), "last_used_at": _time(r.last_used)}
                 for r in rows]
 
@@ -641,7 +657,7 @@ class ArtifactStore:
 
             for r in self.db.run(work, write=True):
                 deleted += 1
-                freed += _int(r.size) or 0
+                freed += _size(r.size) or 0
                 if isinstance(r.digest, str):
                     digests.add(r.digest)
         # Malformed rows (no digest) are deleted by identity alone.
@@ -680,5 +696,5 @@ def _info(r: Any) -> ArtifactInfo:
         key=r.cache_key if isinstance(r.cache_key, str) else _clip(r.cache_key),
         digest=_text(r.digest, 64) if isinstance(r.digest, str) and DIGEST.match(r.digest)
         else None,
-        size=_int(r.size), torch_version=_text(r.torch_version, MAX_TORCH_CHARS),
+        size=_size(r.size), torch_version=_text(r.torch_version, MAX_TORCH_CHARS),
         created_at=_time(r.created_at), last_used_at=_time(r.last_used_at))

@@ -27,6 +27,7 @@ from sqlalchemy import (
     case,
     func,
     literal,
+    or_,
     select,
     update,
 )
@@ -35,11 +36,13 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from ..keys import Key
+from ..settings import IMPLAUSIBLE_LEASE_SECONDS
 from .engine import Database
 from .notify import Waiter, notify
 from .schema import STATES, entries, usage
 
-__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication"]
+__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication", "LEASE_PASSED",
+           "LEASE_RUNNING", "lease_passed"]
 
 # IN lists are chunked below SQLite's default limit on bound parameters (999 before 3.32).
 _CHUNK = 500
@@ -74,6 +77,17 @@ def _integer(value: Any) -> int | None:
 def _time(value: Any) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
+
+
+def lease_passed(lease_expires_at: Any, now: float) -> bool:
+    """Whether a claim with this lease (as read: None or anything but a finite number
+    counts as no lease) is nobody's any more: its
+    lease has passed, or it ends further ahead than any tunecache sets one
+    (settings.IMPLAUSIBLE_LEASE_SECONDS), so no owner will renew or finish it and waiting
+    for it would only stall every job that needs the key. LEASE_PASSED says the same in
+    SQL."""
+    lease = _time(lease_expires_at)
+    return lease is None or lease <= now or lease > now + IMPLAUSIBLE_LEASE_SECONDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,18 +127,20 @@ class Entry:
     def stranded(self) -> str | None:
         """Why no process will ever finish this row, or None. A state this tunecache does
         not know (a newer tunecache's) is not ours to settle; a claim without a numeric
-        lease and token is renewed by no heartbeat and matched by no takeover."""
+        token is matched by no takeover. (A claim whose lease is no number is taken over:
+        see :func:`lease_passed`.)"""
         if self.state not in STATES:
             return f"in state {self.state[:40]!r}, unknown to this tunecache"
-        if self.state == "claimed" and (self.token is None or self.lease_expires_at is None):
-            return "claimed with a lease or token that is not a number"
+        if self.state == "claimed" and self.token is None:
+            return "claimed with a token that is not a number"
         return None
 
     @property
     def lease_expired(self) -> bool:
-        """A claim whose owner's lease has passed: anyone may take it over."""
+        """A claim whose owner's lease has passed, or that holds a lease no owner could
+        have set (:func:`lease_passed`): anyone may take it over."""
         return (self.state == "claimed" and not self.stranded
-                and (self.lease_expires_at or 0.0) <= self.now)
+                and lease_passed(self.lease_expires_at, self.now))
 
     @property
     def live_claim(self) -> bool:
@@ -172,6 +188,15 @@ _ENTRY_COLUMNS = (
 # The statements of the protocol, built once: building a Core statement costs more than
 # SQLite takes to run it.
 _NOW = db_now()
+_LEASE = entries.c.lease_expires_at
+# lease_passed in SQL, for the takeover and the operators' statements. NULL is no lease
+# (SQLite stores NaN as NULL). The upper bound catches the rest of what no honest owner
+# writes: PostgreSQL sorts NaN above every number and SQLite sorts text and blobs in a
+# REAL column above every number, so both count as too far ahead, like infinity.
+_IMPLAUSIBLE = _NOW + literal(IMPLAUSIBLE_LEASE_SECONDS)
+LEASE_PASSED = or_(_LEASE.is_(None), _LEASE <= _NOW, _LEASE > _IMPLAUSIBLE)
+# Its negation, NULL-safe: a claim someone holds.
+LEASE_RUNNING = and_(_LEASE.is_not(None), _LEASE > _NOW, _LEASE <= _IMPLAUSIBLE)
 _FENCE = and_(
     entries.c.key_hash == bindparam("p_key_hash"),
     entries.c.state == "claimed",
@@ -188,7 +213,7 @@ _TAKE_OVER = (
         entries.c.key_hash == bindparam("p_key_hash"),
         entries.c.state == "claimed",
         entries.c.token == bindparam("p_token"),
-        entries.c.lease_expires_at <= _NOW,
+        LEASE_PASSED,
     )
     .values(
         state=case((_EXHAUSTED, literal("failed")), else_=literal("claimed")),
