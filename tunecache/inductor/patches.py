@@ -7,7 +7,8 @@ Why one ledger
     value (or the fact that it had none), so that undoing is one loop over one list in
     reverse order, whoever made the change: :func:`tunecache.inductor.disable` undoes
     everything, and a failure half-way through enabling undoes everything since the
-    :meth:`Ledger.mark` it took first. Nothing else keeps undo records.
+    :meth:`Ledger.mark` it took first. Nothing else keeps undo records. What holds for
+    one call or one kernel only uses a Ledger of its own (triton/coordesc.py).
 
 What "own value" means
     A class's or module's ``__dict__`` entry (a staticmethod object itself, not the
