@@ -418,7 +418,7 @@ def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monke
         tc_inductor.disable()
     assert ([getattr(remote_cache, n) for n in names], config.fx_graph_remote_cache,
             functorch_config.enable_remote_autograd_cache) == before
-    assert REGISTRY.graphs is None and REGISTRY.graph_patch is None
+    assert REGISTRY.graphs is None and len(REGISTRY.patches) == 0
 
 
 def test_stored_entry_format_round_trips_inductors_value():

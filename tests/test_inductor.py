@@ -15,6 +15,7 @@ Two tiers:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -395,6 +396,7 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     """Every Inductor attribute tunecache's hooks patch (torch 2.13), by name: the value
     each holds now (the object in the owner's ``__dict__`` for methods, so that a
     restored staticmethod counts as restored only if it is the very same object)."""
+    from torch._functorch import config as functorch_config
     from torch._inductor import remote_cache
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.choices import InductorChoices
@@ -425,33 +427,152 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     for name in ("_pre_fusion_custom_pass", "autotune_remote_cache", "compile_threads",
                  "distributed_max_autotune_gemm"):
         found[f"config.{name}"] = getattr(inductor_config, name)
-    found["remote_cache.RemoteAutotuneCache"] = remote_cache.RemoteAutotuneCache
+    for name in ("RemoteAutotuneCache", "RemoteFxGraphCache", "RemoteAOTAutogradCache"):
+        found[f"remote_cache.{name}"] = getattr(remote_cache, name)
+    found["config.fx_graph_remote_cache"] = inductor_config.fx_graph_remote_cache
+    found["functorch_config.enable_remote_autograd_cache"] = (
+        functorch_config.enable_remote_autograd_cache)
     return found
 
 
-def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _flags_enable_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Inductor flags set to values enable() changes, and the settings that make it change
+    every attribute it can on this CPU: Triton sharing on, compile workers that cannot
+    read this database (it is not TUNECACHE_DB, so compile_threads=1), graph sharing with
+    a signing key. Yields the TuneCache. (Inductor's own config.patch, not monkeypatch:
+    monkeypatch's undo deletes a config module attribute, after which torch says it "does
+    not exist" in every later test.)"""
+    from torch._functorch import config as functorch_config
     from torch._inductor.runtime import triton_heuristics  # noqa: F401 - runtime hooks too
 
-    # Values enable() changes: compile workers that cannot read this database (it is not
-    # TUNECACHE_DB) make it set compile_threads=1, and it turns the flag off.
-    # (Inductor's own config.patch, not monkeypatch: monkeypatch's undo deletes a config
-    # module attribute, after which torch says it "does not exist" in every later test.)
+    from tunecache.core.signing import PRIVATE_KEY_NAME, write_key_pair
+
     monkeypatch.delenv("TUNECACHE_DB", raising=False)
+    write_key_pair(tmp_path / "keys")
     with inductor_config.patch(compile_threads=4, distributed_max_autotune_gemm=True,
-                               autotune_remote_cache=None):
+                               autotune_remote_cache=None, fx_graph_remote_cache=None), \
+            functorch_config.patch(enable_remote_autograd_cache=None), \
+            tunecache.open(str(tmp_path / "tune.db"), triton_configs=True,
+                           signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME)) as cache:
+        try:
+            yield cache
+        finally:
+            tc_inductor.disable()
+
+
+def _left_behind(before: dict[str, Any]) -> set[str]:
+    after = _patched_inductor_attributes()
+    return {name for name in before if after[name] is not before[name]}
+
+
+def _registry_is_empty() -> None:
+    assert REGISTRY.hooks is None and REGISTRY.triton is None and REGISTRY.graphs is None
+    assert len(REGISTRY.patches) == 0, REGISTRY.patches.entries()
+    assert not REGISTRY.runtime_hooks_tried
+
+
+def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch):
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
         before = _patched_inductor_attributes()
-        with tunecache.open(str(tmp_path / "tune.db"), triton_configs=True) as cache:
+        assert tc_inductor.enable(cache)
+        try:
+            during = _patched_inductor_attributes()
+            changed = {name for name in before if during[name] is not before[name]}
+            assert changed == set(before), f"not patched: {set(before) - changed}"
+            # Everything enable() changed is in the ledger, and nothing else is.
+            recorded = {name for _, name in REGISTRY.patches.entries()}
+            assert {name.rsplit(".", 1)[1] for name in before} == recorded
+        finally:
+            tc_inductor.disable()
+        assert _left_behind(before) == set()
+        _registry_is_empty()
+
+
+def test_enable_and_disable_twice_and_enable_while_enabled_leave_nothing_behind(
+        tmp_path, monkeypatch):
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
+        before = _patched_inductor_attributes()
+        for _ in range(2):
             assert tc_inductor.enable(cache)
+            during = _patched_inductor_attributes()
+            entries = len(REGISTRY.patches)
+            assert tc_inductor.enable(cache)  # replaces the hooks: patches nothing twice
+            assert len(REGISTRY.patches) == entries
+            again = _patched_inductor_attributes()
+            assert {n for n in before if again[n] is before[n]} == \
+                {n for n in before if during[n] is before[n]}
+            tc_inductor.disable()
+            assert _left_behind(before) == set()
+            tc_inductor.disable()
+            assert _left_behind(before) == set()
+            _registry_is_empty()
+
+
+class _Refused(Exception):
+    """Raised by a class that does not let ``create`` be set."""
+
+
+class _Interrupted(BaseException):
+    """What a Ctrl-C half-way through enable() looks like to it."""
+
+
+def _refusing_create(error: type[BaseException]) -> type:
+    """A stand-in for Inductor's AutotuneCache, the same but for refusing to have its
+    ``create`` replaced: Triton sharing fails after it changed other attributes."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    class Refusing(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            if name == "create":
+                raise error("AutotuneCache.create cannot be set")
+            super().__setattr__(name, value)
+
+    return Refusing("AutotuneCache", (ac.AutotuneCache,),
+                    {"create": ac.AutotuneCache.__dict__["create"]})
+
+
+def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, monkeypatch):
+    from torch._inductor.runtime import autotune_cache as ac
+
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
+        own = ac.AutotuneCache
+        ac.AutotuneCache = _refusing_create(_Refused)
+        try:
+            before = _patched_inductor_attributes()
+            assert tc_inductor.enable(cache)  # GEMM autotuning is shared all the same
             try:
-                during = _patched_inductor_attributes()
-                changed = {name for name in before if during[name] is not before[name]}
-                assert changed == set(before), f"not patched: {set(before) - changed}"
+                changed = {n for n in before if _patched_inductor_attributes()[n] is not before[n]}
+                triton = {"remote_cache.RemoteAutotuneCache", "config.autotune_remote_cache",
+                          "config.compile_threads"}
+                assert changed & triton == set()
+                assert "selector.lookup" in changed
+                assert REGISTRY.triton is None
+                assert {name for _, name in REGISTRY.patches.entries()} & {
+                    "RemoteAutotuneCache", "autotune_remote_cache", "compile_threads"} == set()
             finally:
                 tc_inductor.disable()
-        after = _patched_inductor_attributes()
-    assert {name for name in before if after[name] is not before[name]} == set()
-    assert REGISTRY.hooks is None and REGISTRY.triton is None
-    assert REGISTRY.runtime_hooks == [] and not REGISTRY.runtime_hooks_tried
+            assert _left_behind(before) == set()
+            _registry_is_empty()
+        finally:
+            ac.AutotuneCache = own
+
+
+def test_enable_interrupted_half_way_leaves_nothing_patched(tmp_path, monkeypatch):
+    from torch._inductor.runtime import autotune_cache as ac
+
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
+        own = ac.AutotuneCache
+        ac.AutotuneCache = _refusing_create(_Interrupted)
+        try:
+            before = _patched_inductor_attributes()
+            with pytest.raises(_Interrupted):
+                tc_inductor.enable(cache)
+            assert not tc_inductor.is_enabled()
+            assert _left_behind(before) == set()
+            _registry_is_empty()
+        finally:
+            ac.AutotuneCache = own
 
 
 def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(sqlite_url):

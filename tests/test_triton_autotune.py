@@ -508,6 +508,14 @@ def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
     assert (stats.deferred, stats.adopted, stats.peer_wait_seconds) == (1, 1, 0.0)
 
 
+def test_disable_gives_a_deferred_kernel_its_launcher_fast_path_back(coordesc):
+    k, launcher, key = coordesc.kernel(0)
+    coordesc.peer.claim(key)
+    assert first_run(k, launcher) is launcher and k._cache_eligible is False  # deferred
+    tc_inductor.disable()
+    assert k._cache_eligible is True and "_tunecache_deferred" not in vars(k)
+
+
 def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkeypatch):
     # The benchmark times whatever config runs, so running it untuned would decide the
     # fusion on the wrong timing.

@@ -2,7 +2,8 @@
 Triton kernels' best configs and fusion-benchmark timings) from the shared tunecache.
 
 This package is the only part of tunecache that touches ``torch._inductor``. Its rooms:
-``switch`` (enable/disable), ``state`` (the one registry of installed hooks), ``stats``,
+``switch`` (enable/disable), ``state`` (the one registry of installed hooks),
+``patches`` (the ledger of every attribute set on Inductor), ``stats``,
 ``compat`` (supported versions), ``fingerprint`` (the environment part of a key),
 ``gemm`` (selector hooks, candidate ids, GEMM keys), ``narrow`` (a stored GEMM generates
 only the template choices that can win), ``deferred`` (the pre-fusion pass),

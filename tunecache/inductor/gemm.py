@@ -205,12 +205,6 @@ class GemmHooks:
         self.tuning: dict[str, dict[str, float]] = {}
         # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
         self.pending: weakref.WeakKeyDictionary[Any, Lowered] = weakref.WeakKeyDictionary()
-        self.prev_pass: Any = None
-        self.our_pass: Any = None
-        # distributed_max_autotune_gemm as it was, where enable() turned it off
-        self.prev_dist_flag: Any = None
-        self.triton_patch: Any = None  # what triton.install.enable_triton changed
-        self.narrowing: list[tuple[type, str, Any]] = []  # what narrow.py wrapped
         self._dist_warned = False
 
     # -- helpers

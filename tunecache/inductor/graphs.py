@@ -10,7 +10,9 @@ releases' autograd_cache.py; the same in each):
   ``torch._inductor.remote_cache`` (open-source builds: a Redis client). Replacing those
   two names is the one override point both caches share, as tunecache already does for
   ``RemoteAutotuneCache`` (triton/remote.py). ``AOTAutogradCache.get_remote_cache`` is
-  ``functools.cache``d: its cache is cleared when we install and remove ours.
+  ``functools.cache``d: its cache is cleared when we install and remove ours (the
+  classes and the two flags below are set through the registry's patch ledger, and
+  :func:`tunecache.inductor.disable` undoes them).
 * They are used when ``torch._inductor.config.fx_graph_remote_cache`` and
   ``torch._functorch.config.enable_remote_autograd_cache`` are true (None, the default,
   means off outside fbcode). The first is left out of the FX graph's cache key; the
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import functools
 import json
 import logging
@@ -47,8 +48,8 @@ from .state import REGISTRY
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
 
-__all__ = ["GraphPatch", "enable_graphs", "disable_graphs", "encode_entry", "decode_entry",
-           "KIND_OF_CLASS"]
+__all__ = ["enable_graphs", "disable_graphs", "clear_autograd_remote_cache", "encode_entry",
+           "decode_entry", "KIND_OF_CLASS"]
 
 log = logging.getLogger("tunecache")
 
@@ -151,15 +152,6 @@ def remote_cache_classes() -> dict[str, type]:
     }
 
 
-@dataclasses.dataclass
-class GraphPatch:
-    """What enable_graphs changed, to put back."""
-
-    classes: dict[str, Any]  # Inductor's class name -> its own class
-    fx_graph_remote_cache: Any
-    enable_remote_autograd_cache: Any
-
-
 def _explain_once(level: int, message: str, *args: Any) -> None:
     text = message % args
     if text not in REGISTRY.graphs_explained:
@@ -192,7 +184,7 @@ def _missing() -> list[str]:
     ) if not ok]
 
 
-def _clear_autograd_remote_cache() -> None:
+def clear_autograd_remote_cache() -> None:
     # AOTAutogradCache.get_remote_cache is functools.cache'd (2.13, 2.14): an instance
     # made before the switch would outlive it.
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
@@ -202,72 +194,62 @@ def _clear_autograd_remote_cache() -> None:
         clear()
 
 
-def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> GraphPatch | None:
+def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> bool:
     """Serve Inductor's remote FX graph and AOTAutograd caches from the database, if
     ``settings`` configure a key; otherwise say once how to (or why not) and change
-    nothing. ``cache`` returns the TuneCache of the database (opened lazily)."""
+    nothing. Returns whether graphs are shared. ``cache`` returns the TuneCache of the
+    database (opened lazily)."""
     plan = settings.graph_sharing()
     if plan.state == "off":
-        return None
+        return False
     if plan.state == "unconfigured":
         _explain_once(logging.INFO, "%s", _HOW_TO)
-        return None
+        return False
     if plan.state == "invalid":
         _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
                       "tuning is shared as usual", plan.problem)
-        return None
+        return False
     try:
         share = GraphShare.from_settings(plan, cache)
     except SigningKeyError as e:
         _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
                       "tuning is shared as usual", e)
-        return None
+        return False
+    mark = REGISTRY.patches.mark()
     try:
         missing = _missing()
         if missing:
             _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared "
                           "(this torch lacks %s); tuning is shared as usual",
                           ", ".join(missing))
-            return None
+            return False
         from torch._functorch import config as functorch_config
         from torch._inductor import config
         from torch._inductor import remote_cache as rc
 
-        ours = remote_cache_classes()
-        patch = GraphPatch({name: getattr(rc, name) for name in ours},
-                           config.fx_graph_remote_cache,
-                           functorch_config.enable_remote_autograd_cache)
         REGISTRY.graphs = share
-        for name, cls in ours.items():
-            setattr(rc, name, cls)
-        config.fx_graph_remote_cache = True
-        functorch_config.enable_remote_autograd_cache = True
-        _clear_autograd_remote_cache()
-    except Exception as e:  # noqa: BLE001 - tuning is shared all the same
+        for name, cls in remote_cache_classes().items():
+            REGISTRY.patches.patch(rc, name, cls)
+        REGISTRY.patches.patch(config, "fx_graph_remote_cache", True)
+        REGISTRY.patches.patch(functorch_config, "enable_remote_autograd_cache", True)
+        clear_autograd_remote_cache()
+    except BaseException as e:
         REGISTRY.graphs = None
+        REGISTRY.patches.undo(mark)
+        if not isinstance(e, Exception):
+            raise
+        # tuning is shared all the same
         _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared (%s: %s); "
                       "tuning is shared as usual", type(e).__name__, e)
-        return None
+        return False
     log.debug("tunecache: compiled graphs shared (%s, key %s)",
               "publish and load" if share.publishes else "load only", share.fingerprint)
-    return patch
+    return True
 
 
-def disable_graphs(patch: GraphPatch | None) -> None:
-    REGISTRY.graphs = None
-    if patch is None:
-        return
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config
-    from torch._inductor import remote_cache as rc
-
-    ours = remote_cache_classes()
-    for name, orig in patch.classes.items():
-        if getattr(rc, name, None) is ours[name]:
-            setattr(rc, name, orig)
-    # Put back the flags enable_graphs turned on, unless they were set since.
-    if config.fx_graph_remote_cache is True:
-        config.fx_graph_remote_cache = patch.fx_graph_remote_cache
-    if functorch_config.enable_remote_autograd_cache is True:
-        functorch_config.enable_remote_autograd_cache = patch.enable_remote_autograd_cache
-    _clear_autograd_remote_cache()
+def disable_graphs() -> bool:
+    """Stop serving compiled graphs; returns whether they were served. What
+    enable_graphs patched is the ledger's to undo (:func:`tunecache.inductor.disable`),
+    and then :func:`clear_autograd_remote_cache`."""
+    share, REGISTRY.graphs = REGISTRY.graphs, None
+    return share is not None

@@ -11,7 +11,7 @@ Where
     rendering and loading its module, ``generate_and_load``; ~840 of them, 4-9 s, on a
     warm H200 job). We wrap both methods on ``InductorChoices`` itself (2.11-2.14), so
     every choices handler that inherits them, Inductor's default included, is covered;
-    :func:`tunecache.inductor.disable` puts them back.
+    :func:`tunecache.inductor.disable` puts them back (the registry's patch ledger).
 
 What is kept
     The key is :func:`.gemm.make_key` of (``op_name``, ``create_inputs_key(nodes)``,
@@ -60,7 +60,6 @@ import functools
 import inspect
 import logging
 import math
-import threading
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .. import keys as tc_keys
@@ -70,13 +69,11 @@ from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .gemm import GemmHooks
+    from .patches import Ledger
 
-__all__ = ["install_narrowing", "remove_narrowing", "predicted_id"]
+__all__ = ["install_narrowing", "predicted_id"]
 
 log = logging.getLogger("tunecache")
-
-_local = threading.local()  # .plans: what _finalize_template_configs kept, per call
-_state = {"off": False}  # narrowing turned off after a mismatch
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,10 +203,10 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
                                    **kwargs: Any) -> Any:
         ktcs = orig(self, template_choices, kernel_inputs, templates, op_name,
                     *args, **kwargs)
-        plans = getattr(_local, "plans", None)
+        plans = getattr(REGISTRY.gemm_local, "plans", None)
         hooks = REGISTRY.hooks
         if plans is None or hooks is None or hooks.count_only or hooks.broken \
-                or _state["off"]:
+                or REGISTRY.narrowing_off:
             return ktcs
         try:
             from torch._inductor import config
@@ -236,14 +233,15 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _checking_get_template_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
     def get_template_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
-        outer = getattr(_local, "plans", None)
-        if REGISTRY.hooks is None or _state["off"]:
+        outer = getattr(REGISTRY.gemm_local, "plans", None)
+        if REGISTRY.hooks is None or REGISTRY.narrowing_off:
             return orig(self, *args, **kwargs)
-        _local.plans = plans = []
+        plans: list[list[str]] = []
+        REGISTRY.gemm_local.plans = plans
         try:
             choices = orig(self, *args, **kwargs)
         finally:
-            _local.plans = outer
+            REGISTRY.gemm_local.plans = outer
         if not plans:
             return choices
         actual = set()
@@ -254,7 +252,7 @@ def _checking_get_template_configs(orig: Callable[..., Any]) -> Callable[..., An
                 pass
         if all(pid in actual for plan in plans for pid in plan):
             return choices
-        _state["off"] = True
+        REGISTRY.narrowing_off = True
         log.warning(
             "tunecache: the Triton template choices Inductor generated are not the ones "
             "tunecache kept for a stored GEMM (this torch describes them differently); "
@@ -266,9 +264,9 @@ def _checking_get_template_configs(orig: Callable[..., Any]) -> Callable[..., An
     return get_template_configs
 
 
-def install_narrowing() -> list[tuple[type, str, Any]]:
-    """Wrap InductorChoices.get_template_configs and _finalize_template_configs; returns
-    what to put back, as (owner, attribute, its own value)."""
+def install_narrowing(patches: Ledger) -> None:
+    """Wrap InductorChoices.get_template_configs and _finalize_template_configs, through
+    ``patches``."""
     from torch._inductor.choices import InductorChoices
     from torch._inductor.select_algorithm import (ExternKernelChoice,  # noqa: F401
                                                   TritonTemplate, create_inputs_key)
@@ -282,13 +280,6 @@ def install_narrowing() -> list[tuple[type, str, Any]]:
             "template_choices", "kernel_inputs", "templates", "op_name"):
         raise TypeError("InductorChoices._finalize_template_configs(template_choices, "
                         "kernel_inputs, templates, op_name, ...) changed")
-    _state["off"] = False
-    InductorChoices.get_template_configs = _checking_get_template_configs(get)
-    InductorChoices._finalize_template_configs = _narrowing_finalize(fin)
-    return [(InductorChoices, "get_template_configs", get),
-            (InductorChoices, "_finalize_template_configs", fin)]
-
-
-def remove_narrowing(patched: list[tuple[type, str, Any]]) -> None:
-    for owner, name, orig in patched:
-        setattr(owner, name, orig)
+    REGISTRY.narrowing_off = False
+    patches.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
+    patches.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))

@@ -2,23 +2,27 @@
 Inductor package, and what :func:`tunecache.inductor.disable` empties.
 
 Every hook module reads and writes the registry's attributes instead of module globals,
-so a reader finds everything that enable() changed in one object, and disable() can
-undo it by emptying that object (tests/test_inductor.py checks that every patched
-Inductor attribute is back).
+so a reader finds everything that enable() changed in one object. Every attribute set on
+Inductor goes through its patch ledger (:attr:`Registry.patches`, tunecache/inductor/
+patches.py), so disable() and every failure half-way through enabling undo exactly what
+was done (tests/test_inductor.py checks that every patched Inductor attribute is back).
+Module-level state elsewhere in the package is limited to memos of values that cannot
+change in a process (a torch signature, the host's CPU model, our stand-in classes,
+which must stay the same objects for the ledger's "still ours" check) and constants.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
+from .patches import Ledger
 from .stats import Stats, TritonStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..core.graphs import GraphShare
     from .gemm import GemmHooks
-    from .graphs import GraphPatch
-    from .triton.install import TritonPatch
     from .triton.remote import TritonCache
 
 __all__ = ["Registry", "REGISTRY"]
@@ -31,38 +35,45 @@ class Registry:
         self.stats = Stats()
         self.triton_stats = TritonStats()
         self.enable_lock = threading.Lock()
+        # Every attribute the hooks set on Inductor (classes, the selector, remote_cache's
+        # class names, config flags), with what it replaced: disable() undoes all of it,
+        # a failure half-way through enabling undoes it back to its mark.
+        self.patches = Ledger()
         # The GEMM selector hooks of the last enable() (tunecache.inductor.gemm); None
         # when disabled.
         self.hooks: GemmHooks | None = None
         # The Triton remote-cache adapter Inductor's calls reach (triton.remote); None
-        # when Triton sharing is off.
+        # when Triton sharing is off (it may be on without the GEMM hooks: enabled from
+        # the environment in a compile worker, or in the compiling process before the
+        # GEMM hooks take it over).
         self.triton: TritonCache | None = None
-        # What Triton sharing changed when it was enabled from the environment (a compile
-        # worker, or the compiling process before the GEMM hooks take it over).
-        self.triton_env_patch: TritonPatch | None = None
         self.triton_atexit = False  # the at-exit flush of held Triton results is registered
-        # What triton.install replaced on Inductor's runtime classes: (owner, attribute,
-        # its own value in __dict__); runtime_hooks_tried: whether this enable has tried to
-        # install them (once: see triton.install.rekey_create).
-        self.runtime_hooks: list[tuple[type, str, Any]] = []
+        # Whether this enable has tried to install the runtime hooks on CachingAutotuner
+        # and CoordescTuner (once: see triton.install.rekey_create).
         self.runtime_hooks_tried = False
         self.runtime_hooks_lock = threading.Lock()  # kernels may load on several threads
+        # Kernels whose coordinate descent waits for a peer's result with their launcher
+        # fast path held off (triton.coordesc): disable() ends their wait.
+        self.deferred_kernels: weakref.WeakSet[Any] = weakref.WeakSet()
         # Per thread: .prefetching (in triton.split's search: a benchmark a peer is
         # running raises PeerMeasuring instead of waiting, and sets .left_to_peer to its
         # key), .wanted (measuring a split-size value ahead: whether the search may still
-        # ask for it) and .benchmarking (inside a fusion benchmark: a kernel's config
+        # ask for it), .benchmarking (inside a fusion benchmark: a kernel's config
         # decides the timing, so its coordinate descent waits for a peer instead of
-        # deferring).
+        # deferring) and .candidate (inside Scheduler.compile_kernel, for a module the
+        # scheduler will benchmark: triton.candidates).
         self.fusion_local = threading.local()
+        # Per thread: .plans, what narrow.py's _finalize_template_configs kept in the
+        # current get_template_configs call; narrowing_off: narrowing turned off after
+        # its safety net found a mismatch (until the next enable()).
+        self.gemm_local = threading.local()
+        self.narrowing_off = False
         self.version_warned = False  # the unsupported-version warning was logged
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
         # and AOTAutograd caches reach (None when off), and the lines on how to turn it
         # on, or why it is off, logged in this process (each once).
         self.graphs: GraphShare | None = None
-        self.graph_patch: GraphPatch | None = None  # what enable_graphs changed
         self.graphs_explained: set[str] = set()
 
 
 REGISTRY = Registry()
-
-

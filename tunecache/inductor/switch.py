@@ -13,8 +13,8 @@ from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_na
                      refuse, torch_version)
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
-from .graphs import disable_graphs, enable_graphs
-from .narrow import install_narrowing, remove_narrowing
+from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
+from .narrow import install_narrowing
 from .state import REGISTRY
 from .triton.install import enable_triton, disable_triton
 
@@ -61,7 +61,6 @@ def enable(
         share_triton = chosen.triton_configs
         chosen_url = chosen.db_url
 
-    from torch._inductor import config
     from torch._inductor import select_algorithm
 
     selector = select_algorithm.get_algorithm_selector_cache()
@@ -72,90 +71,109 @@ def enable(
         return refuse("AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
 
     with REGISTRY.enable_lock:
-        if REGISTRY.hooks is not None:
-            _disable_locked()
+        # Replaces the hooks of an earlier enable(), and takes over Triton sharing enabled
+        # from the environment (autoload) before them.
+        _disable_locked()
         hooks = GemmHooks(selector, cache, settings, count_only)
-        orig_lookup = cls.lookup.__get__(selector, cls)
-        orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
-
-        def lookup(
-            self: Any,
-            choices: list[Any],
-            op: str,
-            inputs: str,
-            benchmark: Callable[[Any], dict[Any, float]] | None,
-            hint_override: int | None = None,
-        ) -> dict[Any, float]:
-            return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
-
-        def make_precompile_fn(
-            self: Any,
-            choices: list[Any],
-            name: str,
-            inputs_key: str,
-            precompilation_timeout_seconds: int | None = 60 * 60,
-        ) -> Callable[[], dict[Any, float]]:
-            try:
-                hooks.note_choices(choices, name, inputs_key)
-            except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
-                hooks.warn_once("recording a deferred GEMM", e)
-            return orig_precompile(
-                choices,
-                name,
-                inputs_key,
-                precompilation_timeout_seconds=precompilation_timeout_seconds,
-            )
-
-        selector.lookup = types.MethodType(lookup, selector)
-        selector.make_precompile_fn = types.MethodType(make_precompile_fn, selector)
-        if not count_only:
-            if getattr(config, "distributed_max_autotune_gemm", False):
-                hooks.prev_dist_flag = config.distributed_max_autotune_gemm
-                config.distributed_max_autotune_gemm = False
-                log.info(
-                    "tunecache: turned off torch._inductor.config.distributed_max_autotune_gemm; "
-                    "tunecache shares GEMM autotuning across ranks and jobs instead"
-                )
-            hooks.prev_pass = config._pre_fusion_custom_pass
-            hooks.our_pass = make_pre_fusion_pass(hooks, hooks.prev_pass)
-            config._pre_fusion_custom_pass = hooks.our_pass
-            try:
-                hooks.narrowing = install_narrowing()
-            except Exception as e:  # noqa: BLE001 - every choice is generated, as usual
-                log.warning("tunecache: a stored GEMM still generates all its template "
-                            "choices (%s: %s)", type(e).__name__, e)
-            if share_triton:
-                hooks.triton_patch = enable_triton(hooks.cache, chosen_url)
-            if chosen is not None:
-                REGISTRY.graph_patch = enable_graphs(hooks.cache, chosen)
+        try:
+            _install(hooks, selector, cls, count_only, share_triton, chosen_url, chosen)
+        except BaseException:
+            # Half-way: put back what was done, and let the error out as it came.
+            _undo_locked(hooks)
+            raise
         REGISTRY.hooks = hooks
     log.debug("tunecache: Inductor hooks installed (count_only=%s)", count_only)
     return True
 
 
+def _install(hooks: GemmHooks, selector: Any, cls: Any, count_only: bool,
+             share_triton: bool, chosen_url: str, chosen: Settings | None) -> None:
+    """Everything enable() changes, each change through REGISTRY.patches."""
+    from torch._inductor import config
+
+    patch = REGISTRY.patches.patch
+    orig_lookup = cls.lookup.__get__(selector, cls)
+    orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
+
+    def lookup(
+        self: Any,
+        choices: list[Any],
+        op: str,
+        inputs: str,
+        benchmark: Callable[[Any], dict[Any, float]] | None,
+        hint_override: int | None = None,
+    ) -> dict[Any, float]:
+        return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
+
+    def make_precompile_fn(
+        self: Any,
+        choices: list[Any],
+        name: str,
+        inputs_key: str,
+        precompilation_timeout_seconds: int | None = 60 * 60,
+    ) -> Callable[[], dict[Any, float]]:
+        try:
+            hooks.note_choices(choices, name, inputs_key)
+        except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
+            hooks.warn_once("recording a deferred GEMM", e)
+        return orig_precompile(
+            choices,
+            name,
+            inputs_key,
+            precompilation_timeout_seconds=precompilation_timeout_seconds,
+        )
+
+    # Instance attributes over the class's methods: undone, the class's show through.
+    patch(selector, "lookup", types.MethodType(lookup, selector))
+    patch(selector, "make_precompile_fn", types.MethodType(make_precompile_fn, selector))
+    if count_only:
+        return
+    if getattr(config, "distributed_max_autotune_gemm", False):
+        patch(config, "distributed_max_autotune_gemm", False)
+        log.info(
+            "tunecache: turned off torch._inductor.config.distributed_max_autotune_gemm; "
+            "tunecache shares GEMM autotuning across ranks and jobs instead"
+        )
+    patch(config, "_pre_fusion_custom_pass",
+          make_pre_fusion_pass(hooks, config._pre_fusion_custom_pass))
+    mark = REGISTRY.patches.mark()
+    try:
+        install_narrowing(REGISTRY.patches)
+    except Exception as e:  # noqa: BLE001 - every choice is generated, as usual
+        REGISTRY.patches.undo(mark)
+        log.warning("tunecache: a stored GEMM still generates all its template "
+                    "choices (%s: %s)", type(e).__name__, e)
+    if share_triton:
+        enable_triton(hooks.cache, chosen_url)
+    if chosen is not None:
+        enable_graphs(hooks.cache, chosen)
+
+
 def _disable_locked() -> None:
     hooks, REGISTRY.hooks = REGISTRY.hooks, None
-    if hooks is None:
-        return
-    disable_triton(hooks.triton_patch)
-    patch, REGISTRY.graph_patch = REGISTRY.graph_patch, None
-    disable_graphs(patch)
-    remove_narrowing(hooks.narrowing)
-    for name in ("lookup", "make_precompile_fn"):
-        hooks.selector.__dict__.pop(name, None)  # the class method shows through again
-    if hooks.our_pass is not None or hooks.prev_dist_flag is not None:
-        from torch._inductor import config
+    _undo_locked(hooks)
 
-        if config._pre_fusion_custom_pass is hooks.our_pass:
-            config._pre_fusion_custom_pass = hooks.prev_pass
-        # Put back the flag enable() turned off, unless it was set since (config.patch).
-        if hooks.prev_dist_flag is not None and config.distributed_max_autotune_gemm is False:
-            config.distributed_max_autotune_gemm = hooks.prev_dist_flag
-    hooks.close()
+
+def _undo_locked(hooks: GemmHooks | None) -> None:
+    """Stop Triton and graph sharing, undo every patch in the ledger (newest first), and
+    close the hooks' cache."""
+    graphs_were_on = disable_graphs()
+    try:
+        disable_triton()  # flushes held results: may fail, and the rest is undone anyway
+    finally:
+        try:
+            REGISTRY.patches.undo()
+            if graphs_were_on:
+                clear_autograd_remote_cache()
+        finally:
+            if hooks is not None:
+                hooks.close()
 
 
 def disable() -> None:
-    """Remove the hooks (Inductor's own autotuning again) and close the cache we opened."""
+    """Remove the hooks (Inductor's own autotuning again) and close the cache we opened:
+    every attribute tunecache set on Inductor is back, Triton sharing enabled from the
+    environment included."""
     with REGISTRY.enable_lock:
         _disable_locked()
 

@@ -32,18 +32,18 @@ When it skips
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..compat import param_names
 from ..state import REGISTRY
 from .keys import fusion_benchmark_key, fusion_ms_from_entry
 
-__all__ = ["install_candidate_skip", "remove_candidate_skip"]
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patches import Ledger
+
+__all__ = ["install_candidate_skip"]
 
 log = logging.getLogger("tunecache")
-
-_local = threading.local()  # .candidate: inside Scheduler.compile_kernel, benchmarked after
 
 
 def _benchmarked(nodes: Any) -> bool:
@@ -71,12 +71,13 @@ def stored_fusion_ms(source: str) -> float | None:
 
 def _skipping_compile_kernel(orig: Callable[..., Any]) -> Callable[..., Any]:
     def compile_kernel(self: Any, nodes: Any, *args: Any, **kwargs: Any) -> Any:
-        outer = getattr(_local, "candidate", False)
-        _local.candidate = REGISTRY.triton is not None and _benchmarked(nodes)
+        local = REGISTRY.fusion_local
+        outer = getattr(local, "candidate", False)
+        local.candidate = REGISTRY.triton is not None and _benchmarked(nodes)
         try:
             return orig(self, nodes, *args, **kwargs)
         finally:
-            _local.candidate = outer
+            local.candidate = outer
 
     return compile_kernel
 
@@ -99,9 +100,9 @@ def _compiled_nothing() -> Any:
 def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
     def triton(self: Any, kernel_name: str, source_code: str, *args: Any,
                **kwargs: Any) -> Any:
-        if not getattr(_local, "candidate", False):
+        if not getattr(REGISTRY.fusion_local, "candidate", False):
             return orig(self, kernel_name, source_code, *args, **kwargs)
-        _local.candidate = False  # one module per compile_kernel
+        REGISTRY.fusion_local.candidate = False  # one module per compile_kernel
         try:
             stored = stored_fusion_ms(source_code)
         except Exception as e:  # noqa: BLE001 - compile it, as without tunecache
@@ -118,9 +119,8 @@ def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
     return triton
 
 
-def install_candidate_skip() -> list[tuple[type, str, Any]]:
-    """Wrap Scheduler.compile_kernel and AsyncCompile.triton; returns what to put back,
-    as (owner, attribute, its own value)."""
+def install_candidate_skip(patches: Ledger) -> None:
+    """Wrap Scheduler.compile_kernel and AsyncCompile.triton, through ``patches``."""
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codecache import LambdaFuture  # noqa: F401 - must exist
     from torch._inductor.scheduler import Scheduler
@@ -131,11 +131,5 @@ def install_candidate_skip() -> list[tuple[type, str, Any]]:
         raise TypeError("Scheduler.compile_kernel(nodes, ...) changed")
     if not callable(triton) or param_names(triton)[:2] != ("kernel_name", "source_code"):
         raise TypeError("AsyncCompile.triton(kernel_name, source_code, ...) changed")
-    Scheduler.compile_kernel = _skipping_compile_kernel(compile_kernel)
-    AsyncCompile.triton = _skipping_triton(triton)
-    return [(Scheduler, "compile_kernel", compile_kernel), (AsyncCompile, "triton", triton)]
-
-
-def remove_candidate_skip(patched: list[tuple[type, str, Any]]) -> None:
-    for owner, name, orig in patched:
-        setattr(owner, name, orig)
+    patches.patch(Scheduler, "compile_kernel", _skipping_compile_kernel(compile_kernel))
+    patches.patch(AsyncCompile, "triton", _skipping_triton(triton))

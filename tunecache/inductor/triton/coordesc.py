@@ -9,12 +9,13 @@ import time
 from typing import Any, Callable
 
 
+from ..patches import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
 from .stored import FirstLaunch, load_fn
 
 __all__ = ["DEFERRED_CHECK_SECONDS", "sharing_coordesc", "sharing_one_config",
-           "keeping_hit_configs"]
+           "keeping_hit_configs", "end_deferrals"]
 
 
 def _shared_kernel(kernel: Any, ours: type) -> tuple[str, str] | None:
@@ -71,8 +72,8 @@ def _cuda_graph_trees_in_use(kernel: Any) -> bool:
         return True
 
 
-# On a deferred kernel: (its own ``_cache_eligible`` (None where there is none), to put
-# back; when to look for the peer's result next).
+# On a deferred kernel: (a Ledger of what deferring it changed on it: its
+# ``_cache_eligible``; when to look for the peer's result next).
 _DEFERRED = "_tunecache_deferred"
 # How often a deferred kernel's runs look for the peer's result: a kernel can run
 # thousands of times a second, and each look reads the database.
@@ -207,9 +208,14 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
         if action == "defer":
             if deferred is None:
                 REGISTRY.triton_stats.add(deferred=1)
-                deferred = (getattr(self, "_cache_eligible", None),)
+                held = Ledger()  # this kernel's own: it ends with its deferral
                 if hasattr(self, "_cache_eligible"):
-                    self._cache_eligible = False
+                    held.patch(self, "_cache_eligible", False)
+                deferred = (held,)
+                try:
+                    REGISTRY.deferred_kernels.add(self)
+                except TypeError:  # not weakly referable: its deferral ends by itself
+                    pass
             setattr(self, _DEFERRED, (deferred[0], time.monotonic() + DEFERRED_CHECK_SECONDS))
             return launcher
         _end_deferral(self)
@@ -270,13 +276,11 @@ def sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., An
                     state.release_claim(*kernel, e)
                 raise
         first = self.launchers[0]
-        self.benchmark_all_configs = lambda *_a, **_k: {
-            launcher: 0.0 if launcher is first else 1.0 for launcher in self.launchers
-        }
-        try:
+        with Ledger() as scoped:  # this call's own: undone when it returns
+            scoped.patch(self, "benchmark_all_configs", lambda *_a, **_k: {
+                launcher: 0.0 if launcher is first else 1.0 for launcher in self.launchers
+            })
             result = orig(self, *args, **kwargs)
-        finally:
-            self.__dict__.pop("benchmark_all_configs", None)
         REGISTRY.triton_stats.add(configs_benchmark_skipped=1)
         return result
 
@@ -286,8 +290,19 @@ def sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., An
 def _end_deferral(kernel: Any) -> None:
     """Put back what deferring ``kernel`` held off (2.13+'s launcher fast path)."""
     deferred = kernel.__dict__.pop(_DEFERRED, None)
-    if deferred is not None and deferred[0] is not None:
-        kernel._cache_eligible = deferred[0]
+    if deferred is not None:
+        try:
+            REGISTRY.deferred_kernels.discard(kernel)
+        except TypeError:  # never added: not weakly referable
+            pass
+        deferred[0].undo()
+
+
+def end_deferrals() -> None:
+    """End every kernel's deferral (Triton sharing is turned off): their later runs tune
+    as Inductor's own, with the launcher fast path back."""
+    for kernel in list(REGISTRY.deferred_kernels):
+        _end_deferral(kernel)
 
 
 def keeping_hit_configs(orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,13 +4,16 @@ decide a fusion or a split size is measured once per cluster."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..compat import param_names
 from ..state import REGISTRY
 from .keys import fusion_benchmark_key
 from .remote import TritonCache
 from .signals import PeerMeasuring, released_as, stop_unless_wanted
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patches import Ledger
 
 __all__ = ["install_fusion_sharing"]
 
@@ -87,12 +90,12 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
     return benchmark_codegened_module
 
 
-def install_fusion_sharing() -> tuple[type, Any]:
-    """Wrap TritonScheduling.benchmark_codegened_module; returns (class, original)."""
+def install_fusion_sharing(patches: Ledger) -> None:
+    """Wrap TritonScheduling.benchmark_codegened_module, through ``patches``."""
     from torch._inductor.codegen.triton import TritonScheduling
 
     orig = TritonScheduling.__dict__.get("benchmark_codegened_module")
     if not callable(orig) or param_names(orig)[:1] != ("mod",):
         raise TypeError("TritonScheduling.benchmark_codegened_module(mod, ...) changed")
-    TritonScheduling.benchmark_codegened_module = _sharing_fusion_benchmark(orig)
-    return TritonScheduling, orig
+    patches.patch(TritonScheduling, "benchmark_codegened_module",
+                  _sharing_fusion_benchmark(orig))

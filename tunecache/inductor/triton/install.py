@@ -1,11 +1,11 @@
 """Installing and removing Triton sharing: Inductor's remote autotune cache, the re-keyed
 ``AutotuneCache.create``, and the runtime hooks on CachingAutotuner, CoordescTuner and
-TritonScheduling, each recorded in the registry so that it can be put back."""
+TritonScheduling, each set through the registry's patch ledger so that it can be put
+back."""
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Callable
@@ -14,8 +14,8 @@ from ... import keys as tc_keys
 from ...settings import Settings
 from ..compat import SUPPORTED_TORCH, param_names, torch_version
 from ..state import REGISTRY
-from .candidates import install_candidate_skip, remove_candidate_skip
-from .coordesc import keeping_hit_configs, sharing_coordesc, sharing_one_config
+from .candidates import install_candidate_skip
+from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
 from .fusion import install_fusion_sharing
 from .keys import triton_kernel_info
 from .remote import TritonCache, remote_cache_class
@@ -25,8 +25,9 @@ from .worker import EnvCache, workers_read_cache
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ... import TuneCache
+    from ..patches import Ledger
 
-__all__ = ["TritonPatch", "enable_triton", "disable_triton", "enable_triton_from_env"]
+__all__ = ["enable_triton", "disable_triton", "enable_triton_from_env"]
 
 log = logging.getLogger("tunecache")
 
@@ -178,15 +179,7 @@ def _install_runtime_hooks(cls: type, ours: type, state: TritonCache) -> None:
 
 
 def _replace(owner: type, name: str, value: Any) -> None:
-    REGISTRY.runtime_hooks.append((owner, name, owner.__dict__[name]))
-    setattr(owner, name, value)
-
-
-def remove_runtime_hooks() -> None:
-    REGISTRY.runtime_hooks_tried = False
-    while REGISTRY.runtime_hooks:
-        owner, name, orig = REGISTRY.runtime_hooks.pop()
-        setattr(owner, name, orig)
+    REGISTRY.patches.patch(owner, name, value)  # disable() undoes it
 
 
 def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
@@ -211,33 +204,15 @@ def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     return create
 
 
-@dataclasses.dataclass
-class TritonPatch:
-    """What enable_triton changed, to put back."""
-
-    remote_cls: Any
-    autotune_remote_cache: Any
-    compile_threads: Any
-    create: Any  # AutotuneCache.__dict__["create"] (a staticmethod)
-    ours: Any
-    fusion: tuple[type, Any] | None = None  # (TritonScheduling, its own benchmark method)
-    # (owner, attribute, its own value) of the candidate-compile skip (triton.candidates)
-    candidates: list[tuple[type, str, Any]] = dataclasses.field(default_factory=list)
-
-
-def enable_triton(
-    cache: Callable[[], TuneCache], db_url: str, *, worker: bool = False
-) -> TritonPatch | None:
-    """Plug tunecache in as Inductor's remote autotune cache (see the notes in triton/install.py).
+def enable_triton(cache: Callable[[], TuneCache], db_url: str, *, worker: bool = False) -> bool:
+    """Plug tunecache in as Inductor's remote autotune cache (see the notes in
+    triton/install.py); returns whether it is. Every change goes through the registry's
+    patch ledger; where one step fails, the steps before it are undone.
 
     ``cache`` returns the TuneCache (opened lazily) of the database ``db_url``;
     ``worker``: see :class:`TritonCache`.
     """
-    if REGISTRY.triton_env_patch is not None:
-        # Enabled from the environment when autotune_cache was imported, before the
-        # GEMM hooks: take it over, with the hooks' cache.
-        disable_triton(REGISTRY.triton_env_patch)
-        REGISTRY.triton_env_patch = None
+    mark = REGISTRY.patches.mark()
     try:
         from torch._inductor import config
         from torch._inductor import remote_cache as rc
@@ -265,29 +240,20 @@ def enable_triton(
                 "tunecache: Triton kernel autotuning is not shared (missing: %s); GEMM "
                 "autotuning is", ", ".join(missing),
             )
-            return None
+            return False
         ours = remote_cache_class()
-        patch = TritonPatch(rc.RemoteAutotuneCache, config.autotune_remote_cache,
-                             config.compile_threads, create, ours)
+        patch = REGISTRY.patches.patch
         REGISTRY.triton = TritonCache(cache, worker=worker)
-        rc.RemoteAutotuneCache = ours
-        ac.AutotuneCache.create = staticmethod(rekey_create(create.__func__, ours))
-        config.autotune_remote_cache = True
+        patch(rc, "RemoteAutotuneCache", ours)
+        patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
+        patch(config, "autotune_remote_cache", True)
         ensure_runtime_hooks(ours)
         if not worker:  # compile workers never benchmark fusions
-            try:
-                patch.fusion = install_fusion_sharing()
-            except Exception as e:  # noqa: BLE001 - fusion benchmarks run as usual
-                log.warning("tunecache: fusion benchmark timings are not shared (%s: %s)",
-                            type(e).__name__, e)
-            if patch.fusion is not None:
-                try:
-                    patch.candidates = install_candidate_skip()
-                except Exception as e:  # noqa: BLE001 - candidates compile as usual
-                    log.warning("tunecache: fusion candidates with a stored timing are "
-                                "still compiled (%s: %s)", type(e).__name__, e)
+            if _install_part(install_fusion_sharing, "fusion benchmark timings are not shared"):
+                _install_part(install_candidate_skip, "fusion candidates with a stored "
+                              "timing are still compiled")
         if not worker and config.compile_threads != 1 and not workers_read_cache(db_url):
-            config.compile_threads = 1
+            patch(config, "compile_threads", 1)
             log.info(
                 "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
                 "kernels load (and read the shared autotune cache) in this process: "
@@ -297,35 +263,44 @@ def enable_triton(
         if not REGISTRY.triton_atexit:
             REGISTRY.triton_atexit = True
             atexit.register(flush_triton)
-        return patch
-    except Exception as e:  # noqa: BLE001 - the GEMM hooks stay; Triton as usual
+        return True
+    except BaseException as e:
+        try:
+            disable_triton()
+        finally:
+            REGISTRY.patches.undo(mark)
+        if not isinstance(e, Exception):
+            raise
+        # the GEMM hooks stay; Triton as usual
         log.warning("tunecache: Triton kernel autotuning is not shared (%s: %s)",
                     type(e).__name__, e)
-        return None
+        return False
 
 
-def disable_triton(patch: TritonPatch | None) -> None:
+def _install_part(install: Callable[[Ledger], None], without: str) -> bool:
+    """One optional part of Triton sharing; one that fails is undone, and warned of."""
+    mark = REGISTRY.patches.mark()
+    try:
+        install(REGISTRY.patches)
+        return True
+    except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
+        REGISTRY.patches.undo(mark)
+        log.warning("tunecache: %s (%s: %s)", without, type(e).__name__, e)
+        return False
+
+
+def disable_triton() -> None:
+    """Stop Triton sharing: drop the adapter (flushing what it holds) and end
+    coordinate-descent deferrals. What it patched is the ledger's to undo, with the rest
+    (:func:`tunecache.inductor.disable`), or back to enable_triton's mark where that
+    failed half-way."""
     state, REGISTRY.triton = REGISTRY.triton, None
+    REGISTRY.runtime_hooks_tried = False
+    end_deferrals()
     if state is not None:
         state.flush()
         if isinstance(state.cache, EnvCache):
             state.cache.close()  # the hooks' cache is closed with the hooks
-    if patch is None:
-        return
-    from torch._inductor import config
-    from torch._inductor import remote_cache as rc
-    from torch._inductor.runtime import autotune_cache as ac
-
-    remove_runtime_hooks()
-    remove_candidate_skip(patch.candidates)
-    if patch.fusion is not None:
-        cls, orig = patch.fusion
-        cls.benchmark_codegened_module = orig  # type: ignore[attr-defined]
-    if rc.RemoteAutotuneCache is patch.ours:
-        rc.RemoteAutotuneCache = patch.remote_cls
-    ac.AutotuneCache.create = patch.create
-    config.autotune_remote_cache = patch.autotune_remote_cache
-    config.compile_threads = patch.compile_threads
 
 
 def flush_triton() -> None:
@@ -349,4 +324,4 @@ def enable_triton_from_env() -> None:
     low, high = SUPPORTED_TORCH
     if version is None or not (low <= version <= high):
         return  # enable() says why, once, in the compiling process
-    REGISTRY.triton_env_patch = enable_triton(EnvCache(), settings.db_url, worker=True)
+    enable_triton(EnvCache(), settings.db_url, worker=True)
