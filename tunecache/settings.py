@@ -242,6 +242,12 @@ class Settings:
         return cls(**values)
 
     @property
+    def owns_directory(self) -> bool:
+        """The database is the embedded default, in tunecache's own directory under the
+        user's cache directory, which may be created; no other directory is."""
+        return self.db_url == resolve_db_url(None)
+
+    @property
     def is_postgresql(self) -> bool:
         return self.db_url.startswith("postgresql")
 

@@ -26,7 +26,7 @@ def stats(out: Out) -> None:
     """Entries by state, environment and op; size; hits; time saved; claims; failures."""
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         data = ops.stats(db)
 
     def human() -> None:
@@ -117,7 +117,7 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
                               "filter by --kind and --torch")
         _ls_graphs(out, selection, limit)
         return
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         rows = ops.ls(db, selection.entry_filter(), limit)
 
     def human() -> None:
@@ -132,7 +132,7 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
 def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         rows = ops.ls_graphs(db, ops.GraphFilter.of_entries(selection.entry_filter()), limit)
 
     def human() -> None:
@@ -151,7 +151,7 @@ def show(out: Out, key_hash_prefix: str) -> None:
     """Show one entry: key, timings (fastest first), winner, owner, token, times."""
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         entry = ops.show(db, key_hash_prefix)
 
     def human() -> None:

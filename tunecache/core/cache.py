@@ -54,7 +54,8 @@ class TuneCache:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._db = Database(settings.db_url, settings.lock_timeout,
-                            readonly=settings.mode == "readonly")
+                            readonly=settings.mode == "readonly",
+                            own_directory=settings.owns_directory)
         self._store = Store(self._db)
         self._lock = threading.RLock()
         self._schema_pid = -1
