@@ -60,3 +60,57 @@ def test_warm_says_in_words_which_field_a_recorded_key_lacks(sqlite_url):
     data = run_json("warm", "--db", sqlite_url, "--dry-run")
     assert [s["reason"] for s in data["skipped"]] == [
         'the recorded key has no "inputs" (the shapes warm needs to rebuild the call)']
+
+
+def _set_columns(url: str, key_hash: str, **values) -> None:
+    from sqlalchemy import create_engine, update
+
+    from tunecache.settings import resolve_db_url
+    from tunecache.store.schema import entries
+
+    engine = create_engine(resolve_db_url(url))
+    with engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.key_hash == key_hash).values(**values))
+    engine.dispose()
+
+
+def test_export_header_counts_only_the_entries_written(db_url):
+    good, bad, _ = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    _set_columns(db_url, bad.key_hash, timings_json='{"aten": -1}')
+    result = run("export", "--db", db_url)
+    assert result.exit_code == 0
+    header, *lines = (json.loads(line) for line in result.stdout.splitlines())
+    assert len(lines) == 2
+    assert (header["entries"], header["graphs"]) == (2, 0)
+    assert result.stderr.splitlines()[0] == "exported 2 entries; skipped 1 invalid"
+
+
+def test_import_and_merge_keep_the_source_entries_times(db_url, tmp_path):
+    (result,) = populate(db_url, [gemm_key("mm", 0)])
+    long_ago = time.time() - 90 * 86400
+    _set_columns(db_url, result.key_hash, created_at=long_ago, updated_at=long_ago + 60,
+                 last_used_at=long_ago + 120)
+    export = tmp_path / "x.jsonl"
+    assert run("export", "--db", db_url, "-o", str(export)).exit_code == 0
+    imported, merged = str(tmp_path / "imported.db"), str(tmp_path / "merged.db")
+    assert run("import", str(export), "--db", imported).exit_code == 0
+    assert run("merge", db_url, "--into", merged).exit_code == 0
+    for target in (imported, merged):
+        shown = run_json("show", "--db", target, result.key_hash)
+        assert (shown["created_at"], shown["updated_at"], shown["last_used_at"]) == pytest.approx(
+            (long_ago, long_ago + 60, long_ago + 120), abs=1e-3), target
+
+
+def test_import_clamps_entry_times_from_the_future_to_now(tmp_path):
+    future = time.time() + 365 * 86400
+    header = json.dumps({"format": "tunecache-export", "version": 1})
+    line = json.dumps({"key": gemm_key("mm", 0), "timings": {"aten": 1.0},
+                       "created_at": future, "updated_at": future, "last_used_at": future})
+    path = tmp_path / "x.jsonl"
+    path.write_text(f"{header}\n{line}\n")
+    target = str(tmp_path / "t.db")
+    before = time.time()
+    assert run("import", str(path), "--db", target).exit_code == 0
+    shown = run_json("show", "--db", target, run_json("ls", "--db", target)[0]["key_hash"])
+    assert before - 1 <= shown["created_at"] <= time.time() + 1
+    assert before - 1 <= shown["last_used_at"] <= time.time() + 1

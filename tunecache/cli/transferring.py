@@ -37,9 +37,10 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
 
     Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
     key (the key object), key_hash, timings ({candidate: ms, null = failed/unmeasured}),
-    best, tune_seconds, created_at, updated_at. Then one compiled graph per line,
-    {"graph": {kind, key, digest, signature, payload, torch, created_at}}, signature and
-    payload in base64; a file with graphs says version 2 (older tunecaches refuse it).
+    best, tune_seconds, created_at, updated_at, last_used_at (kept by import). Then one
+    compiled graph per line, {"graph": {kind, key, digest, signature, payload, torch,
+    created_at}}, signature and payload in base64; a file with graphs says version 2
+    (older tunecaches refuse it). The header's counts are of the lines written.
     The summary goes to stderr (stdout may be the export itself), or to stdout with --json
     when -o names a file.
     """
