@@ -114,3 +114,44 @@ def test_import_clamps_entry_times_from_the_future_to_now(tmp_path):
     shown = run_json("show", "--db", target, run_json("ls", "--db", target)[0]["key_hash"])
     assert before - 1 <= shown["created_at"] <= time.time() + 1
     assert before - 1 <= shown["last_used_at"] <= time.time() + 1
+
+
+def test_graph_loads_are_counted_and_their_last_use_is_recorded_to_the_second(db_url,
+                                                                              tmp_path):
+    """Graph reuse is visible: every load counts (batched like GEMM hits, written when the
+    job's counters are), and the last use shown is the load's time, not the hour's."""
+    from tunecache.core.graphs import GraphShare
+    from tunecache.core.signing import PRIVATE_KEY_NAME, write_key_pair
+    from tunecache.settings import Settings
+
+    write_key_pair(tmp_path / "keys")
+    plan = Settings.from_env({}, signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME)
+                             ).graph_sharing()
+    with tunecache.open(db_url) as publisher:
+        share = GraphShare.from_settings(plan, lambda: publisher)
+        assert share.publish("fxgraph", "k1", b"graph bytes", "2.13.0")
+    # Published half an hour ago: an hourly "touch" would leave its last use there.
+    from sqlalchemy import create_engine, update
+
+    from tunecache.settings import resolve_db_url
+    from tunecache.store.schema import artifacts
+
+    engine = create_engine(resolve_db_url(db_url))
+    with engine.begin() as conn:
+        conn.execute(update(artifacts).values(created_at=time.time() - 1800,
+                                              last_used_at=time.time() - 1800))
+    engine.dispose()
+    for _ in range(2):
+        with tunecache.open(db_url) as job:
+            share = GraphShare.from_settings(plan, lambda: job)
+            before = time.time()
+            assert share.load("fxgraph", "k1") == b"graph bytes"
+            assert share.load("fxgraph", "k1") == b"graph bytes"
+    stats = run_json("stats", "--db", db_url)["graphs"]
+    assert stats["hits"] == 4
+    assert [g["hits"] for g in stats["groups"]] == [4]
+    (row,) = run_json("ls", "--graphs", "--db", db_url)
+    assert row["hits"] == 4
+    assert row["last_used_at"] >= before - 1
+    human = run("stats", "--db", db_url).stdout
+    assert "graphs    1 compiled graphs, 19 B (fxgraph 1), 4 loads" in human

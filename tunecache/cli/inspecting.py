@@ -55,7 +55,7 @@ def stats(out: Out) -> None:
         graphs = data["graphs"]
         kinds = ", ".join(f"{r['kind']} {r['count']}" for r in graphs["by_kind"])
         click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
-                   + (f" ({kinds})" if kinds else ""))
+                   + (f" ({kinds})" if kinds else "") + f", {graphs['hits']} loads")
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
@@ -78,8 +78,8 @@ def stats(out: Out) -> None:
                            "(--json lists all)")
         if graphs["groups"]:
             click.echo("compiled graphs by kind and torch:")
-            fmt.table(("kind", "torch", "graphs", "size", "last used"),
-                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]),
+            fmt.table(("kind", "torch", "graphs", "size", "loads", "last used"),
+                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]), g["hits"],
                         fmt.when(g["last_used_at"])) for g in graphs["groups"]])
         if claims["live"]:
             click.echo("claims in flight:")
@@ -136,9 +136,9 @@ def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
         rows = ops.ls_graphs(db, ops.GraphFilter.of_entries(selection.entry_filter()), limit)
 
     def human() -> None:
-        fmt.table(("kind", "key", "size", "torch", "created", "last used"),
+        fmt.table(("kind", "key", "size", "torch", "loads", "created", "last used"),
                   [(r["kind"], fmt.clip(r["key"], 24), fmt.size(r["size"]),
-                    fmt.clip(r["torch_version"], 24), fmt.when(r["created_at"]),
+                    fmt.clip(r["torch_version"], 24), r["hits"], fmt.when(r["created_at"]),
                     fmt.when(r["last_used_at"])) for r in rows], indent="")
 
     out.emit(rows, human)
