@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then run the main job (a real max-autotune compile in several
-#               processes sharing the cache, then a later job that starts warm)
+#               processes sharing the cache, then a later job that starts warm; three
+#               rounds, each on a database of its own in a temporary directory)
 #   make test   set up .venv, then run the whole test suite (PostgreSQL must be running)
 VENV ?= .venv
 PY := $(VENV)/bin/python

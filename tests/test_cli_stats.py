@@ -74,7 +74,7 @@ def test_ls_filters_and_show(db_url):
 
 
 def test_upgrade_creates_then_reports_head(tmp_path):
-    db = str(tmp_path / "new" / "tune.db")
+    db = str(tmp_path / "tune.db")  # in a directory that exists: upgrade never makes one
     first = run("upgrade", "--db", db)
     assert first.exit_code == 0
     assert first.stdout == f"sqlite:///{db}: schema upgraded from revision (none) to {head_revision()}\n"

@@ -209,7 +209,10 @@ def test_without_keys_one_info_line_says_how_and_no_graph_is_stored(tmp_path):
     assert hints[0].startswith("INFO ")
     for name in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_GRAPHS=0"):
         assert name in hints[0]
-    assert _warnings(job) == []
+    # Nothing in this CPU training step autotunes, and without a key no graph is shared:
+    # the one warning is the job's at-exit line that it found nothing to share.
+    (warning,) = _warnings(job)
+    assert "found nothing to share" in warning and "TUNECACHE_SIGNING_KEY" in warning
     assert _rows(url) == set()
 
 

@@ -1,7 +1,12 @@
-"""tunecache's "main job" demo: CPU only, the embedded default database, real max-autotune.
+"""tunecache's "main job" demo: CPU only, a SQLite database of its own, real max-autotune.
 
-    python tools/demo.py            # the real default database ($XDG_CACHE_HOME/tunecache)
-    python tools/demo.py --fresh    # a throw-away XDG_CACHE_HOME, so job 1 starts cold
+    python tools/demo.py               # 3 rounds, each on a fresh database in a temp dir
+    python tools/demo.py --rounds 5    # more rounds: a tighter spread, a longer demo
+    python tools/demo.py --db PATH     # an existing database instead (then job 1 may be warm)
+
+The demo never touches the user's default cache ($XDG_CACHE_HOME/tunecache): every round
+gets a fresh database file in a temporary directory, printed at the start and removed at
+the end (--keep keeps it, with the logs).
 
 Every job starts ``--procs`` processes at once (think: ranks of one job) that each compile
 a bmm and a frozen nn.Linear with ``torch.compile(mode="max-autotune-no-cudagraphs")``.
@@ -11,10 +16,16 @@ benchmark). Job 1 is the first job with tunecache; job 2 is "a later job", the s
 The demo prints what each process tuned and reused, and compares the jobs only on what it
 measured in this run: compile seconds, GEMM benchmarks and the seconds they took.
 
+One compile on a shared 2-core machine varies by tens of percent from run to run, so a
+single sample can show tunecache 50% faster or slower. The three jobs therefore run
+``--rounds`` times, interleaved (off, first, later; off, first, later; ...) so that a
+change in the machine's load hits every side alike, and the summary gives the minimum,
+median and maximum of every process's compile seconds per side, and calls a difference
+noise when the ranges overlap.
+
 Every process has its own fresh TORCHINDUCTOR_CACHE_DIR (as on a new node) and the FX
 graph and AOTAutograd caches off, so each GEMM really reaches the autotuner, and only
-tunecache can carry anything from one job to the next. TUNECACHE_DB is removed from the
-children's environment so that they use the default database (unless --db is given).
+tunecache can carry anything from one job to the next.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,7 +116,7 @@ def run_job(name: str, procs: int, tmp: Path, env: dict[str, str],
     return results
 
 
-def report(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+def report(name: str, results: list[dict[str, Any]]) -> None:
     print(f"\n{name}: {len(results)} processes compiling at once")
     for i, r in enumerate(results):
         s = r["stats"]
@@ -115,26 +127,41 @@ def report(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
             f"{s['benchmarks']} GEMM benchmark(s) ({s['benchmark_seconds']:.1f}s)"
             + (f"  [{', '.join(parts)}]" if parts else "")
         )
+
+
+def summary(results: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    """One side's processes over every round: compile seconds (min, median, max) and GEMM
+    benchmarks per job (the mean over rounds)."""
     compile_s = [r["compile_seconds"] for r in results]
     return {
-        "mean": statistics.mean(compile_s), "low": min(compile_s), "high": max(compile_s),
-        "benchmarks": sum(r["stats"]["benchmarks"] for r in results),
-        "benchmark_seconds": sum(r["stats"]["benchmark_seconds"] for r in results),
+        "low": min(compile_s), "median": statistics.median(compile_s), "high": max(compile_s),
+        "samples": len(compile_s),
+        "benchmarks": sum(r["stats"]["benchmarks"] for r in results) / rounds,
+        "benchmark_seconds": sum(r["stats"]["benchmark_seconds"] for r in results) / rounds,
     }
 
 
 def against(job: dict[str, Any], off: dict[str, Any]) -> str:
     """``job``'s compile seconds against the tunecache-off job's, both measured here."""
-    diff = job["mean"] - off["mean"]
-    return (f"{abs(diff):.1f}s {'less' if diff < 0 else 'more'} compile per process "
-            f"({diff / off['mean']:+.0%})")
+    diff = job["median"] - off["median"]
+    text = (f"median {abs(diff):.1f}s {'less' if diff < 0 else 'more'} compile per process "
+            f"({diff / off['median']:+.0%})")
+    if job["low"] <= off["high"] and off["low"] <= job["high"]:
+        text += "; the ranges overlap, so this run cannot tell the two apart (noise)"
+    return text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--procs", type=int, default=2, help="processes per job (default 2)")
-    parser.add_argument("--fresh", action="store_true", help="use a temporary XDG_CACHE_HOME")
-    parser.add_argument("--db", default=None, help="a TUNECACHE_DB to use instead of the default")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times each job runs, for the spread (default 3)")
+    parser.add_argument("--db", default=None,
+                        help="an existing TUNECACHE_DB to use for every round instead of a "
+                             "fresh database per round")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary directory (databases, logs)")
+    parser.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)  # the default now
     parser.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--ready", help=argparse.SUPPRESS)
     parser.add_argument("--go", help=argparse.SUPPRESS)
@@ -142,22 +169,22 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.ready, args.go, tunecache_on=not args.off)
+    if args.rounds < 1 or args.procs < 1:
+        parser.error("--rounds and --procs take a positive number")
 
     tmp = Path(tempfile.mkdtemp(prefix="tunecache-demo-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    if args.fresh:
-        # set here too: the default path is read from this process's environment below
-        env["XDG_CACHE_HOME"] = os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg-cache")
+    # Never the user's default cache: should a child fall back to the default database,
+    # it is one in the temporary directory too.
+    env["XDG_CACHE_HOME"] = str(tmp / "xdg-cache")
     if args.db:
-        env["TUNECACHE_DB"] = args.db
-    sys.path.insert(0, str(REPO))
-    from tunecache.settings import Settings
-
-    db_url = Settings.from_env(env).db_url  # what the children will resolve
-    print(f"tunecache demo: database {db_url}; logs and results in {tmp}")
+        print(f"tunecache demo: database {args.db} (every round); logs in {tmp}")
+    else:
+        print(f"tunecache demo: a fresh SQLite database per round in {tmp} "
+              f"({'kept' if args.keep else 'removed at the end'})")
     print(f"{args.procs} processes per job x {KEYS_PER_PROCESS} GEMM keys (bmm, frozen Linear), "
-          "fresh Inductor caches in every job")
+          f"fresh Inductor caches in every job, {args.rounds} rounds")
 
     t0 = time.perf_counter()
     jobs = [
@@ -165,21 +192,33 @@ def main() -> int:
         ("job 1 (tunecache on, first job)", "job1", True),
         ("job 2 (tunecache on, a later job)", "job2", True),
     ]
-    measured = [(title, report(title, run_job(name, args.procs, tmp, env, on)))
-                for title, name, on in jobs]
+    results: dict[str, list[dict[str, Any]]] = {title: [] for title, _, _ in jobs}
+    for r in range(1, args.rounds + 1):
+        round_env = {**env, "TUNECACHE_DB": args.db or str(tmp / f"round{r}.db")}
+        for title, name, on in jobs:
+            got = run_job(f"{name}-round{r}", args.procs, tmp, round_env, on)
+            report(f"round {r}, {title}", got)
+            results[title] += got
+    measured = [(title, summary(results[title], args.rounds)) for title, _, _ in jobs]
     off = measured[0][1]
 
-    print("\nsummary (every figure measured in this run)")
-    print(f"  {'':34} {'compile s per process':>24} {'GEMM benchmarks':>16} {'benchmark s':>12}")
+    print(f"\nsummary: compile seconds of every process over {args.rounds} rounds, "
+          "all measured in this run")
+    print(f"  {'':34} {'min':>6} {'median':>7} {'max':>6} {'GEMM benchmarks/job':>20} "
+          f"{'benchmark s/job':>16}")
     for title, m in measured:
-        spread = f"{m['mean']:.1f} ({m['low']:.1f}-{m['high']:.1f})"
-        print(f"  {title:34} {spread:>24} {m['benchmarks']:>16} {m['benchmark_seconds']:>12.1f}")
+        print(f"  {title:34} {m['low']:6.1f} {m['median']:7.1f} {m['high']:6.1f} "
+              f"{m['benchmarks']:20.1f} {m['benchmark_seconds']:16.1f}")
     for title, m in measured[1:]:
         print(f"  {title.split(' (')[0]} against job 0: {against(m, off)}")
     if measured[1][1]["benchmarks"] == 0:
         print("  note: job 1 was already warm: the database held these keys from an earlier run "
-              "(use --fresh for a cold start)")
+              "(leave out --db for a cold start)")
     print(f"  demo wall time {time.perf_counter() - t0:.0f}s")
+    if args.keep:
+        print(f"  kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -46,6 +46,9 @@ _TARGET = "torch._inductor.select_algorithm"
 _TRITON_TARGET = "torch._inductor.runtime.autotune_cache"
 _lock = threading.Lock()
 _done: set[str] = set()
+# Failures already reported: both targets read the same settings, and a bad one would
+# otherwise be reported once per target.
+_reported: set[str] = set()
 
 
 def _enable(target: str) -> None:
@@ -63,12 +66,13 @@ def _enable(target: str) -> None:
 
             enable_triton_from_env()
     except Exception as e:  # noqa: BLE001 - activation must never break the user's job
-        log.warning(
-            "tunecache: could not enable the Inductor integration (%s: %s); Inductor "
-            "autotunes as usual",
-            type(e).__name__,
-            e,
-        )
+        problem = f"{type(e).__name__}: {e}"
+        with _lock:
+            first = problem not in _reported
+            _reported.add(problem)
+        if first:
+            log.warning("tunecache: could not enable the Inductor integration (%s); "
+                        "Inductor autotunes as usual", problem)
 
 
 def _targets(plan: Activation) -> tuple[str, ...]:

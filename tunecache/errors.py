@@ -86,9 +86,14 @@ class SchemaOutOfDateError(StoreError):
         self.revision = revision
 
     def __str__(self) -> str:
+        # Raised where migrating is not allowed: a readonly process, or a command that
+        # only reads (stats, ls, export, dry runs), which never changes the file.
+        if self.revision is None:
+            return (f"tunecache database {self.url} has no tunecache schema yet; run "
+                    "`tunecache upgrade` to create it")
         return (
             f"tunecache database {self.url} is at schema revision {self.revision!r}, "
-            "older than this tunecache; run `tunecache upgrade` (readonly mode never migrates)"
+            "older than this tunecache; run `tunecache upgrade`"
         )
 
 

@@ -186,11 +186,14 @@ class Settings:
         else:
             lock = _positive_float(self._ENV["lock_timeout"], self.lock_timeout)
             if lock > most:
+                # Named after the variable the user set (the lock timeout: its default is
+                # never above the bound), with the bound and both ways out.
+                lease = self._ENV["lease_seconds"]
                 raise ConfigError(
-                    self._ENV["lease_seconds"], self.lease_seconds,
-                    f"at least twice TUNECACHE_LOCK_TIMEOUT={lock:g}, or a live owner can "
-                    "lose its claim while its heartbeat waits for a lock; raise the lease "
-                    "or lower TUNECACHE_LOCK_TIMEOUT",
+                    self._ENV["lock_timeout"], self.lock_timeout,
+                    f"at most {most:g}, half of {lease}={self.lease_seconds:g} (a live "
+                    "owner's claim must outlast a heartbeat's wait for a lock); lower "
+                    f"{self._ENV['lock_timeout']}, or raise {lease} to at least {2 * lock:g}",
                 )
             object.__setattr__(self, "lock_timeout", lock)
         object.__setattr__(
@@ -256,6 +259,12 @@ class Settings:
         values.update(overrides)
         values["db_url"] = resolve_db_url(values.get("db_url"), env)
         return cls(**values)
+
+    @property
+    def owns_directory(self) -> bool:
+        """The database is the embedded default, in tunecache's own directory under the
+        user's cache directory, which may be created; no other directory is."""
+        return self.db_url == resolve_db_url(None)
 
     @property
     def is_postgresql(self) -> bool:

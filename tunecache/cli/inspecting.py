@@ -26,7 +26,7 @@ def stats(out: Out) -> None:
     """Entries by state, environment and op; size; hits; time saved; claims; failures."""
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         data = ops.stats(db)
 
     def human() -> None:
@@ -55,7 +55,7 @@ def stats(out: Out) -> None:
         graphs = data["graphs"]
         kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs["by_kind"])
         click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
-                   + (f" ({kinds})" if kinds else "")
+                   + (f" ({kinds})" if kinds else "") + f", {graphs['hits']} loads"
                    + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
                       "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
         if data["by_kind"]:
@@ -80,8 +80,8 @@ def stats(out: Out) -> None:
                            "(--json lists all)")
         if graphs["groups"]:
             click.echo("compiled graphs by kind and torch:")
-            fmt.table(("kind", "torch", "graphs", "size", "last used"),
-                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]),
+            fmt.table(("kind", "torch", "graphs", "size", "loads", "last used"),
+                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]), g["hits"],
                         fmt.when(g["last_used_at"])) for g in graphs["groups"]])
         if claims["live"]:
             click.echo("claims in flight:")
@@ -119,7 +119,7 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
                               "filter by --kind and --torch")
         _ls_graphs(out, selection, limit)
         return
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         rows = ops.ls(db, selection.entry_filter(), limit)
 
     def human() -> None:
@@ -134,13 +134,13 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
 def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         rows = ops.ls_graphs(db, ops.GraphFilter.of_entries(selection.entry_filter()), limit)
 
     def human() -> None:
-        fmt.table(("kind", "key", "size", "torch", "created", "last used"),
+        fmt.table(("kind", "key", "size", "torch", "loads", "created", "last used"),
                   [(r["kind"], fmt.clip(r["key"], 24), fmt.size(r["size"]),
-                    fmt.clip(r["torch_version"], 24), fmt.when(r["created_at"]),
+                    fmt.clip(r["torch_version"], 24), r["hits"], fmt.when(r["created_at"]),
                     fmt.when(r["last_used_at"])) for r in rows], indent="")
 
     out.emit(rows, human)
@@ -153,7 +153,7 @@ def show(out: Out, key_hash_prefix: str) -> None:
     """Show one entry: key, timings (fastest first), winner, owner, token, times."""
     from .. import ops
 
-    with opened(out) as db:
+    with opened(out, read_only=True) as db:
         entry = ops.show(db, key_hash_prefix)
 
     def human() -> None:

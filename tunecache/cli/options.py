@@ -88,12 +88,14 @@ def json_only(fn: F) -> F:
 
 
 @contextlib.contextmanager
-def opened(out: Out, *, create: bool = False, writes: str | None = None) -> Iterator[Database]:
+def opened(out: Out, *, create: bool = False, writes: str | None = None,
+           read_only: bool = False) -> Iterator[Database]:
     """The database ``out`` names, at the head schema, disposed of when the block ends
-    (see tunecache.ops.opening)."""
+    (see tunecache.ops.opening; ``read_only``: never created or migrated)."""
     from ..ops import opening  # SQLAlchemy: only once a command runs (module docstring)
 
-    with opening.opened(out.settings, create=create, writes=writes) as db:
+    with opening.opened(out.settings, create=create, writes=writes,
+                        read_only=read_only) as db:
         yield db
 
 

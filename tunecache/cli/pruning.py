@@ -113,7 +113,7 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         raise BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                           "--expired-claims, --invalid or --max-graph-bytes")
-    with opened(out, writes=None if dry_run else "prune") as db, \
+    with opened(out, writes=None if dry_run else "prune", read_only=dry_run) as db, \
             fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step), \
             (_ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(

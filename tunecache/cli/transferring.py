@@ -4,6 +4,7 @@ tunecache.ops.transfer, imported when a command runs)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 from typing import Any, Callable, Mapping, TextIO, TypeVar
@@ -12,6 +13,7 @@ import click
 
 from ..settings import Settings
 from . import format as fmt
+from .app import BadArgument
 from .options import LibraryChoice, Out, Selection, common, entry_filters, opened
 
 __all__ = ["export", "import_", "merge"]
@@ -35,15 +37,16 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
 
     Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
     key (the key object), key_hash, timings ({candidate: ms, null = failed/unmeasured}),
-    best, tune_seconds, created_at, updated_at. Then one compiled graph per line,
-    {"graph": {kind, key, digest, signature, payload, torch, created_at}}, signature and
-    payload in base64; a file with graphs says version 2 (older tunecaches refuse it).
+    best, tune_seconds, created_at, updated_at, last_used_at (kept by import). Then one
+    compiled graph per line, {"graph": {kind, key, digest, signature, payload, torch,
+    created_at}}, signature and payload in base64; a file with graphs says version 2
+    (older tunecaches refuse it). The header's counts are of the lines written.
     The summary goes to stderr (stdout may be the export itself), or to stdout with --json
     when -o names a file.
     """
     from .. import ops
 
-    with opened(out) as db, contextlib.ExitStack() as stack:
+    with opened(out, read_only=True) as db, contextlib.ExitStack() as stack:
         f: TextIO = sys.stdout if output == "-" else stack.enter_context(_output_file(output))
         with fmt.progress("exporting", output != "-" and not out.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
@@ -135,10 +138,15 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
     """
     from .. import ops
 
-    with opened(out, create=True, writes=None if dry_run else "import") as db, \
+    # The header is read before the target is opened: a file that is not an export
+    # creates no database.
+    records = ops.parse_export(file, getattr(file, "name", "input"))
+    first = next(records, None)
+    with opened(out, create=True, writes=None if dry_run else "import",
+                read_only=dry_run) as db, \
             fmt.progress("importing", not out.as_json) as (_total, step):
         report = ops.import_records(
-            db, ops.parse_export(file, getattr(file, "name", "input")),
+            db, itertools.chain([] if first is None else [first], records),
             on_conflict=on_conflict, dry_run=dry_run, progress=step)  # type: ignore[arg-type]
     _import_report(ctx, out, report, skip_invalid, getattr(file, "name", "input"))
 
@@ -146,7 +154,8 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
 @click.command()
 @click.argument("src_db")
 @click.option("--into", metavar="PATH|URL", default=None,
-              help="Target database (default: --db, else $TUNECACHE_DB).")
+              help="Target database (default: $TUNECACHE_DB); the same as --db, and "
+                   "refused together with it.")
 @_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
 @common
 @click.pass_context
@@ -159,9 +168,12 @@ def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_confli
     from .. import ops
 
     if into is not None:
+        if out.db is not None:
+            raise BadArgument("--into and --db both name the target: give one of them")
         out.db = into
     with ops.open_source(Settings.from_env(db=src_db)) as src, \
-            opened(out, create=True, writes=None if dry_run else "merge") as target, \
+            opened(out, create=True, writes=None if dry_run else "merge",
+                   read_only=dry_run) as target, \
             fmt.progress("merging", not out.as_json) as (total, step):
         report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
                            dry_run=dry_run, progress=step, on_total=total)

@@ -38,7 +38,7 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
     """
     from .. import warm as warm_mod
 
-    with opened(out) as db:
+    with opened(out, read_only=dry_run) as db:
         tasks, skipped = warm_mod.select_tasks(db, op or None,
                                                from_torch=from_torch, from_device=from_device,
                                                limit=limit)

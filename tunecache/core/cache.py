@@ -54,7 +54,8 @@ class TuneCache:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._db = Database(settings.db_url, settings.lock_timeout,
-                            readonly=settings.mode == "readonly")
+                            readonly=settings.mode == "readonly",
+                            own_directory=settings.owns_directory)
         self._store = Store(self._db)
         self._lock = threading.RLock()
         self._schema_pid = -1
@@ -299,16 +300,28 @@ class TuneCache:
             self._usage.add([result])
         return result
 
+    def note_graph_use(self, kind: str, key: str) -> None:
+        """A compiled graph was loaded from the database: counted, and written with the
+        usage counters (as hits are, so that a load stays a read)."""
+        self._usage.add_graph(kind, key)
+        self._maybe_flush()
+
     def flush_usage(self) -> None:
-        """Write the hit counts and the usage row gathered so far (one transaction)."""
+        """Write the hit counts and the usage row gathered so far (one transaction), and
+        the compiled graphs' loads (another)."""
         if self.settings.mode != "readwrite" or self._disabled:
             self._usage.take()
+            self._usage.take_graphs()
             return
         hits, counts = self._usage.take()
-        if not hits and not any(counts.values()):
-            return
+        graphs = self._usage.take_graphs()
         try:
-            self._store.record_usage(hits, counts)
+            if hits or any(counts.values()):
+                self._store.record_usage(hits, counts)
+            if graphs:
+                from ..store.artifacts import ArtifactStore  # SQLAlchemy: first use only
+
+                ArtifactStore(self._db).record_uses(graphs)
         except StoreError as e:
             logger.debug("tunecache: usage not recorded: %s", e)
 

@@ -111,7 +111,7 @@ class GraphShare:
         if store is None:
             return None
         try:
-            artifact = store.get(kind, key)
+            artifact = store.get(kind, key, touch=False)  # the load is counted below
         except StoreError as e:
             self._stop(e)
             return None
@@ -128,6 +128,10 @@ class GraphShare:
         with self._lock:
             self._known.add((kind, key))
             self.counts["loaded"] += 1
+        try:
+            self._cache().note_graph_use(kind, key)
+        except Exception as e:  # noqa: BLE001 - bookkeeping: the load has succeeded
+            log.debug("tunecache: a compiled graph's load not counted: %r", e)
         return data
 
     def publish(self, kind: str, key: str, data: bytes, torch_version: str) -> bool:

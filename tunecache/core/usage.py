@@ -19,6 +19,8 @@ class Usage:
         self._since = time.monotonic()
         self._hits: dict[str, int] = {}
         self._counts: dict[str, float] = {}
+        # Compiled graphs loaded: (kind, key) -> (loads, wall-clock time of the last one)
+        self._graphs: dict[tuple[str, str], tuple[int, float]] = {}
 
     def add(self, results: Iterable[Result]) -> None:
         with self._lock:
@@ -32,11 +34,22 @@ class Usage:
                     spent = self._counts.get("seconds_tuning", 0.0) + (r.tune_seconds or 0.0)
                     self._counts["seconds_tuning"] = spent
 
+    def add_graph(self, kind: str, key: str) -> None:
+        """A compiled graph was loaded (its time kept to the second, for `ls --graphs`)."""
+        with self._lock:
+            n, _ = self._graphs.get((kind, key), (0, 0.0))
+            self._graphs[(kind, key)] = (n + 1, time.time())
+
     def take(self) -> tuple[dict[str, int], dict[str, float]]:
         with self._lock:
             hits, counts = self._hits, self._counts
             self._hits, self._counts, self._since = {}, {}, time.monotonic()
             return hits, counts
+
+    def take_graphs(self) -> dict[tuple[str, str], tuple[int, float]]:
+        with self._lock:
+            graphs, self._graphs = self._graphs, {}
+            return graphs
 
     def age(self) -> float:
         return time.monotonic() - self._since

@@ -131,6 +131,7 @@ def make_pre_fusion_pass(hooks: GemmHooks, prev: Any) -> Any:
         if prev is not None:
             nodes = prev(nodes)
         if REGISTRY.hooks is hooks:
+            REGISTRY.compiled = True
             try:
                 tune_deferred(hooks, nodes)
             except Exception as e:  # noqa: BLE001 - fusion then benchmarks lazily, per key

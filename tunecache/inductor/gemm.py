@@ -225,6 +225,7 @@ class GemmHooks:
             log.debug("tunecache: %s failed again: %r", what, error)
 
     def cache(self) -> TuneCache:
+        REGISTRY.database_used = True
         with self.lock:
             if self.broken:
                 raise RuntimeError("the tunecache database could not be opened earlier")

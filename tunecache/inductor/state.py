@@ -74,6 +74,13 @@ class Registry:
         # on, or why it is off, logged in this process (each once).
         self.graphs: GraphShare | None = None
         self.graphs_explained: set[str] = set()
+        # Facts of the process, kept across disable(): Inductor lowered a graph through
+        # our hooks, and something (a GEMM, a Triton kernel, a compiled graph) asked for
+        # the database; a job activated from TUNECACHE_DB that compiled but never asked
+        # says so once at exit (switch.py), or the user sees nothing at all.
+        self.compiled = False
+        self.database_used = False
+        self.nothing_shared_atexit = False
 
 
 REGISTRY = Registry()

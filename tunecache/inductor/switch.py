@@ -4,6 +4,7 @@ undoes all of it."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import types
 from typing import TYPE_CHECKING, Any, Callable
@@ -182,5 +183,36 @@ def enable_from_env() -> None:
     """Called by the autoload hook (tunecache._autoload) once select_algorithm exists."""
     if activation().count_only:
         enable(count_only=True)
-    else:
-        enable()
+    elif enable():
+        with REGISTRY.enable_lock:
+            if not REGISTRY.nothing_shared_atexit:
+                REGISTRY.nothing_shared_atexit = True
+                atexit.register(_say_if_nothing_shared, Settings.from_env())
+
+
+# What max-autotune benchmarks, for the line below and the README's "What autotunes where".
+_WHAT_AUTOTUNES = ("on a GPU every mm, addmm, bmm and other GEMM autotunes; on a CPU only "
+                   "bmm, and nn.Linear under torch._inductor.config.freezing=True")
+
+
+def _say_if_nothing_shared(settings: Settings) -> None:
+    """At exit of a job activated by TUNECACHE_DB: if Inductor compiled here but nothing
+    ever asked for the database, say so in one visible line. Otherwise the job stores
+    nothing, creates no database and prints nothing (the "no key" line is info), and the
+    user cannot tell a working setup from one that does nothing. At exit rather than after
+    each compile: a later compile of the same job may still autotune."""
+    if not REGISTRY.compiled or REGISTRY.database_used:
+        return
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(settings.db_url)
+        where = url.database if url.get_backend_name() == "sqlite" else \
+            url.render_as_string(hide_password=True)
+        graphs = ("; compiled graphs are shared only with TUNECACHE_SIGNING_KEY"
+                  if settings.graph_sharing().state == "unconfigured" else "")
+        log.warning("tunecache: this job found nothing to share in %s: nothing it compiled "
+                    "was autotuned, so no key was looked up or published (%s)%s",
+                    where, _WHAT_AUTOTUNES, graphs)
+    except Exception as e:  # noqa: BLE001 - never fail the job's exit
+        log.debug("tunecache: could not report an unused database: %r", e)

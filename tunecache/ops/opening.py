@@ -19,36 +19,39 @@ __all__ = ["open_database", "opened", "open_source", "refuse_readonly", "upgrade
 
 
 def open_database(settings: Settings, *, create: bool = False,
-                  writes: str | None = None) -> Database:
+                  writes: str | None = None, read_only: bool = False) -> Database:
     """A :class:`Database` at the head schema (migrating when the mode allows it).
 
     ``create=False`` refuses a SQLite path that does not exist, instead of creating an
     empty database there, because a typo in --db would otherwise report an empty cache.
     ``create=True`` creates the file, but never its directory: a mistyped directory
     would otherwise be created and filled silently (and `stats` on the intended path
-    would then find nothing).
+    would then find nothing). Only tunecache's own default directory is created.
+
+    ``read_only``: the command only reads (stats, ls, show, export, dry runs). The
+    database is opened read-only and is never created or migrated: a missing one is an
+    error, and an empty file or an old schema says to run `tunecache upgrade`.
 
     In readonly mode the connection itself refuses writes, as a job's does; ``writes``
     names what the caller is about to write, refused up front in one line.
     """
-    readonly = settings.mode == "readonly"
-    db = Database(settings.db_url, settings.lock_timeout, readonly=readonly)
-    if writes and readonly:
+    readonly = read_only or settings.mode == "readonly"
+    db = Database(settings.db_url, settings.lock_timeout, readonly=readonly,
+                  own_directory=settings.owns_directory)
+    if writes and settings.mode == "readonly":
         raise ReadonlyModeError(db.display_url, writes)
     path = db.sqlite_path
-    if path and not os.path.exists(path):
-        directory = os.path.dirname(path) or "."
-        if not create:
-            raise StoreUnavailableError(
-                db.display_url,
-                "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
-            )
-        if not os.path.isdir(directory):
-            raise StoreUnavailableError(
-                db.display_url,
-                f"directory {directory} does not exist; check --db, or create it first",
-            )
-    ensure_schema(db, may_migrate=settings.mode == "readwrite")
+    if path and not os.path.exists(path) and (read_only or not create):
+        raise StoreUnavailableError(
+            db.display_url,
+            "no database file there, and a dry run creates nothing; run it without "
+            "--dry-run to create it, or check --db or TUNECACHE_DB" if read_only and create
+            else "no database file there (nothing recorded yet?); check --db or TUNECACHE_DB",
+        )
+    problem = db.sqlite_path_problem("--db")  # a directory; a missing directory
+    if problem is not None:
+        raise StoreUnavailableError(db.display_url, problem)
+    ensure_schema(db, may_migrate=not readonly)
     return db
 
 
@@ -59,10 +62,10 @@ def refuse_readonly(db: Database, action: str) -> None:
 
 
 @contextlib.contextmanager
-def opened(settings: Settings, *, create: bool = False,
-           writes: str | None = None) -> Iterator[Database]:
+def opened(settings: Settings, *, create: bool = False, writes: str | None = None,
+           read_only: bool = False) -> Iterator[Database]:
     """:func:`open_database`, disposed of when the block ends."""
-    db = open_database(settings, create=create, writes=writes)
+    db = open_database(settings, create=create, writes=writes, read_only=read_only)
     try:
         yield db
     finally:
@@ -85,9 +88,13 @@ def open_source(settings: Settings, name: str = "SRC_DB") -> Iterator[Database]:
 
 def upgrade(settings: Settings) -> dict[str, Any]:
     """Run the migrations now (`tunecache upgrade`)."""
-    db = Database(settings.db_url, settings.lock_timeout)
+    db = Database(settings.db_url, settings.lock_timeout,
+                  own_directory=settings.owns_directory)
     if settings.mode == "readonly":
         raise ReadonlyModeError(db.display_url, "upgrade")
+    problem = db.sqlite_path_problem("--db")
+    if problem is not None:
+        raise StoreUnavailableError(db.display_url, problem)
     try:
         before = db.run(current_revision)
         ensure_schema(db, may_migrate=True)

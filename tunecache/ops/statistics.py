@@ -36,10 +36,12 @@ def graph_stats(db: Database) -> dict[str, Any]:
     by_torch: dict[Any, dict[str, Any]] = {}
     for g in groups:
         for table, name, value in ((by_kind, "kind", g["kind"]), (by_torch, "torch", g["torch"])):
-            row = table.setdefault(value, {name: value, "count": 0, "bytes": 0, "invalid": 0})
+            row = table.setdefault(value, {name: value, "count": 0, "bytes": 0, "invalid": 0,
+                                           "hits": 0})
             row["count"] += g["count"]
             row["bytes"] += g["bytes"]
             row["invalid"] += g["invalid"]
+            row["hits"] += g["hits"]
 
     def order(row: dict[str, Any]) -> tuple[int, str]:
         return (-row["bytes"], json.dumps(row, sort_keys=True, default=str))
@@ -50,6 +52,7 @@ def graph_stats(db: Database) -> dict[str, Any]:
         # Rows whose size no tunecache writes: counted here, summed nowhere; prune
         # --max-graph-bytes removes them first.
         "invalid": sum(g["invalid"] for g in groups),
+        "hits": sum(g["hits"] for g in groups),  # loads by jobs
         "by_kind": sorted(by_kind.values(), key=order),
         "by_torch": sorted(by_torch.values(), key=order),
         "groups": sorted(groups, key=order),

@@ -10,7 +10,9 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import socket
+import tempfile
 import time
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
 
@@ -50,6 +52,11 @@ _GRAPH_LINE_MAX = 4 * (MAX_PAYLOAD_BYTES // 3 + 1) + 4 * MAX_SIGNATURE_BYTES + 6
 CONFLICT_POLICIES = ("keep", "replace", "faster")
 ConflictPolicy = Literal["keep", "replace", "faster"]
 IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
+# An export's lines are spooled until the header, which counts only what was written, is
+# out: in memory up to this size, then in a temporary file.
+_SPOOL_BYTES = 16 * 1024 * 1024
+# The times of an entry an export line or a source database gives, kept by import/merge.
+_TIMES = ("created_at", "updated_at", "last_used_at")
 
 
 def _json_safe_timings(timings: Mapping[str, float]) -> dict[str, float | None]:
@@ -82,17 +89,32 @@ def export(
     n_graphs = store.count(where) if where is not None else 0
     if on_total:
         on_total(total + n_graphs)
-    header = {
-        "format": EXPORT_FORMAT,
-        "version": GRAPHS_EXPORT_VERSION if n_graphs else EXPORT_VERSION,
-        "tunecache": __version__,
-        "exported_at": time.time(),
-        "source": db.display_url,
-        "best_only": best_only,
-        "entries": total,
-        "graphs": n_graphs,
-    }
-    out.write(json.dumps(header, sort_keys=True) + "\n")
+    exported_at = time.time()
+    # The header counts what is written, known only at the end: the lines are spooled and
+    # the header goes out first all the same, so that the file still streams to a reader.
+    with tempfile.SpooledTemporaryFile(_SPOOL_BYTES, "w+", encoding="utf-8") as body:
+        report = _export_lines(db, body, store, where if n_graphs else None, best_only, env,
+                               progress)
+        header = {
+            "format": EXPORT_FORMAT,
+            "version": GRAPHS_EXPORT_VERSION if report["graphs"] else EXPORT_VERSION,
+            "tunecache": __version__,
+            "exported_at": exported_at,
+            "source": db.display_url,
+            "best_only": best_only,
+            "entries": report["exported"],
+            "graphs": report["graphs"],
+        }
+        out.write(json.dumps(header, sort_keys=True) + "\n")
+        body.seek(0)
+        shutil.copyfileobj(body, out)
+    return report
+
+
+def _export_lines(db: Database, out: TextIO, store: ArtifactStore, where: GraphFilter | None,
+                  best_only: bool, env: admin.EntryFilter | None,
+                  progress: Callable[[int], None]) -> dict[str, Any]:
+    """The lines of :func:`export` after its header, and its report."""
     written = 0
     skipped: list[dict[str, str]] = []
     for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
@@ -117,13 +139,14 @@ def export(
                 "tune_seconds": row.tune_seconds,
                 "created_at": row.created_at,
                 "updated_at": row.updated_at,
+                "last_used_at": row.last_used_at,
             }
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
                                  allow_nan=False) + "\n")
             written += 1
         progress(len(page))
     graphs_written = 0
-    for infos in store.infos(where) if n_graphs and where is not None else ():
+    for infos in store.infos(where) if where is not None else ():
         for info in infos:
             found = store.inspect(info.kind, info.key)
             if found is None:
@@ -158,6 +181,22 @@ class _Incoming:
     timings_json: str
     best: str
     tune_seconds: float | None
+    times: dict[str, float | None]
+
+
+def _times(record: Mapping[str, Any]) -> dict[str, float | None]:
+    """The entry's created/updated/last-used times as given (None where absent), each a
+    time no later than now: a time in the future would keep the entry from every
+    `prune --older-than`."""
+    now = time.time()
+    times: dict[str, float | None] = {}
+    for name in _TIMES:
+        value = record.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f'"{name}" is {value!r}, not a time (seconds since the epoch)')
+        times[name] = None if value is None else min(float(value), now)
+    return times
 
 
 def _validated(where: str, record: Any) -> _Incoming:
@@ -193,7 +232,8 @@ def _validated(where: str, record: Any) -> _Incoming:
     # winner, as the core publishes them.
     best = best_candidate(timings) or ""
     return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
-                     best, None if tune_seconds is None else float(tune_seconds))
+                     best, None if tune_seconds is None else float(tune_seconds),
+                     _times(record))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,7 +376,8 @@ def import_records(
                 row = existing.get(inc.key_hash)
                 if row is None:
                     inserts.append({**params, "p_key_json": inc.key_json,
-                                    **{f"p_{k}": v for k, v in inc.labels.items()}})
+                                    **{f"p_{k}": v for k, v in inc.labels.items()},
+                                    **{f"p_{k}": v for k, v in inc.times.items()}})
                     continue
                 if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
                     got["busy"] += 1
@@ -434,7 +475,8 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
             try:
                 record = {"key": stored_key(row.key_json), "key_hash": row.key_hash,
                           "timings": stored_timings(row.timings_json, row.key_hash),
-                          "tune_seconds": row.tune_seconds}
+                          "tune_seconds": row.tune_seconds,
+                          **{name: getattr(row, name) for name in _TIMES}}
             except InvalidEntryError as e:
                 yield where, ValueError(e.reason)
                 continue

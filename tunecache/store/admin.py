@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 from sqlalchemy import (
     Connection,
     ColumnElement,
+    Float,
     Integer,
     column,
     Select,
@@ -384,6 +385,7 @@ _EXPORT_COLUMNS = (
     entries.c.tune_seconds,
     entries.c.created_at,
     entries.c.updated_at,
+    entries.c.last_used_at,
 )
 
 
@@ -453,6 +455,11 @@ def insert_done(dialect: str, owner: str) -> Any:
         timings_json=bindparam("p_timings_json"),
         best=bindparam("p_best"),
         tune_seconds=bindparam("p_tune_seconds"),
+        # The source's times, where it gave them: an imported entry is as old, and was
+        # last used as long ago, as where it came from (prune --older-than reads them).
+        created_at=func.coalesce(bindparam("p_created_at", type_=Float), NOW),
+        updated_at=func.coalesce(bindparam("p_updated_at", type_=Float), NOW),
+        last_used_at=bindparam("p_last_used_at", type_=Float),
     )
 
 

@@ -29,11 +29,12 @@ import logging
 import math
 import os
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from filelock import Timeout
 from sqlalchemy import (
     Connection,
+    Float,
     and_,
     bindparam,
     case,
@@ -141,6 +142,7 @@ class ArtifactInfo:
     torch_version: str | None
     created_at: float | None
     last_used_at: float | None
+    hits: int | None = None  # loads recorded by jobs
 
     @property
     def last_use(self) -> float:
@@ -280,7 +282,8 @@ _REPLACE = (
 _REFERENCED = select(artifacts.c.digest).where(
     artifacts.c.digest.in_(bindparam("p_digests", expanding=True))).distinct()
 _INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, artifacts.c.size,
-                 artifacts.c.torch_version, artifacts.c.created_at, artifacts.c.last_used_at)
+                 artifacts.c.torch_version, artifacts.c.created_at, artifacts.c.last_used_at,
+                 artifacts.c.hits)
 _LAST_USE = func.coalesce(artifacts.c.last_used_at, artifacts.c.created_at)
 # _size in SQL (SQLite sorts text and blobs above every number, so they fall outside too;
 # a fraction is no whole number of bytes).
@@ -293,6 +296,9 @@ _STATS = select(
     func.coalesce(func.sum(case((_SIZE_VALID, 0), else_=1)), 0).label("invalid"),
     func.min(artifacts.c.created_at).label("oldest"),
     func.max(_LAST_USE).label("last_used"),
+    # A hostile count must not overflow SQLite's integer sum and break `stats` for good.
+    func.coalesce(func.sum(case((artifacts.c.hits.between(0, 1 << 40), artifacts.c.hits),
+                                else_=0)), 0).label("hits"),
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
 # A row is deleted by a prune only if it is still the one the prune read (same digest)
 # and no read has recorded a use since (a graph just used is not "least recently used").
@@ -308,6 +314,17 @@ _DELETE_IF_UNCHANGED = (
     .returning(artifacts.c.digest, artifacts.c.size)
 )
 _DELETE_BY_IDENTITY = delete(artifacts).where(_IDENTITY)
+# A job's loads of one graph, batched: the count added, the last use moved to the time of
+# the last load (never back: jobs flush in any order).
+_RECORD_USES = (
+    update(artifacts)
+    .where(_IDENTITY)
+    .values(hits=artifacts.c.hits + bindparam("p_n"),
+            last_used_at=case((or_(artifacts.c.last_used_at.is_(None),
+                                   artifacts.c.last_used_at < bindparam("p_at", type_=Float)),
+                               bindparam("p_at", type_=Float)),
+                              else_=artifacts.c.last_used_at))
+)
 _PAGE = 500
 
 
@@ -365,10 +382,11 @@ class ArtifactStore:
 
     # -- the job's side -------------------------------------------------------------------
 
-    def get(self, kind: str, key: str) -> Artifact | None:
+    def get(self, kind: str, key: str, *, touch: bool = True) -> Artifact | None:
         """The artifact, or None if absent or unreadable (one warning: a row or blob that
-        is not what was published). At most once an hour per artifact, a read records its
-        use (a short write, skipped on a readonly database)."""
+        is not what was published). With ``touch``, at most once an hour per artifact, a
+        read records its use (a short write, skipped on a readonly database); a job's
+        loads are counted instead (:meth:`record_uses`)."""
         if validate_identity(kind, key) is not None:
             return None  # nothing can be stored under it
         found, row = self._fetch(kind, key)
@@ -378,7 +396,7 @@ class ArtifactStore:
                                _clip(key, 40), found)
             return None
         last_used = _time(row.last_used_at)
-        if not self.db.readonly and (last_used is None
+        if touch and not self.db.readonly and (last_used is None
                                      or last_used < float(row.now) - TOUCH_SECONDS):
             self._touch({"p_kind": kind, "p_key": key})
         return found
@@ -439,6 +457,14 @@ class ArtifactStore:
         if isinstance(data, str):
             return data, row
         return Artifact(kind, key, digest, signature, data, torch_version, created_at), row
+
+    def record_uses(self, uses: Mapping[tuple[str, str], tuple[int, float]]) -> None:
+        """Add loads to graphs' counts: (kind, key) -> (loads, time of the last), in one
+        transaction. A graph pruned meanwhile is skipped."""
+        params = [{"p_kind": kind, "p_key": key, "p_n": n, "p_at": at}
+                  for (kind, key), (n, at) in sorted(uses.items())]
+        if params:
+            self.db.run(lambda c: c.execute(_RECORD_USES, params), write=True)
 
     def _touch(self, params: dict[str, Any]) -> None:
         try:
@@ -598,7 +624,8 @@ class ArtifactStore:
         return [{"kind": _text(r.kind) or _clip(r.kind), "torch": _text(r.torch_version),
                  "count": int(r.count), "bytes": _total(r.bytes),
                  "invalid": _total(r.invalid),
-                 "oldest_created_at": _time(r.oldest), "last_used_at": _time(r.last_used)}
+                 "oldest_created_at": _time(r.oldest), "last_used_at": _time(r.last_used),
+                 "hits": _total(r.hits)}
                 for r in rows]
 
     def infos(self, where: GraphFilter | None = None) -> Iterator[list[ArtifactInfo]]:
@@ -697,4 +724,4 @@ def _info(r: Any) -> ArtifactInfo:
         digest=_text(r.digest, 64) if isinstance(r.digest, str) and DIGEST.match(r.digest)
         else None,
         size=_size(r.size), torch_version=_text(r.torch_version, MAX_TORCH_CHARS),
-        created_at=_time(r.created_at), last_used_at=_time(r.last_used_at))
+        created_at=_time(r.created_at), last_used_at=_time(r.last_used_at), hits=_int(r.hits))

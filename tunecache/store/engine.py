@@ -97,8 +97,13 @@ def _redacted(url: str) -> str:
 class Database:
     """An engine per process for one URL, and transactions with bounded retry."""
 
-    def __init__(self, url: str, lock_timeout: float = 30.0, readonly: bool = False) -> None:
+    def __init__(self, url: str, lock_timeout: float = 30.0, readonly: bool = False,
+                 own_directory: bool = False) -> None:
         self.url = url
+        # A SQLite file's directory is created only when it is tunecache's own (the
+        # embedded default under the user's cache directory): any other missing directory
+        # is a typo, and creating it would fill a database nobody else reads.
+        self.own_directory = own_directory
         # Readonly is enforced by the database, not only by our code paths: SQLite opens
         # the file with mode=ro (never creating it), PostgreSQL sessions are read-only.
         self.readonly = readonly
@@ -120,6 +125,21 @@ class Database:
     def sqlite_path(self) -> str | None:
         return make_url(self.url).database if self.is_sqlite else None
 
+    def sqlite_path_problem(self, hint: str = "TUNECACHE_DB") -> str | None:
+        """Why the SQLite path cannot hold a database (a directory; a missing directory
+        that is not our own), in words; None if it can (or this is not SQLite). SQLite
+        itself only says "unable to open database file" or "disk I/O error"."""
+        path = self.sqlite_path
+        if not path:
+            return None
+        if os.path.isdir(path):
+            return (f"this is a directory, not a database file; name a file in it, e.g. "
+                    f"{os.path.join(path, 'tunecache.db')}")
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory) and not (self.own_directory and not self.readonly):
+            return f"directory {directory} does not exist; check {hint}, or create it first"
+        return None
+
     @property
     def engine(self) -> Engine:
         pid = os.getpid()
@@ -138,7 +158,10 @@ class Database:
     def _create_engine(self) -> Engine:
         if self.is_sqlite:
             path = self.sqlite_path or ""
-            if not self.readonly:
+            problem = self.sqlite_path_problem()
+            if problem is not None:
+                raise StoreUnavailableError(self.display_url, problem)
+            if self.own_directory and not self.readonly:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             # A small pool: reopening the file (and re-running the PRAGMAs) for every
             # transaction costs more than the transaction. Forks get a fresh engine.

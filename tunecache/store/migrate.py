@@ -42,7 +42,11 @@ _ASSIGNMENT = re.compile(r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(?:[\"']([
 def _script_location() -> str:
     # Installed (wheel or editable): migrations/ is the package tunecache._migrations.
     # Run from a source tree on PYTHONPATH without installing (as on the GPU machines):
-    # it is the migrations/ folder beside the package.
+    # it is the migrations/ folder beside the package, first even where another tree is
+    # installed editable, whose migrations would not match this tree's schema.
+    tree = Path(__file__).resolve().parents[2]
+    if (tree / "pyproject.toml").is_file() and (tree / "migrations" / "versions").is_dir():
+        return str(tree / "migrations")
     spec = importlib.util.find_spec("tunecache._migrations")
     if spec is not None and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)[0]

@@ -98,9 +98,11 @@ artifacts = Table(
     Column("size", BigInteger, nullable=False),
     Column("torch_version", String(256)),
     Column("created_at", Float, nullable=False),
-    # Set on publish, then at most once an hour by reads, so reads stay reads.
+    # Set on publish; then a job's loads are counted in memory and written with its usage
+    # counters (hits added, last_used_at the time of the last load), so reads stay reads.
     Column("last_used_at", Float),
     Column("payload", LargeBinary),
+    Column("hits", Integer, nullable=False, server_default="0"),
     PrimaryKeyConstraint("kind", "cache_key", name="pk_tunecache_artifacts"),
     # Whether a blob is still referenced, when a prune deletes rows.
     Index("ix_tunecache_artifacts_digest", "digest"),

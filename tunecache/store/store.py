@@ -277,7 +277,8 @@ def insert_if_absent(dialect: str, **values: Any) -> Any:
         "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version")}
     return (
         insert(entries)
-        .values(**identity, token=1, created_at=_NOW, updated_at=_NOW, hits=0, **values)
+        .values(**{**identity, "token": 1, "created_at": _NOW, "updated_at": _NOW, "hits": 0,
+                   **values})
         .on_conflict_do_nothing(index_elements=["key_hash"])
         .returning(entries.c.token)
     )

@@ -34,6 +34,16 @@ class WarmTask:
                 "seen_in": self.seen_in}
 
 
+# What warm needs each field of a recorded key for, for the reason a key without it is skipped.
+_FIELD_USE = {"op": "the operation warm rebuilds",
+              "inputs": "the shapes warm needs to rebuild the call"}
+
+
+def _missing_field_reason(field: str) -> str:
+    use = _FIELD_USE.get(field)
+    return f'the recorded key has no "{field}"' + (f" ({use})" if use else "")
+
+
 def select_tasks(
     db: Database,
     ops: Sequence[str] | None = None,
@@ -71,7 +81,12 @@ def select_tasks(
                     continue  # a top-up entry of a base key that is warmed anyway
                 task_env = {k: str(v) for k, v in (key.get("env") or {}).items()}
                 task = WarmTask(op, inputs, str(key.get("precision", "highest")), task_env)
-            except (ValueError, KeyError, TypeError) as e:
+            except KeyError as e:
+                # str(KeyError) is the bare quoted name; say what is missing instead.
+                skipped.append({"key_hash": row.key_hash, "op": op,
+                                "reason": _missing_field_reason(str(e.args[0]))})
+                continue
+            except (ValueError, TypeError) as e:
                 skipped.append({"key_hash": row.key_hash, "op": op, "reason": str(e)})
                 continue
             got = tasks.setdefault(task.ident, task)
