@@ -297,7 +297,7 @@ _STATS = select(
     func.min(artifacts.c.created_at).label("oldest"),
     func.max(_LAST_USE).label("last_used"),
     # A hostile count must not overflow SQLite's integer sum and break `stats` for good.
-    func.coalesce(func.sum(case((artifacts.c.hits.between(0, 1 << 40), artifacts.c.hits),
+    func.coalesce(func.sum(case((artifacts.c.hits.between(0, 2**31 - 1), artifacts.c.hits),
                                 else_=0)), 0).label("hits"),
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
 # A row is deleted by a prune only if it is still the one the prune read (same digest)
