@@ -177,3 +177,22 @@ def test_import_skips_graph_lines_with_nul_or_lone_surrogates_and_keeps_the_rest
     assert [line.split(": ", 2)[1] for line in result.stderr.splitlines()[:3]] == [
         "line 3", "line 4", "line 5"]
     assert sorted(r["key"] for r in run_json("ls", "--graphs", "--db", db_url)) == ["a", "e"]
+
+
+def test_stats_survives_load_counts_no_job_could_have_recorded(db_url):
+    # SQLite stores any integer a writer gives it: two counts near 2^63 overflowed its sum
+    # and `stats` failed for good. PostgreSQL's column is 32-bit, so there the largest it
+    # holds stands in.
+    huge = 2**63 - 1 if db_url.startswith("sqlite") else 2**31 - 1
+    _graphs(db_url, 1000, 1000, 1000, 1000)
+    db = _db(db_url)
+    for key, hits in (("g0", 5), ("g1", huge), ("g2", huge), ("g3", -7)):
+        db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == key)
+                                   .values(hits=hits)), write=True)
+    db.dispose()
+    for _ in range(2):
+        result = run("stats", "--db", db_url)
+        assert result.exit_code == 0, result.output
+    graphs = run_json("stats", "--db", db_url)["graphs"]
+    assert graphs["count"] == 4
+    assert graphs["hits"] == (5 if db_url.startswith("sqlite") else 5 + 2 * huge)
