@@ -193,6 +193,11 @@ def child(args: argparse.Namespace) -> int:
     report["triton"] = {k: v for k, v in tc_inductor.triton_stats.as_dict().items()
                         if k in ("lookups", "hits", "misses", "invalid", "stored_config_failed",
                                  "puts", "published", "adopted", "coordesc_restored")}
+    from torch._dynamo.utils import counters  # Inductor's own cache counters, reported with every run
+
+    report["inductor_counters"] = {
+        group: {k: v for k, v in counters[group].items() if "cache" in k}
+        for group in ("inductor", "aot_autograd")}
     report["warnings"] = warnings
     report["finished"] = True
     Path(args.child).write_text(json.dumps(report))
