@@ -327,6 +327,7 @@ def summarize(case: str, expect: str, job: dict[str, Any]) -> dict[str, Any]:
         "finished": bool(job.get("finished")), "returncode": job.get("returncode"),
         "matches_eager": job.get("matches_eager"), "max_abs_error": job.get("max_abs_error"),
         "warnings": warnings, "n_warnings": len(warnings), "triton": triton,
+        "inductor_counters": job.get("inductor_counters"),
         "wall_seconds": job.get("wall_seconds"),
         **({"stderr_tail": job["stderr_tail"]} if "stderr_tail" in job else {}),
     }
