@@ -196,3 +196,22 @@ def test_stats_survives_load_counts_no_job_could_have_recorded(db_url):
     graphs = run_json("stats", "--db", db_url)["graphs"]
     assert graphs["count"] == 4
     assert graphs["hits"] == (5 if db_url.startswith("sqlite") else 5 + 2 * huge)
+
+
+def test_text_that_is_not_utf8_does_not_stop_the_operator_commands(sqlite_url):
+    # SQLite stores whatever bytes a writer casts to text; decoding them strictly made
+    # `stats`, `ls` and `prune` stop at the one row that a prune should remove.
+    key = gemm_key("mm", 0)
+    populate(sqlite_url, [key, gemm_key("mm", 1)])
+    db = _db(sqlite_url)
+    db.run(lambda c: c.exec_driver_sql(
+        "UPDATE tunecache_entries SET triton_version = CAST(x'fffe41' AS TEXT), "
+        "best = CAST(x'c3' AS TEXT) WHERE key_hash = ?", (key_hash(key)[0],)), write=True)
+    db.dispose()
+    for args in (["stats"], ["ls"], ["prune", "--invalid", "--dry-run"]):
+        result = run(*args, "--db", sqlite_url)
+        assert result.exit_code == 0, (args, result.output)
+        _assert_clean(result.stdout)
+    assert {r["triton"] for r in run_json("ls", "--db", sqlite_url)} >= {"\ufffd\ufffdA"}
+    assert run_json("prune", "--db", sqlite_url, "--older-than", "0s")["deleted"] == 2
+    assert run_json("ls", "--db", sqlite_url) == []

@@ -375,8 +375,16 @@ class _IdleCloser:
             del engine
 
 
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
     # isolation_level=None (set in connect_args) stops pysqlite from emitting BEGIN itself.
+    # SQLite keeps whatever bytes a writer cast to text; a strict decode would make every
+    # read of a table fail at one such row, prunes included. Replaced characters leave the
+    # row readable, and the validation of keys and timings refuses it as it would any other.
+    dbapi_connection.text_factory = _decode_text
     cur = dbapi_connection.cursor()
     try:
         # Rollback-journal modes are per connection (only WAL persists in the file), so
