@@ -54,11 +54,8 @@ def _row(url: str, key: dict):
     return row
 
 
-def _wait_for(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+def _wait_for(path: Path, timeout: float = 120) -> None:
+    procs.wait_until(path.exists, f"{path} appearing", timeout)
 
 
 @pytest.mark.slow
