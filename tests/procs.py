@@ -31,6 +31,14 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 120)
         time.sleep(0.02)
 
 
+def file_barrier(directory: Path, name: object, parties: int, timeout: float = 300) -> None:
+    """Mark ``directory``/ready-<name>, then wait until all ``parties`` have: processes
+    that start together, like ranks after a barrier, however long each took to get here."""
+    (directory / f"ready-{name}").touch()
+    wait_until(lambda: len(list(directory.glob("ready-*"))) >= parties,
+               f"{parties} processes at the barrier in {directory}", timeout)
+
+
 def after_reads(cache: tunecache.TuneCache, n: int) -> threading.Event:
     """Set once the calling thread has read the entries table ``n`` more times through
     ``cache``'s engine. A waiter only reads while it waits, so its first read after a step
