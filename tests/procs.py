@@ -70,7 +70,12 @@ def timings_for(key: dict[str, Any]) -> dict[str, float]:
 
 def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: Any) -> None:
     """All processes ask for the same keys at once; report what each tuned."""
-    cache = tunecache.open(url, lease_seconds=10)
+    warnings = _Warnings()
+    logging.getLogger("tunecache").addHandler(warnings)
+    # No owner dies here, so a long lease costs nothing, and its lock timeout (half of it)
+    # outlasts the write-lock waits of 16 processes on a loaded 2-core machine: at a 10 s
+    # lease (5 s), some processes gave up on the store and tuned every key locally.
+    cache = tunecache.open(url, lease_seconds=60)
     tuned_here: list[int] = []
     claims_held: list[int] = []
     mine = entries.c.owner.like(f"%:{os.getpid()}:%")
@@ -91,6 +96,7 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
         "claims_held": claims_held,
         "sources": [r.source for r in results],
         "results": [(r.key_hash, r.best, sorted(r.timings.items())) for r in results],
+        "warnings": warnings.messages,
     })
     cache.close()
 

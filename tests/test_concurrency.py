@@ -63,6 +63,7 @@ def test_16_processes_200_keys_each_key_tuned_once_and_all_agree(db_url):
     n_procs, n_keys = 16, 200
     reports = _gather(procs.share_keys, n_procs, (db_url, n_keys, 0.1))
 
+    assert [m for r in reports for m in r["warnings"]] == []  # no fallback to local tuning
     tuned = [i for r in reports for i in r["tuned"]]
     assert sorted(tuned) == list(range(n_keys)), "every key tuned exactly once"
     assert all(r["results"] == reports[0]["results"] for r in reports), "same results everywhere"
