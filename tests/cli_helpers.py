@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Iterable
 
 from click.testing import CliRunner, Result
@@ -51,12 +50,16 @@ def claim_key(url: str, key: dict[str, Any], lease_seconds: float, owner: str = 
     """Leave a claim on ``key``, as a tuning (or dead, if the lease is tiny) process does."""
     from tunecache.keys import Key
 
+    import procs
+
+    k = Key.of(key)
     with tunecache.open(url) as cache:
         cache.lookup(key)  # creates the schema
-        cache.store.step(publish=[], candidates=[Key.of(key)], limit=1,
+        cache.store.step(publish=[], candidates=[k], limit=1,
                          owner=owner, lease_seconds=lease_seconds, max_attempts=3)
-    if lease_seconds < 1:
-        time.sleep(lease_seconds + 0.05)
+        if lease_seconds < 1:  # dead: wait until the database says its lease has passed
+            procs.wait_until(lambda: cache.store.read([k.hash])[k.hash].lease_expired,
+                             "the claim's lease passing")
 
 
 def run(*args: str, input: str | None = None) -> Result:

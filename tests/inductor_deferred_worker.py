@@ -1,6 +1,6 @@
 """One process compiling a "graph" of deferred GEMMs (fake kernels, real Inductor objects).
 
-``python tests/inductor_deferred_worker.py --keys k1,k2 --out r.json --start-at EPOCH``:
+``python tests/inductor_deferred_worker.py --keys k1,k2 --out r.json --barrier DIR --parties N``:
 each key becomes a MultiTemplateBuffer with two candidates; the scheduler's pre-fusion
 pass (ours) claims and tunes, then every buffer is asked for its timings. Benchmarks
 sleep ``--delay`` seconds so that concurrent processes interleave their claims.
@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--barrier", default=None)  # a directory, with --parties
+    parser.add_argument("--parties", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.5)
     args = parser.parse_args()
 
@@ -40,8 +41,10 @@ def main() -> int:
         )
         for k in args.keys.split(",")
     ]
-    if args.start_at:
-        time.sleep(max(0.0, args.start_at - time.time()))
+    if args.barrier:
+        import procs  # beside this script
+
+        procs.file_barrier(Path(args.barrier), os.getpid(), args.parties)
     timings = fakes.run_scheduler(nodes)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(

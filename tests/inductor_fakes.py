@@ -38,7 +38,7 @@ def fake_benchmark(
     def benchmark(choices: list[Any]) -> dict[Any, float]:
         log.append([c.name for c in choices])
         if delay:
-            time.sleep(delay)
+            time.sleep(delay)  # a benchmark that takes time: the behaviour, not a wait
         return {c: times.get(c.name, 1.0) for c in choices}
 
     return benchmark

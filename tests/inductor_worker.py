@@ -6,7 +6,8 @@ GEMMs with real max-autotune on CPU (bmm: ATen vs the C++ bmm template; frozen
 nn.Linear: mkl packed_linear vs the C++ GEMM template, which needs
 ``config.freezing=True``), and writes what tunecache did plus the outputs as JSON.
 
-``--start-at EPOCH`` makes concurrent workers begin compiling at the same moment.
+``--barrier DIR --parties N`` makes N concurrent workers begin compiling together, once
+all are ready (imports done).
 ``--fake-torch-version V`` pretends to be another torch build (fingerprint change).
 ``--activation autoload`` activates through the torch.backends entry point function
 instead of calling tunecache.inductor.enable().
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 # The FX graph and AOTAutograd caches would skip lowering (and so every lookup) on a hit;
 # each process also gets its own TORCHINDUCTOR_CACHE_DIR from the caller.
@@ -30,7 +32,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", default="bmm,linear")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--barrier", default=None)  # a directory, with --parties
+    parser.add_argument("--parties", type=int, default=0)
     parser.add_argument("--fake-torch-version", default=None)
     parser.add_argument("--activation", choices=["enable", "autoload", "none"], default="enable")
     args = parser.parse_args()
@@ -54,8 +57,10 @@ def main() -> int:
     if args.activation == "enable":
         tc_inductor.enable()
 
-    if args.start_at:
-        time.sleep(max(0.0, args.start_at - time.time()))
+    if args.barrier:
+        import procs  # beside this script
+
+        procs.file_barrier(Path(args.barrier), os.getpid(), args.parties)
 
     torch.manual_seed(0)
     outputs: dict[str, list] = {}

@@ -1,21 +1,61 @@
-"""Process bodies for the multi-process tests (module-level, so any start method works).
+"""Process bodies for the multi-process tests (module-level, so any start method works),
+and the helpers that synchronise a test with them.
 
 Each reports through a queue as a plain dict; each builds its own TuneCache after the fork.
+Nothing here synchronises by sleeping: a process waits for a file, a row or a statement
+that another one produces, with a bound that only guards against a hang.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 import tunecache
 from tunecache.store import Claim
 from tunecache.store.schema import entries
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 120) -> None:
+    """Poll ``predicate`` until it holds: for state another process or thread changes (a
+    file, a row). ``timeout`` only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g}s"
+        time.sleep(0.02)
+
+
+def file_barrier(directory: Path, name: object, parties: int, timeout: float = 300) -> None:
+    """Mark ``directory``/ready-<name>, then wait until all ``parties`` have: processes
+    that start together, like ranks after a barrier, however long each took to get here."""
+    (directory / f"ready-{name}").touch()
+    wait_until(lambda: len(list(directory.glob("ready-*"))) >= parties,
+               f"{parties} processes at the barrier in {directory}", timeout)
+
+
+def after_reads(cache: tunecache.TuneCache, n: int) -> threading.Event:
+    """Set once the calling thread has read the entries table ``n`` more times through
+    ``cache``'s engine. A waiter only reads while it waits, so its first read after a step
+    saw a peer's claim live, and a second one means it is waiting on it: how a test makes a
+    peer publish during a wait rather than after a sleep of a guessed length. (A listener
+    on SQLAlchemy's public events; the product has no hook for this.)"""
+    done, thread, seen = threading.Event(), threading.get_ident(), [0]
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if (threading.get_ident() == thread and "tunecache_entries" in statement
+                and statement.lstrip().upper().startswith("SELECT")):
+            seen[0] += 1
+            if seen[0] >= n:
+                done.set()
+
+    event.listen(cache.store.db.engine, "after_cursor_execute", count)
+    return done
 
 
 def keys(n: int, **extra: Any) -> list[dict[str, Any]]:
@@ -30,7 +70,12 @@ def timings_for(key: dict[str, Any]) -> dict[str, float]:
 
 def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: Any) -> None:
     """All processes ask for the same keys at once; report what each tuned."""
-    cache = tunecache.open(url, lease_seconds=10)
+    warnings = _Warnings()
+    logging.getLogger("tunecache").addHandler(warnings)
+    # No owner dies here, so a long lease costs nothing, and its lock timeout (half of it)
+    # outlasts the write-lock waits of 16 processes on a loaded 2-core machine: at a 10 s
+    # lease (5 s), some processes gave up on the store and tuned every key locally.
+    cache = tunecache.open(url, lease_seconds=60)
     tuned_here: list[int] = []
     claims_held: list[int] = []
     mine = entries.c.owner.like(f"%:{os.getpid()}:%")
@@ -39,7 +84,7 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
         tuned_here.append(key["i"])
         held = select(func.count()).where(mine, entries.c.state == "claimed")
         claims_held.append(cache.store.db.run(lambda conn: conn.execute(held).scalar_one()))
-        time.sleep(tune_seconds)
+        time.sleep(tune_seconds)  # a tuner that takes time: the behaviour, not a wait
         return timings_for(key)
 
     cache.lookup({"warm": "up"})  # connect and migrate before the race starts
@@ -51,6 +96,7 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
         "claims_held": claims_held,
         "sources": [r.source for r in results],
         "results": [(r.key_hash, r.best, sorted(r.timings.items())) for r in results],
+        "warnings": warnings.messages,
     })
     cache.close()
 
@@ -61,8 +107,8 @@ def hold_claim_forever(url: str, lease: float, ready: Path) -> None:
 
     def tune() -> dict[str, float]:
         ready.write_text(str(os.getpid()))
-        while True:
-            time.sleep(1)
+        threading.Event().wait()  # forever
+        raise AssertionError("unreachable")
 
     cache.get_or_tune({"kind": "test", "op": "mm", "i": 0}, tune)
 
@@ -74,8 +120,7 @@ def publish_after_stop(url: str, lease: float, ready: Path, go: Path, queue: Any
 
     def tune() -> dict[str, float]:
         ready.write_text(str(os.getpid()))
-        while not go.exists():
-            time.sleep(0.05)
+        wait_until(go.exists, "the test's go-ahead")
         return {"stale_owner_kernel": 0.5}
 
     result = cache.get_or_tune({"kind": "test", "op": "mm", "i": 0}, tune)
@@ -129,7 +174,7 @@ def cheap_then_slow_keys(url: str, lease: float, n_cheap: int, n_slow: int, slow
     def tune(key: dict[str, Any]) -> dict[str, float]:
         tuned_here.append(key["i"])
         if key["i"] >= n_cheap:
-            time.sleep(slow_seconds)
+            time.sleep(slow_seconds)  # a slow tune outlasting the lease: the behaviour
         return timings_for(key)
 
     cache.lookup({"warm": "up"})
@@ -144,17 +189,14 @@ def cheap_then_slow_keys(url: str, lease: float, n_cheap: int, n_slow: int, slow
     cache.close()
 
 
-def publish_once_key_is_done(url: str, mine: dict[str, Any], other: dict[str, Any],
-                             ready: Path) -> None:
-    """Claim ``mine`` and publish it only after a peer has published ``other``."""
-    cache = tunecache.open(url)
+def publish_when_told(url: str, mine: dict[str, Any], ready: Path, go: Path) -> None:
+    """Claim ``mine``, mark ``ready``, and publish it once ``go`` appears."""
+    cache = tunecache.open(url, lease_seconds=600)  # live until we publish, however slow
     claim = cache.claim(mine)
     assert isinstance(claim, Claim), claim
     ready.write_text(str(os.getpid()))
-    while cache.lookup(other) is None:
-        time.sleep(0.05)
-    time.sleep(0.2)  # the peer is waiting by now, whatever its clock said
-    cache.publish(claim, {"peer_kernel": 0.5})
+    wait_until(go.exists, "the test's go-ahead")
+    assert cache.publish(claim, {"peer_kernel": 0.5}) is not None
     cache.close()
 
 
@@ -167,8 +209,7 @@ def owner_tunes_until(url: str, lease: float, key: dict[str, Any], started: Path
 
     def tune() -> dict[str, float]:
         started.write_text(str(os.getpid()))
-        while not go.exists():
-            time.sleep(0.02)
+        wait_until(go.exists, "the test's go-ahead")
         return {"owner_kernel": 0.5}
 
     result = cache.get_or_tune(key, tune)

@@ -100,22 +100,31 @@ def test_step_that_publishes_and_claims_never_deadlocks_with_a_peer_that_read_be
 
 def test_wait_timeout_counts_from_when_waiting_starts_not_from_the_call(db_url, tmp_path):
     mine, theirs = {"kind": "test", "i": "mine"}, {"kind": "test", "i": "theirs"}
-    ready = tmp_path / "ready"
-    peer = ctx.Process(target=procs.publish_once_key_is_done,
-                       args=(db_url, theirs, mine, ready))
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    peer = ctx.Process(target=procs.publish_when_told, args=(db_url, theirs, ready, go))
     peer.start()
-    _wait_for(ready)
-    wait_timeout = 4.0
+    try:
+        _wait_for(ready)
+        wait_timeout = 4.0
+        with tunecache.open(db_url, wait_timeout=wait_timeout) as cache:
 
-    def tune(key: dict) -> dict[str, float]:
-        assert key == mine, "the peer's key is the peer's to tune"
-        time.sleep(wait_timeout + 0.5)  # our own share outlasts the wait timeout
-        return {"my_kernel": 1.0}
+            def tune(key: dict) -> dict[str, float]:
+                assert key == mine, "the peer's key is the peer's to tune"
+                # The behaviour under test, not a wait: our own share outlasts the wait
+                # timeout.
+                time.sleep(wait_timeout + 0.5)
+                # The peer publishes once we have read its key twice after this tune: a
+                # wait timed from the call gives up at the first read, and tunes it here.
+                waiting = procs.after_reads(cache, 2)
+                threading.Thread(target=lambda: waiting.wait(120) and go.write_text("go"),
+                                 daemon=True).start()
+                return {"my_kernel": 1.0}
 
-    with tunecache.open(db_url, wait_timeout=wait_timeout) as cache:
-        results = cache.get_or_tune_many([mine, theirs], tune)
-    peer.join(timeout=60)
-    assert peer.exitcode == 0
+            results = cache.get_or_tune_many([mine, theirs], tune)
+        peer.join(timeout=60)
+        assert peer.exitcode == 0
+    finally:
+        peer.kill()
     assert [(r.source, r.best) for r in results] == [("tuned", "my_kernel"),
                                                      ("peer", "peer_kernel")]
 
@@ -149,11 +158,7 @@ def _lease_reader(url: str, key: dict):
     return lambda: db.run(lambda c: c.execute(query).scalar())
 
 
-def _wait_until(predicate, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
+_wait_until = procs.wait_until
 
 
 def test_renewal_in_flight_while_the_owner_publishes_reports_no_lost_claim(pg_url, caplog):
@@ -232,6 +237,9 @@ def test_write_stall_within_the_lock_timeout_never_costs_a_live_owner_its_claim(
     for _ in range(3):
         renewed_at = lease_of()
         _wait_until(lambda: lease_of() != renewed_at, "a renewal")
+        # The stall is the behaviour under test, not a wait: timed from an observed
+        # renewal, it starts about when the next one is due (a later start only makes it
+        # easier) and holds the write lock for 90% of the lock timeout.
         time.sleep(lease / 3 - 0.1)
         holder = sqlite3.connect(path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")

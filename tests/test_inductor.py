@@ -118,9 +118,10 @@ def cold(tmp_path_factory) -> dict[str, Any]:
     """Two processes compile bmm + frozen Linear together on an empty database."""
     tmp = tmp_path_factory.mktemp("cold")
     db = tmp / "tune.db"
-    start_at = str(time.time() + 12)  # both are importing torch by then
-    a = _start(tmp, "a", str(db), "--start-at", start_at)
-    b = _start(tmp, "b", str(db), "--start-at", start_at)
+    barrier = ("--barrier", str(tmp / "barrier"), "--parties", "2")  # start together
+    (tmp / "barrier").mkdir()
+    a = _start(tmp, "a", str(db), *barrier)
+    b = _start(tmp, "b", str(db), *barrier)
     return {"tmp": tmp, "db": db, "runs": [_finish(tmp, "a", *a), _finish(tmp, "b", *b)]}
 
 
@@ -680,7 +681,8 @@ def test_key_carries_fingerprint_op_inputs_precision_and_hint():
 
 
 def _deferred(tmp: Path, db: Path, graphs: dict[str, str]) -> dict[str, dict[str, Any]]:
-    start_at = str(time.time() + 8)
+    barrier = tmp / "barrier"  # the ranks start together
+    barrier.mkdir()
     procs = {}
     for name, keys in graphs.items():
         out = tmp / f"{name}.json"
@@ -688,7 +690,8 @@ def _deferred(tmp: Path, db: Path, graphs: dict[str, str]) -> dict[str, dict[str
         procs[name] = (
             subprocess.Popen(
                 [sys.executable, str(TESTS / "inductor_deferred_worker.py"), "--keys", keys,
-                 "--out", str(out), "--start-at", start_at],
+                 "--out", str(out), "--barrier", str(barrier),
+                 "--parties", str(len(graphs))],
                 env=_env(tmp, str(db)), stdout=log, stderr=subprocess.STDOUT,
             ),
             out,

@@ -18,6 +18,7 @@ import time
 from typing import Iterator
 
 import pytest
+from sqlalchemy import event
 
 import tunecache
 
@@ -78,12 +79,25 @@ def test_server_restart_within_the_lock_timeout_is_waited_out_not_a_fallback(ser
     try:
         assert cache.get_or_tune({"k": 1}, tune=lambda: {"a": 1.0}).source == "tuned"
         server.pg_ctl("-m", "fast", "stop")
-        back = threading.Timer(2.0, server.pg_ctl, args=("start",))
+        # The server comes back once the cache has been refused and has tried again, so it
+        # is waiting the restart out (a timer could fire before the call even began).
+        attempts: list[int] = []
+        retried = threading.Event()
+
+        def attempt(*_args: object) -> None:
+            attempts.append(1)
+            if len(attempts) >= 2:
+                retried.set()
+
+        event.listen(cache.store.db.engine, "do_connect", attempt)
+        back = threading.Thread(target=lambda: (retried.wait(120), server.pg_ctl("start")))
         back.start()
         try:
             second = cache.get_or_tune({"k": 2}, tune=lambda: {"a": 2.0})
         finally:
+            retried.set()
             back.join()
+        assert len(attempts) >= 2, attempts  # the first refused (the server was down), retried
         assert second.source == "tuned", caplog.text
         assert cache.disabled_reason is None
         assert cache.lookup({"k": 2}) is not None

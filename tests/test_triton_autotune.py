@@ -33,6 +33,7 @@ from torch._inductor import remote_cache as rc  # noqa: E402
 from torch._inductor.runtime import autotune_cache as ac  # noqa: E402
 from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
 
+import procs  # noqa: E402
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
@@ -102,11 +103,13 @@ def test_core_claim_publish_take_over_and_wait(db_url):
     db = db_url
     key = {"kind": "triton_config", "op": "k", "kernel": "x"}
     with tunecache.open(db) as a, tunecache.open(db) as b:
+        live = {**key, "kernel": "live"}
+        assert isinstance(a.claim(live, lease_seconds=600), Claim)
+        assert b.claim(live, wait=0.0) is None  # a live claim, and we would not wait
         first = a.claim(key, lease_seconds=0.5)
         assert first is not None and not isinstance(first, tunecache.Result)
-        assert b.claim(key, wait=0.0) is None  # a live claim, and we would not wait
-        time.sleep(0.6)
-        second = b.claim(key, wait=0.0)  # the lease passed: taken over
+        # Waits for the lease to pass (the wait only bounds a hang), then takes over.
+        second = b.claim(key, wait=60.0)
         assert second is not None and not isinstance(second, tunecache.Result)
         assert a.publish(first, {"late": 1.0}) is None  # fenced off
         assert b.publish(second, {"won": 2.0}).source == "tuned"
@@ -115,8 +118,9 @@ def test_core_claim_publish_take_over_and_wait(db_url):
 
         other = {**key, "kernel": "y"}
         claim = a.claim(other, lease_seconds=30)
-        threading.Timer(0.3, a.publish, (claim, {"c": 3.0})).start()
-        waited = b.claim(other, wait=10.0)
+        peer = _publish_while_waiting(b, lambda: a.publish(claim, {"c": 3.0}))
+        waited = b.claim(other, wait=60.0)
+        peer.join(60)
         assert waited.source == "peer" and waited.timings == {"c": 3.0}
     with tunecache.open(db, mode="readonly") as ro:
         assert ro.claim({**key, "kernel": "z"}) is None
@@ -491,16 +495,21 @@ def test_a_kernel_a_peer_tuned_first_adopts_its_config_without_tuning(coordesc):
 def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
         coordesc, monkeypatch):
     monkeypatch.setattr(tc_coordesc, "DEFERRED_CHECK_SECONDS", 0.05)
+    # The check interval runs on a clock this test moves, so "0.05 s later" holds on a
+    # loaded machine too (the lease and the database keep real time).
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(tc_coordesc, "time", SimpleNamespace(monotonic=lambda: clock.now))
     k, launcher, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
     assert first_run(k, launcher) is launcher  # launched with autotune_to_one_config's pick
     assert not getattr(launcher.config, "found_by_coordesc", False)  # run() comes back
     assert k._cache_eligible is False  # and 2.13's fast path does not skip that
-    time.sleep(0.06)
+    clock.now += 0.06
     assert first_run(k, launcher) is launcher  # the peer is still tuning: no waiting
     publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
-    assert first_run(k, launcher) is launcher  # looked 0.05 s ago: not again yet
-    time.sleep(0.06)
+    clock.now += 0.04
+    assert first_run(k, launcher) is launcher  # looked 0.04 s ago: not again yet
+    clock.now += 0.02
     adopted = first_run(k, launcher)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert k._cache_eligible is True and coordesc.tuned == []
@@ -522,21 +531,32 @@ def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkey
     monkeypatch.setattr(REGISTRY.fusion_local, "benchmarking", True, raising=False)
     adopted = _first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
-    assert tc_inductor.triton_stats.deferred == 0
-    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+    assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
+    assert tc_inductor.triton_stats.peer_wait_seconds > 0
+
+
+def _publish_while_waiting(cache: TuneCache, publish: Callable[[], object],
+                           reads: int = 2) -> threading.Thread:
+    """Run a peer's ``publish`` once this thread has read the key ``reads`` times through
+    ``cache``: it has seen the peer's claim and is waiting on it. (A timer could fire
+    before the wait began on a loaded machine, and the key would be a plain hit.)"""
+    waiting = procs.after_reads(cache, reads)
+    thread = threading.Thread(target=lambda: waiting.wait(120) and publish(), daemon=True)
+    thread.start()
+    return thread
 
 
 def _first_run_while_the_peer_tunes(coordesc: Any) -> Any:
-    """A kernel's first run while the peer holds its claim and publishes 0.5 s later."""
+    """A kernel's first run while the peer holds its claim and publishes during its wait."""
     k, launcher, key = coordesc.kernel(0)
     claim = coordesc.peer.claim(key)
-    peer = threading.Timer(0.5, publish_as_peer,
-                           (coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)))
-    peer.start()
+    # Three reads: the lookup, the claim's, and one while waiting.
+    peer = _publish_while_waiting(coordesc.cache, lambda: publish_as_peer(
+        coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256)), reads=3)
     try:
         return first_run(k, launcher)
     finally:
-        peer.join()
+        peer.join(60)
 
 
 def _one_config(kernel: Any) -> Any:
@@ -657,17 +677,17 @@ def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
 
 
 def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc, monkeypatch):
-    monkeypatch.setattr(tc_coordesc, "DEFERRED_CHECK_SECONDS", 0.01)
+    monkeypatch.setattr(tc_coordesc, "DEFERRED_CHECK_SECONDS", 0.0)  # every run looks
     k, launcher, key = coordesc.kernel(0)
-    coordesc.peer.claim(key, lease_seconds=1.0)  # and never publishes
-    t0 = time.monotonic()
-    runs = 0
-    while not getattr(launcher.config, "found_by_coordesc", False):
-        assert time.monotonic() - t0 < 30
-        launcher = first_run(k, launcher)  # untuned until the lease passes
-        runs += 1
-        time.sleep(0.02)
-    assert runs > 10 and 0.8 < time.monotonic() - t0 < 30
+    # Never published. The first run follows at once: 2 s is a wide margin for it.
+    claim = coordesc.peer.claim(key, lease_seconds=2.0)
+    launcher = first_run(k, launcher)
+    assert not getattr(launcher.config, "found_by_coordesc", False)  # the lease is live
+    assert coordesc.tuned == [] and tc_inductor.triton_stats.deferred == 1
+    row = lambda: coordesc.peer.store.read([claim.key_hash])[claim.key_hash]  # noqa: E731
+    procs.wait_until(lambda: row().lease_expired, "the peer's lease passing")
+    launcher = first_run(k, launcher)  # the next run takes the key over and tunes it
+    assert launcher.config.found_by_coordesc and row().token == 2
     assert launcher.config.kwargs == TUNED.kwargs and len(coordesc.tuned) == 1
     assert json.loads(coordesc.peer.lookup(key).best)["XBLOCK"] == 1024
 
@@ -771,12 +791,13 @@ def _fusion_key(size: int = 1024) -> dict[str, Any]:
 
 def test_a_fusion_benchmark_a_peer_is_running_is_waited_for_not_run(fusion):
     claim = fusion.peer.claim(_fusion_key())  # rank 1 is measuring it
-    peer = threading.Timer(0.5, lambda: fusion.peer.publish(claim, {"ms": 0.125}))
-    peer.start()
+    # Three reads: the lookup, the claim's, and one while waiting.
+    peer = _publish_while_waiting(fusion.cache,
+                                  lambda: fusion.peer.publish(claim, {"ms": 0.125}), reads=3)
     ms, _ = fusion.benchmark(0)
-    peer.join()
+    peer.join(60)
     assert ms == 0.125 and fusion.measured == []  # the peer's timing decides, here too
-    assert tc_inductor.triton_stats.peer_wait_seconds >= 0.4
+    assert tc_inductor.triton_stats.peer_wait_seconds > 0
 
 
 def test_a_fusion_benchmark_that_raises_gives_its_key_back_at_once(fusion):
@@ -1319,10 +1340,7 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def _wait_for(path: Path, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+    procs.wait_until(path.exists, f"{path} appearing", seconds)
 
 
 def test_a_rank_killed_while_tuning_is_taken_over_by_its_peer(tmp_path):
@@ -1435,16 +1453,14 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
 
     def inductors_own(self, mod, n_spills_threshold=8, node_names=None):
         measured.append(_size(mod.__file__))
-        for step in range(5):  # the kernel's coordinate descent
+        for step in range(5):  # the kernel's coordinate descent: the time it takes
             CoordescTuner.call_func(_CACHELESS_TUNER, lambda _: time.sleep(0.1), step)
         return _timing_by_size(mod.__file__, best=128) + index / 1000, mod.__file__
 
     TritonScheduling.benchmark_codegened_module = inductors_own
     cache = tunecache.open(db, triton_configs=True)
     tc_inductor.enable(cache)
-    (Path(tmp) / f"ready-{index}").touch()
-    while not (Path(tmp) / f"ready-{1 - index}").exists():
-        time.sleep(0.01)
+    procs.file_barrier(Path(tmp), index, 2)
 
     def benchmark(rank: int, size: int) -> Any:
         mod = SimpleNamespace(__file__=kernel_file(Path(tmp), rank,
@@ -1486,7 +1502,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
 
     def benchmark_all_configs(self, *args, **kwargs):  # Inductor's, faked: the last wins
         benchmarked.append(self.number)
-        time.sleep(tune_seconds / 3)
+        time.sleep(tune_seconds / 3)  # benchmarking takes time: the behaviour
         return {launcher: -i for i, launcher in enumerate(self.launchers)}
 
     def autotune_to_one_config(self, *args, **kwargs):  # Inductor's (2.11), faked
@@ -1496,7 +1512,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     def inductors_own(self, launcher, *args, **kwargs):
         tuned.append(self.number)
         (Path(tmp) / f"tuning-{index}").touch()
-        time.sleep(tune_seconds)
+        time.sleep(tune_seconds)  # tuning takes time: the behaviour
         best = TritonConfig({"XBLOCK": 2 ** (6 + index)}, 4, 1)
         self.save_cache_hook(best, int(tune_seconds * 1e9), found_by_coordesc=True)
         best.found_by_coordesc = True
@@ -1518,10 +1534,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
         kernel.launchers = [FakeLauncher(c) for c in cfgs]
         loaded.append(kernel)
     if barrier:  # start together, as ranks after a barrier
-        (Path(tmp) / f"ready-{index}").touch()
-        deadline = time.monotonic() + 60
-        while not (Path(tmp) / f"ready-{1 - index}").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        procs.file_barrier(Path(tmp), index, 2)
     tc_coordesc.DEFERRED_CHECK_SECONDS = 0.01
     deadline = time.monotonic() + 60
     while True:  # training steps, until every kernel runs its final config
@@ -1533,7 +1546,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
             if len(k.launchers) > 1:
                 th.CachingAutotuner.autotune_to_one_config(k)
             k.launchers = [th.CachingAutotuner.coordinate_descent_tuning(k, k.launchers[0])]
-        time.sleep(0.02)
+        time.sleep(0.02)  # the rest of a training step: pacing, not a wait for anything
     stats = tc_inductor.triton_stats.as_dict()
     tc_inductor.disable()
     print(json.dumps({
