@@ -18,7 +18,7 @@ from sqlalchemy import text, update
 
 from tunecache.errors import ReadonlyModeError, StoreError, StoreTimeoutError
 from tunecache.keys import Key
-from tunecache.store import ArtifactStore, Database, Store, ensure_schema
+from tunecache.store import ArtifactStore, ClaimStore, Database, ensure_schema
 from tunecache.store.artifacts import MAX_KEY_CHARS, TOUCH_SECONDS
 from tunecache.store.blobs import BlobDir
 from tunecache.store.schema import artifacts
@@ -247,7 +247,7 @@ def test_claim_succeeds_while_a_publisher_is_frozen_after_writing_its_blob(sqlit
         assert blob.stat().st_size == size
         # The publisher is frozen with its blob written and its row not yet inserted:
         # a claim (a write transaction) goes through at once.
-        claimer = Store(Database(sqlite_url, lock_timeout=5.0))
+        claimer = ClaimStore(Database(sqlite_url, lock_timeout=5.0))
         outcome = claimer.step(publish=[], candidates=[Key.of({"kind": "gemm", "i": 1})],
                                limit=1, owner="h:1:x", lease_seconds=30, max_attempts=3)
         assert len(outcome.claimed) == 1

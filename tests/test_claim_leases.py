@@ -21,7 +21,7 @@ import procs
 import tunecache
 from test_concurrency import _gather, _row, _wait_for
 from tunecache.keys import Key, key_hash
-from tunecache.store import Database, Publication, Store, ensure_schema
+from tunecache.store import ClaimStore, Database, Publication, ensure_schema
 from tunecache.store.schema import entries
 
 ctx = mp.get_context("fork")
@@ -65,7 +65,7 @@ def test_step_that_publishes_and_claims_never_deadlocks_with_a_peer_that_read_be
     # a retry that would hide it.
     db = Database(pg_url)
     ensure_schema(db)
-    store = Store(db)
+    store = ClaimStore(db)
     ours, theirs = Key.of({"kind": "test", "i": "ours"}), Key.of({"kind": "test", "i": "theirs"})
 
     def step(**kw) -> object:

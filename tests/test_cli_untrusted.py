@@ -94,7 +94,7 @@ def test_a_stored_key_that_is_not_an_object_is_invalid(sqlite_url):
 
 def test_a_claim_with_an_absurd_lease_counts_as_expired_for_stats_prune_and_import(
         db_url, tmp_path):
-    """A lease that ends in 1e300 is nobody's claim (store.lease_passed): stats counts it
+    """A lease that ends in 1e300 is nobody's claim (claims.lease_passed): stats counts it
     expired, prune --expired-claims deletes it, and import replaces it instead of calling
     it busy."""
     from cli_helpers import claim_key

@@ -40,7 +40,7 @@ from tunecache.inductor.triton import coordesc as tc_coordesc  # noqa: E402
 from tunecache.inductor.triton.remote import TritonCache  # noqa: E402
 from tunecache.inductor.triton.worker import EnvCache  # noqa: E402
 from tunecache.core import TuneCache  # noqa: E402
-from tunecache.store.store import Claim  # noqa: E402
+from tunecache.store.claims import Claim  # noqa: E402
 
 from triton_fakes import (  # noqa: E402
     FakeConfig,

@@ -44,11 +44,12 @@ def clip(value: Any, width: int) -> str:
 
 
 def _number(value: Any) -> float | None:
-    """A column read from shared storage as a finite number, or None: SQLite keeps
-    whatever a writer put in a column, whatever its declared type."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    """A column read from shared storage as a finite number, or None (store.columns.time;
+    imported when first used: the store package loads SQLAlchemy, which ``tunecache
+    --help`` must not)."""
+    from ..store import columns
+
+    return columns.time(value)
 
 
 def dur(seconds: Any) -> str:

@@ -17,7 +17,8 @@ from sqlalchemy import Connection
 from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
 from ..keys import KINDS
 from ..store import ArtifactStore, Database, admin
-from ..store.artifacts import ArtifactInfo, GraphFilter
+from ..store.artifact_queries import GraphFilter
+from ..store.artifact_rows import ArtifactInfo
 from .browse import show
 from .entries import (
     LISTING_KEYS,

@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from .engine import Database
 from .migrate import current_revision
-from .store import db_now
+from .claims import db_now
 
 __all__ = ["SQLITE_VERSION", "sqlite_path_of", "sqlite_look", "pg_server_version",
            "server_time"]

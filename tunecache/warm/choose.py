@@ -63,7 +63,7 @@ def select_tasks(
     skipped: list[dict[str, str]] = []
     after = ""
     while True:
-        page = db.run(lambda c: c.execute(admin.select_done_page(env, after, 1000)).all())
+        page = db.run(lambda c: admin.done_page(c, env, after, 1000))
         if not page:
             break
         for row in page:
