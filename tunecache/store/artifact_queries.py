@@ -15,6 +15,7 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    literal_column,
     or_,
     select,
     true,
@@ -97,6 +98,7 @@ _INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, ar
 # outside too; a fraction is no whole number of bytes).
 _SIZE_VALID = and_(artifacts.c.size.between(0, MAX_PAYLOAD_BYTES),
                    artifacts.c.size == func.round(artifacts.c.size))
+_MAX_HITS = literal_column(str(1 << 40))
 _STATS = select(
     artifacts.c.kind, artifacts.c.torch_version,
     func.count().label("count"),
@@ -105,7 +107,9 @@ _STATS = select(
     func.min(artifacts.c.created_at).label("oldest"),
     func.max(LAST_USE).label("last_used"),
     # A hostile count must not overflow SQLite's integer sum and break `stats` for good.
-    func.coalesce(func.sum(case((artifacts.c.hits.between(0, 1 << 40), artifacts.c.hits),
+    # The bound is SQL text: bound as a parameter, psycopg casts it to the column's int4,
+    # and PostgreSQL refused every stats with "integer out of range".
+    func.coalesce(func.sum(case((artifacts.c.hits.between(0, _MAX_HITS), artifacts.c.hits),
                                 else_=0)), 0).label("hits"),
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
 # A row is deleted by a prune only if it is still the one the prune read (same digest)

@@ -63,7 +63,6 @@ from .artifact_rows import (
     TOUCH_SECONDS,
     Artifact,
     ArtifactInfo,
-    payload_size,
     validate_identity,
     validate_put,
 )
@@ -239,7 +238,9 @@ class ArtifactStore:
         if row is None:
             return None, None
         digest = columns.text(row.digest, 64)
-        size = payload_size(row.size)
+        # Read unbounded, so that a row claiming more than any publish writes is named as
+        # such below (payload_size would call it malformed).
+        size = columns.integer(row.size)
         signature = columns.binary(row.signature)
         created_at = columns.time(row.created_at)
         torch_version = columns.text(row.torch_version, MAX_TORCH_CHARS)
