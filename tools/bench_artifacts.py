@@ -40,9 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunecache.keys import Key  # noqa: E402
-from tunecache.settings import resolve_db_url  # noqa: E402
-from tunecache.store import ArtifactStore, ClaimStore, Database, ensure_schema  # noqa: E402
+from tunecache.keys import Key
+from tunecache.settings import resolve_db_url
+from tunecache.store import ArtifactStore, ClaimStore, Database, ensure_schema
 
 SIG = b"\x00" * 64
 ctx = mp.get_context("spawn")

@@ -13,7 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -75,6 +76,7 @@ def common(fn: F) -> F:
     def wrapper(*args: Any, db: str | None, as_json: bool, **kwargs: Any) -> Any:
         return fn(Invocation(db, as_json), *args, **kwargs)
 
+    # The command's own signature less the Invocation, which click never sees.
     return wrapper  # type: ignore[return-value]
 
 
@@ -87,7 +89,7 @@ def json_only(fn: F) -> F:
     def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
         return fn(Invocation(None, as_json), *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # as in common()
 
 
 @contextlib.contextmanager
@@ -148,7 +150,7 @@ class LibraryChoice(click.Choice):
         self._choices: tuple[str, ...] | None = None
         super().__init__((), case_sensitive=True)
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         if self._choices is None:
             module, attribute = self._where.split(":")
@@ -160,11 +162,11 @@ class LibraryChoice(click.Choice):
         pass  # click.Choice.__init__ sets them; they come from the library instead
 
 
-def op_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+def op_option(help: str) -> Callable[[F], F]:
     return click.option("--op", multiple=True, help=help)
 
 
-def kind_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+def kind_option(help: str) -> Callable[[F], F]:
     return click.option("--kind", multiple=True, metavar="KIND", help=help)
 
 
@@ -211,6 +213,6 @@ def entry_filters(*, states: bool = False) -> Callable[[F], F]:
         ]
         for option in reversed(options):  # click lists the last one applied first
             wrapper = option(wrapper)
-        return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]  # as in common()
 
     return decorate

@@ -7,14 +7,15 @@ import contextlib
 import itertools
 import json
 import sys
-from typing import Any, Callable, Mapping, TextIO, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO, TypeVar
 
 import click
 
 from ..settings import Settings
 from . import format as fmt
 from .app import BadArgument
-from .options import LibraryChoice, Invocation, Selection, common, entry_filters, opened
+from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
 
 __all__ = ["export", "import_", "merge"]
 
@@ -146,6 +147,8 @@ def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str,
     with opened(inv, create=True, writes=None if dry_run else "import",
                 read_only=dry_run) as db, \
             fmt.progress("importing", not inv.as_json) as (_total, step):
+        # on_conflict: a str from click.Choice(CONFLICT_POLICIES), which import_records
+        # checks again.
         report = ops.import_records(
             db, itertools.chain([] if first is None else [first], records),
             on_conflict=on_conflict, dry_run=dry_run, progress=step)  # type: ignore[arg-type]
@@ -176,6 +179,7 @@ def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on
             opened(inv, create=True, writes=None if dry_run else "merge",
                    read_only=dry_run) as target, \
             fmt.progress("merging", not inv.as_json) as (total, step):
+        # on_conflict: as for import.
         report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
                            dry_run=dry_run, progress=step, on_total=total)
     _import_report(ctx, inv, report, skip_invalid, src.display_url)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from . import format as fmt
-from .options import LibraryChoice, Invocation, common, opened
+from .options import Invocation, LibraryChoice, common, opened
 
 __all__ = ["warm"]
 

@@ -24,7 +24,8 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
 from ..keys import Key, KeyLike, best_candidate, timings_to_json, validate_timings
@@ -53,7 +54,7 @@ class TuneCache:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._db = Database(settings.db_url, settings.lock_timeout,
+        self._db = Database(settings.db_url, settings.lock_seconds,
                             readonly=settings.mode == "readonly",
                             own_directory=settings.owns_directory)
         self._store = ClaimStore(self._db)
@@ -340,7 +341,7 @@ class TuneCache:
         self._heartbeat = None
         self._db.dispose()
 
-    def __enter__(self) -> "TuneCache":
+    def __enter__(self) -> TuneCache:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -632,7 +633,7 @@ def _next_batch(step_seconds: float, tuned: Sequence[Publication]) -> int:
     return max(1, min(32, int(step_seconds / max(tune_seconds, 1e-6) / 4)))
 
 
-_open_caches: "weakref.WeakSet[TuneCache]" = weakref.WeakSet()
+_open_caches: weakref.WeakSet[TuneCache] = weakref.WeakSet()
 
 
 @atexit.register

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import StoreError
 from ..store import Claim, ClaimStore

@@ -14,16 +14,15 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import IO, Any, Literal, TextIO
 
 from sqlalchemy import Connection
 
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
-from ..keys import (MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable,
-                    timings_to_json)
+from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable, timings_to_json
 from ..store import ArtifactStore, Database, admin, columns
-from ..store.claims import lease_passed
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import (
     MAX_PAYLOAD_BYTES,
@@ -31,6 +30,7 @@ from ..store.artifact_rows import (
     MAX_TORCH_CHARS,
     validate_identity,
 )
+from ..store.claims import lease_passed
 from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
 from .opening import refuse_readonly
 
@@ -111,7 +111,7 @@ def export(
     return report
 
 
-def _export_lines(db: Database, out: TextIO, store: ArtifactStore, where: GraphFilter | None,
+def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: GraphFilter | None,
                   best_only: bool, env: admin.EntryFilter | None,
                   progress: Callable[[int], None]) -> dict[str, Any]:
     """The lines of :func:`export` after its header, and its report."""
@@ -271,6 +271,7 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     why = validate_identity(kind, key)
     if why is not None:
         raise ValueError(why)
+    assert isinstance(kind, str) and isinstance(key, str)  # validate_identity checked both
     torch = record.get("torch")
     if not storable(str(key)) or (isinstance(torch, str) and not storable(torch)):
         raise ValueError('"key" or "torch" holds a NUL character or a lone surrogate')

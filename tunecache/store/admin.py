@@ -16,18 +16,19 @@ between.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 from sqlalchemy import (
-    Connection,
     ColumnElement,
+    Connection,
     Float,
     Integer,
-    column,
     Select,
     and_,
     bindparam,
+    column,
     delete,
     false,
     func,
@@ -39,8 +40,8 @@ from sqlalchemy import (
     update,
 )
 
-from .schema import artifacts, entries, usage
 from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
+from .schema import artifacts, entries, usage
 
 __all__ = [
     "STATS_GROUPS",
@@ -175,7 +176,7 @@ class EntryFilter:
     ``ops``/``kinds``/``states``: match only these.
     """
 
-    _COLUMNS = {
+    _COLUMNS: ClassVar[dict[str, Any]] = {
         "device": entries.c.device,
         "torch": entries.c.torch_version,
         "triton": entries.c.triton_version,
@@ -184,8 +185,8 @@ class EntryFilter:
     def __init__(
         self,
         *,
-        keep: dict[str, Sequence[str]] | None = None,
-        only: dict[str, Sequence[str]] | None = None,
+        keep: Mapping[str, Sequence[str]] | None = None,
+        only: Mapping[str, Sequence[str]] | None = None,
         ops: Sequence[str] = (),
         kinds: Sequence[str] = (),
         states: Sequence[str] = (),
@@ -240,7 +241,7 @@ def prune_condition(
         classes.append(_CLAIM_EXPIRED)
     entry_parts: list[ColumnElement[bool]] = []
     if older_than is not None:
-        entry_parts.append(_LAST_USE < NOW - bindparam("p_older_than", older_than))
+        entry_parts.append(NOW - bindparam("p_older_than", older_than) > _LAST_USE)
     if env:
         entry_parts.append(env.condition())
     if entry_parts:

@@ -6,9 +6,11 @@ name. Nothing here runs in a compiling job."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     and_,
     bindparam,
@@ -81,7 +83,7 @@ class GraphFilter:
             parts.append(and_(artifacts.c.torch_version.is_not(None),
                               artifacts.c.torch_version.not_in(list(self.torch_keep))))
         if self.older_than is not None:
-            parts.append(LAST_USE < NOW - bindparam("p_older_than", self.older_than))
+            parts.append(NOW - bindparam("p_older_than", self.older_than) > LAST_USE)
         return and_(true(), *parts)
 
 
@@ -98,10 +100,10 @@ _INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, ar
 # outside too; a fraction is no whole number of bytes).
 _SIZE_VALID = and_(artifacts.c.size.between(0, MAX_PAYLOAD_BYTES),
                    artifacts.c.size == func.round(artifacts.c.size))
-_MAX_HITS = literal_column(str(1 << 40))
+_MAX_HITS = literal_column(str(1 << 40), BigInteger)
 _STATS = select(
     artifacts.c.kind, artifacts.c.torch_version,
-    func.count().label("count"),
+    func.count().label("graphs"),
     func.coalesce(func.sum(case((_SIZE_VALID, artifacts.c.size), else_=0)), 0).label("bytes"),
     func.coalesce(func.sum(case((_SIZE_VALID, 0), else_=1)), 0).label("invalid"),
     func.min(artifacts.c.created_at).label("oldest"),
@@ -138,7 +140,7 @@ def stats(conn: Connection) -> list[dict[str, Any]]:
     bytes."""
     return [{"kind": columns.text(r.kind, MAX_LABEL_CHARS) or columns.clip(r.kind),
              "torch": columns.text(r.torch_version, MAX_LABEL_CHARS),
-             "count": int(r.count), "bytes": columns.total(r.bytes),
+             "count": int(r.graphs), "bytes": columns.total(r.bytes),
              "invalid": columns.total(r.invalid),
              "oldest_created_at": columns.time(r.oldest),
              "last_used_at": columns.time(r.last_used),

@@ -25,10 +25,12 @@ name for tunecache.ops.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from filelock import Timeout
 from sqlalchemy import (
@@ -95,7 +97,7 @@ _META = (artifacts.c.digest, artifacts.c.signature, artifacts.c.size, artifacts.
 # says and within MAX_PAYLOAD_BYTES: a row that claims gigabytes costs no read of them.
 _PG_PAYLOAD_BYTES = func.octet_length(artifacts.c.payload)
 _PG_PAYLOAD = case(
-    (and_(_PG_PAYLOAD_BYTES == artifacts.c.size,
+    (and_(artifacts.c.size == _PG_PAYLOAD_BYTES,
           artifacts.c.size <= literal_column(str(MAX_PAYLOAD_BYTES))), artifacts.c.payload),
     else_=null())
 _READ = {
@@ -117,6 +119,7 @@ def _pg_read_binary(conn: Connection, params: dict[str, Any]) -> Any:
     from psycopg.rows import namedtuple_row
 
     driver = conn.connection.driver_connection
+    assert driver is not None  # the connection of a running transaction is open
     try:
         with driver.cursor(binary=True, row_factory=namedtuple_row) as cur:
             cur.execute(_PG_READ_SQL, params)
@@ -438,8 +441,8 @@ class ArtifactStore:
         """Every row's metadata (never the payload), page by page in key order."""
         after: tuple[str, str] | None = ("", "")
         while after is not None:
-            start = after
-            page, after = self.db.run(lambda c: artifact_queries.info_page(c, where, start))
+            page, after = self.db.run(
+                functools.partial(artifact_queries.info_page, where=where, after=after))
             if page:
                 yield page
 
@@ -462,8 +465,8 @@ class ArtifactStore:
         page = artifact_queries.PAGE
         for i in range(0, len(infos), page):
             chunk = [x for x in infos[i:i + page] if x.digest is not None]
-            gone = self.db.run(lambda c: artifact_queries.delete_unchanged(c, chunk),
-                               write=True)
+            gone = self.db.run(
+                functools.partial(artifact_queries.delete_unchanged, infos=chunk), write=True)
             for digest, size in gone:
                 deleted += 1
                 freed += size
@@ -477,7 +480,7 @@ class ArtifactStore:
         if self.blobs is not None:
             for digest in sorted(digests):
                 if DIGEST.match(digest):
-                    self.blobs.try_delete(digest, lambda d=digest: bool(self.referenced([d])))
+                    self.blobs.try_delete(digest, functools.partial(self._referenced_one, digest))
         return deleted, freed
 
     def referenced(self, digests: Sequence[str]) -> set[str]:
@@ -485,6 +488,9 @@ class ArtifactStore:
         if not digests:
             return set()
         return self.db.run(lambda c: artifact_queries.referenced(c, digests))
+
+    def _referenced_one(self, digest: str) -> bool:
+        return bool(self.referenced([digest]))
 
     def sweep_orphans(self, *, dry_run: bool = False) -> dict[str, int]:
         """SQLite: remove blob files no row references, and leftovers of dead writers,

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -99,7 +100,7 @@ class Entry:
     now: float
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> "Entry":
+    def from_row(cls, row: Sequence[Any]) -> Entry:
         (key_hash, state, owner, token, lease, attempts, timings_json, tune_seconds, error,
          now) = row
         seconds = columns.time(tune_seconds)
@@ -206,7 +207,8 @@ _TAKE_OVER = (
     .values(
         state=case((_EXHAUSTED, literal("failed")), else_=literal("claimed")),
         error=case(
-            (_EXHAUSTED, func.coalesce(entries.c.error, literal("the tuning process died or hung"))),
+            (_EXHAUSTED,
+             func.coalesce(entries.c.error, literal("the tuning process died or hung"))),
             else_=entries.c.error,
         ),
         owner=case((_EXHAUSTED, entries.c.owner), else_=bindparam("p_owner")),
@@ -231,7 +233,9 @@ _PUBLISH = (
         last_used_at=_NOW,
     )
 )
-_HEARTBEAT = update(entries).where(_FENCE).values(lease_expires_at=_NOW + bindparam("p_lease_seconds"))
+_HEARTBEAT = (
+    update(entries).where(_FENCE).values(lease_expires_at=_NOW + bindparam("p_lease_seconds"))
+)
 _RELEASE_FAILED = (
     update(entries)
     .where(_FENCE)
@@ -261,7 +265,7 @@ def insert_if_absent(dialect: str, **values: Any) -> Any:
     """INSERT of a new row for a key (its hash, JSON and labels bound as p_*), doing nothing
     if the key exists; RETURNING the token, so no row back means someone was first."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    identity = {name: bindparam(f"p_{name}") for name in (
+    identity: dict[str, Any] = {name: bindparam(f"p_{name}") for name in (
         "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version")}
     return (
         insert(entries)
