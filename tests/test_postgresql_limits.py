@@ -10,19 +10,20 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
+from conftest import PG_ADMIN_URL
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from test_concurrency import _gather
 
 import tunecache
 from tunecache.store import Claim
-from conftest import PG_ADMIN_URL
-from test_concurrency import _gather
 
 ctx = mp.get_context("fork")
 
