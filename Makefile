@@ -3,6 +3,7 @@
 #               processes sharing the cache, then a later job that starts warm; three
 #               rounds, each on a database of its own in a temporary directory)
 #   make test   set up .venv, then run the whole test suite (PostgreSQL must be running)
+#   make lint   ruff and mypy (configured in pyproject.toml); CI runs it before the tests
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch==2.13.0 is a CPU wheel where one is on disk (our dev and CI machines). Elsewhere,
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 # pip takes a multi-GB CUDA build. A torch that is already importable is kept as it is.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test clean
+.PHONY: demo test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +25,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check tunecache tests tools migrations
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -46,11 +47,12 @@ def _raise(_key: Any) -> dict[str, float]:
     raise RuntimeError("kernel crashed")
 
 
-def claim_key(url: str, key: dict[str, Any], lease_seconds: float, owner: str = "host:1:abc") -> None:
+def claim_key(url: str, key: dict[str, Any], lease_seconds: float,
+              owner: str = "host:1:abc") -> None:
     """Leave a claim on ``key``, as a tuning (or dead, if the lease is tiny) process does."""
-    from tunecache.keys import Key
-
     import procs
+
+    from tunecache.keys import Key
 
     k = Key.of(key)
     with tunecache.open(url) as cache:

@@ -4,8 +4,9 @@ Run as ``python tests/graph_share_worker.py --out result.json --log tunecache.lo
 caller sets TUNECACHE_* (the database, keys) and a TORCHINDUCTOR_CACHE_DIR of its own (a
 fresh one is a new node), with Inductor's FX graph and AOTAutograd caches on. It compiles
 a forward and backward (an MLP whose weights need gradients, so AOTAutograd builds both
-graphs; one MLP per --widths value, so a job can bring a graph nobody published) and writes Inductor's cache counters, the remote-cache statistics of the classes
-tunecache stands in for, what the graph service counted, and each MLP's loss and gradients
+graphs; one MLP per --widths value, so a job can bring a graph nobody published) and
+writes Inductor's cache counters, the remote-cache statistics of the classes tunecache
+stands in for, what the graph service counted, and each MLP's loss and gradients
 (to compare jobs). Every record of the ``tunecache`` logger, INFO and up, goes to --log, one
 line each as ``LEVEL message``.
 """

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._inductor import config, ir

@@ -70,7 +70,8 @@ def main() -> int:
         if "bmm" in ops:
             a = torch.randn(4, 32, 48)
             b = torch.randn(4, 48, 40)
-            fn = torch.compile(lambda x, y: torch.bmm(x, y).relu(), mode="max-autotune-no-cudagraphs")
+            fn = torch.compile(lambda x, y: torch.bmm(x, y).relu(),
+                               mode="max-autotune-no-cudagraphs")
             t0 = time.perf_counter()
             outputs["bmm"] = fn(a, b).flatten()[:64].tolist()
             compile_seconds["bmm"] = time.perf_counter() - t0

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text, update
+from test_concurrency import _gather
 
 from tunecache.errors import ReadonlyModeError, StoreError, StoreTimeoutError
 from tunecache.keys import Key
-from tunecache.store import ArtifactStore, Database, Store, ensure_schema
+from tunecache.store import ArtifactStore, ClaimStore, Database, ensure_schema
 from tunecache.store.artifacts import MAX_KEY_CHARS, TOUCH_SECONDS
 from tunecache.store.blobs import BlobDir
 from tunecache.store.schema import artifacts
-
-from test_concurrency import _gather
 
 ctx = multiprocessing.get_context("spawn")
 SIG = b"\x01" * 64
@@ -247,7 +246,7 @@ def test_claim_succeeds_while_a_publisher_is_frozen_after_writing_its_blob(sqlit
         assert blob.stat().st_size == size
         # The publisher is frozen with its blob written and its row not yet inserted:
         # a claim (a write transaction) goes through at once.
-        claimer = Store(Database(sqlite_url, lock_timeout=5.0))
+        claimer = ClaimStore(Database(sqlite_url, lock_timeout=5.0))
         outcome = claimer.step(publish=[], candidates=[Key.of({"kind": "gemm", "i": 1})],
                                limit=1, owner="h:1:x", lease_seconds=30, max_attempts=3)
         assert len(outcome.claimed) == 1
@@ -285,9 +284,8 @@ def test_publish_waits_for_a_held_blob_lock_at_most_the_lock_timeout(sqlite_url)
     digest = hashlib.sha256(b"payload").hexdigest()
     holder = FileLock(store.blobs.path(digest) + ".lock", is_singleton=False)
     Path(store.blobs.path(digest)).parent.mkdir(parents=True)
-    with holder:
-        with pytest.raises(StoreTimeoutError):
-            store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
+    with holder, pytest.raises(StoreTimeoutError):
+        store.put("fxgraph", "k", b"payload", SIG, "2.13.0")
     assert store.put("fxgraph", "k", b"payload", SIG, "2.13.0") is True
     store.db.dispose()
 

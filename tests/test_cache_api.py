@@ -138,9 +138,9 @@ def test_key_nested_too_deeply_for_json_is_refused_with_a_clear_error(db_url):
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
-    with tunecache.open(db_url) as cache:
-        with pytest.raises(ValueError, match="nested too deeply") as error:
-            cache.get_or_tune({"shape": deep}, lambda: {"a": 1.0})
+    with tunecache.open(db_url) as cache, \
+            pytest.raises(ValueError, match="nested too deeply") as error:
+        cache.get_or_tune({"shape": deep}, lambda: {"a": 1.0})
     assert "\n" not in str(error.value)
 
 

@@ -11,17 +11,16 @@ import multiprocessing as mp
 import sqlite3
 import threading
 import time
-from pathlib import Path
 
+import procs
 import psycopg
 import pytest
 from sqlalchemy import select, text
-
-import procs
-import tunecache
 from test_concurrency import _gather, _row, _wait_for
+
+import tunecache
 from tunecache.keys import Key, key_hash
-from tunecache.store import Database, Publication, Store, ensure_schema
+from tunecache.store import ClaimStore, Database, Publication, ensure_schema
 from tunecache.store.schema import entries
 
 ctx = mp.get_context("fork")
@@ -65,7 +64,7 @@ def test_step_that_publishes_and_claims_never_deadlocks_with_a_peer_that_read_be
     # a retry that would hide it.
     db = Database(pg_url)
     ensure_schema(db)
-    store = Store(db)
+    store = ClaimStore(db)
     ours, theirs = Key.of({"kind": "test", "i": "ours"}), Key.of({"kind": "test", "i": "theirs"})
 
     def step(**kw) -> object:
@@ -95,7 +94,8 @@ def test_step_that_publishes_and_claims_never_deadlocks_with_a_peer_that_read_be
     assert len(outcome) == 1
     assert (outcome[0].published, outcome[0].claimed) == ([True], [])
     assert _row(pg_url, ours.mapping).state == "done"
-    assert (_row(pg_url, theirs.mapping).state, _row(pg_url, theirs.mapping).owner) == ("claimed", "peer")
+    theirs_row = _row(pg_url, theirs.mapping)
+    assert (theirs_row.state, theirs_row.owner) == ("claimed", "peer")
 
 
 def test_wait_timeout_counts_from_when_waiting_starts_not_from_the_call(db_url, tmp_path):
@@ -236,7 +236,7 @@ def test_write_stall_within_the_lock_timeout_never_costs_a_live_owner_its_claim(
     lease_of = _lease_reader(sqlite_url, key)
     for _ in range(3):
         renewed_at = lease_of()
-        _wait_until(lambda: lease_of() != renewed_at, "a renewal")
+        _wait_until(lambda renewed_at=renewed_at: lease_of() != renewed_at, "a renewal")
         # The stall is the behaviour under test, not a wait: timed from an observed
         # renewal, it starts about when the next one is due (a later start only makes it
         # easier) and holds the write lock for 90% of the lock timeout.

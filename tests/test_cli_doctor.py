@@ -6,11 +6,10 @@ import json
 import os
 import sqlite3
 
-
-from tunecache.store.migrate import head_revision
-
 from cli_helpers import gemm_key, populate, run
+
 from tunecache.ops import doctor
+from tunecache.store.migrate import head_revision
 
 
 def _checks(*args):
@@ -42,7 +41,7 @@ def test_doctor_human_output_and_fix_lines(sqlite_url, tmp_path):
     assert lines[0].startswith("ok    settings     mode=readwrite")
     assert any(line.startswith("warn  permissions  for a group-shared cache: directory "
                                "drwxr-xr-x is not group-writable") for line in lines)
-    fix = lines[lines.index(next(l for l in lines if l.startswith("warn  permissions"))) + 1]
+    fix = lines[lines.index(next(x for x in lines if x.startswith("warn  permissions"))) + 1]
     assert fix.startswith("                   fix: chmod g+w ")
     os.chmod(tmp_path, 0o2775)
     os.chmod(tmp_path / "tune.db", 0o664)

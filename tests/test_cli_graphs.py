@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import gemm_key, populate, run, run_json
 from sqlalchemy import text, update
 
-from cli_helpers import gemm_key, populate, run, run_json
 from tunecache.settings import resolve_db_url
 from tunecache.store import ArtifactStore, Database, ensure_schema
 from tunecache.store.blobs import ORPHAN_SECONDS
@@ -36,9 +36,10 @@ def _publish(url: str, *graphs: tuple[str, str, int, str], age: float = 0.0) -> 
         assert store.put(kind, key, os.urandom(size), SIG, torch)
         if age:
             when = time.time() - age
-            store.db.run(lambda c: c.execute(
-                update(artifacts).where(artifacts.c.kind == kind, artifacts.c.cache_key == key)
-                .values(last_used_at=when, created_at=when)), write=True)
+            statement = (update(artifacts)
+                         .where(artifacts.c.kind == kind, artifacts.c.cache_key == key)
+                         .values(last_used_at=when, created_at=when))
+            store.db.run(lambda c, s=statement: c.execute(s), write=True)
     store.db.dispose()
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 from sqlalchemy import update
 
-from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 from tunecache.keys import key_hash
 from tunecache.settings import resolve_db_url
 from tunecache.store import ArtifactStore, Database, ensure_schema
@@ -80,8 +80,9 @@ def _graphs(url: str, *sizes: int) -> None:
     store = ArtifactStore(db)
     for i, size in enumerate(sizes):
         assert store.put("fxgraph", f"g{i}", os.urandom(1000), b"\x07" * 64, "2.13.0")
-        db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == f"g{i}")
-                                   .values(size=size, last_used_at=1e9 + i)), write=True)
+        statement = (update(artifacts).where(artifacts.c.cache_key == f"g{i}")
+                     .values(size=size, last_used_at=1e9 + i))
+        db.run(lambda c, s=statement: c.execute(s), write=True)
     db.dispose()
 
 
@@ -187,8 +188,8 @@ def test_stats_survives_load_counts_no_job_could_have_recorded(db_url):
     _graphs(db_url, 1000, 1000, 1000, 1000)
     db = _db(db_url)
     for key, hits in (("g0", 5), ("g1", huge), ("g2", huge), ("g3", -7)):
-        db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == key)
-                                   .values(hits=hits)), write=True)
+        statement = update(artifacts).where(artifacts.c.cache_key == key).values(hits=hits)
+        db.run(lambda c, s=statement: c.execute(s), write=True)
     db.dispose()
     for _ in range(2):
         result = run("stats", "--db", db_url)

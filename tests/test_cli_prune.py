@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 from sqlalchemy import column, create_engine, func, select, update
 
 import tunecache
-from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 from tunecache.settings import resolve_db_url
 from tunecache.store.schema import entries
 
@@ -169,8 +169,10 @@ def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
     populate(sqlite_url, [gemm_key("mm", i, torch="2.12.0") for i in range(20)])
     db = Database(resolve_db_url(sqlite_url))
     pragmas = ("PRAGMA cache_size", "PRAGMA secure_delete")
-    read = lambda: db.run(lambda c: [c.exec_driver_sql(p).scalar() for p in pragmas],  # noqa: E731
-                          write=True)
+
+    def read() -> list:
+        return db.run(lambda c: [c.exec_driver_sql(p).scalar() for p in pragmas], write=True)
+
     before = read()
     report = prune_mod.prune(db, prune_mod.PruneSpec(only={"torch": ["2.12.0"]}),
                              batch=8, vacuum="never")
@@ -256,7 +258,7 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
         # past it. Wait until the writers have put a few there.
         mark = db.run(lambda c: c.execute(select(func.max(ROWID)).select_from(entries))
                       .scalar_one())
-        past = select(entries.c.key_hash).where(ROWID > mark)
+        past = select(entries.c.key_hash).where(mark < ROWID)
         while len(newer) < 20:
             assert any(w.is_alive() for w in writers), "the writers died"
             time.sleep(0.02)

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import gemm_key, populate, run
+
 import tunecache
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -46,9 +46,9 @@ def test_upgrade_never_creates_a_missing_directory(tmp_path):
 
 def test_job_never_creates_a_missing_directory_and_tunes_locally(tmp_path, caplog):
     missing = tmp_path / "typo" / "tune.db"
-    with caplog.at_level(logging.WARNING, logger="tunecache"):
-        with tunecache.open(str(missing)) as cache:
-            result = cache.get_or_tune(gemm_key("mm", 1), lambda: {"aten": 1.0})
+    with caplog.at_level(logging.WARNING, logger="tunecache"), \
+            tunecache.open(str(missing)) as cache:
+        result = cache.get_or_tune(gemm_key("mm", 1), lambda: {"aten": 1.0})
     assert result.source == "local"
     assert not missing.parent.exists()
     assert any(f"directory {missing.parent} does not exist" in r.getMessage()
@@ -123,7 +123,7 @@ def test_reading_command_on_an_old_schema_says_run_upgrade_and_migrates_nothing(
     assert _digest(old) == before
 
 
-@pytest.mark.parametrize("command", READING + [["doctor"]], ids=" ".join)
+@pytest.mark.parametrize("command", [*READING, ["doctor"]], ids=" ".join)
 def test_reading_command_on_a_missing_database_creates_nothing(tmp_path, command):
     missing = tmp_path / "missing.db"
     result = run(*command, "--db", str(missing))

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cli_helpers import run
+
 from tunecache.cli import options, transferring
 from tunecache.ops import transfer
 

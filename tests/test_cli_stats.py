@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 
 from tunecache.store.migrate import head_revision
-
-from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +76,8 @@ def test_upgrade_creates_then_reports_head(tmp_path):
     db = str(tmp_path / "tune.db")  # in a directory that exists: upgrade never makes one
     first = run("upgrade", "--db", db)
     assert first.exit_code == 0
-    assert first.stdout == f"sqlite:///{db}: schema upgraded from revision (none) to {head_revision()}\n"
+    assert first.stdout == (f"sqlite:///{db}: schema upgraded from revision (none) to "
+                            f"{head_revision()}\n")
     again = run("upgrade", "--db", db)
     assert again.stdout == f"sqlite:///{db}: schema already at revision {head_revision()}\n"
 
@@ -95,7 +95,8 @@ def test_garbage_file_as_db(tmp_path):
 def test_unreachable_postgresql():
     result = run("stats", "--db", "postgresql://127.0.0.1:1/x")
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: tunecache database postgresql+psycopg://127.0.0.1:1/x: ")
+    assert result.stderr.startswith(
+        "Error: tunecache database postgresql+psycopg://127.0.0.1:1/x: ")
     assert result.stderr.endswith("(`tunecache doctor` checks the setup)\n")
     assert result.stderr.count("\n") == 1
 
@@ -180,9 +181,9 @@ def test_stats_says_what_each_hit_count_counts(db_url):
 
 
 def test_ls_marks_a_cut_winner_with_an_ellipsis_and_survives_garbage_columns(sqlite_url):
-    import tunecache
     from sqlalchemy import create_engine
 
+    import tunecache
     from tunecache.settings import resolve_db_url
 
     long_name = "triton_mm_" + "x" * 60

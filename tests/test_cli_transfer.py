@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-
 from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
+
 import tunecache
 
 

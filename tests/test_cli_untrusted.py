@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
+from cli_helpers import gemm_key, populate, run, run_json
 from sqlalchemy import create_engine, text, update
 
-from cli_helpers import gemm_key, populate, run, run_json
 from tunecache.keys import key_hash
 from tunecache.settings import resolve_db_url
 from tunecache.store.schema import entries
@@ -83,7 +83,7 @@ def test_rows_with_deeply_nested_columns_are_shown_skipped_and_pruned(db_url, tm
 def test_a_stored_key_that_is_not_an_object_is_invalid(sqlite_url):
     """Columns are untrusted too: a key column holding a JSON list is reported, exported
     by nobody, and pruned by --invalid."""
-    good, bad = populate(sqlite_url, [gemm_key("mm", 0), gemm_key("mm", 1)])
+    _good, bad = populate(sqlite_url, [gemm_key("mm", 0), gemm_key("mm", 1)])
     _corrupt(sqlite_url, bad.key_hash, key_json="[1, 2]")
     dry = run_json("prune", "--db", sqlite_url, "--invalid", "--dry-run")
     assert [(e["key_hash"], e["invalid"]) for e in dry["entries"]] == [
@@ -94,7 +94,7 @@ def test_a_stored_key_that_is_not_an_object_is_invalid(sqlite_url):
 
 def test_a_claim_with_an_absurd_lease_counts_as_expired_for_stats_prune_and_import(
         db_url, tmp_path):
-    """A lease that ends in 1e300 is nobody's claim (store.lease_passed): stats counts it
+    """A lease that ends in 1e300 is nobody's claim (claims.lease_passed): stats counts it
     expired, prune --expired-claims deletes it, and import replaces it instead of calling
     it busy."""
     from cli_helpers import claim_key

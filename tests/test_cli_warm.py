@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import populate, run, run_json
 
 pytest.importorskip("torch")

@@ -11,10 +11,10 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
+import procs
 import pytest
 from sqlalchemy import select
 
-import procs
 import tunecache
 from tunecache.keys import key_hash
 from tunecache.store.migrate import head_revision

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import Future, as_completed
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,11 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch._inductor import config as inductor_config  # noqa: E402
+from triton_fakes import benchmark_harness, kernel_source  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
-
-from triton_fakes import benchmark_harness, kernel_source  # noqa: E402
 
 
 class _Node:

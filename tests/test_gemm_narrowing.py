@@ -29,8 +29,7 @@ from torch._inductor import ir  # noqa: E402
 from torch._inductor.choices import InductorChoices  # noqa: E402
 from torch._inductor.kernel.mm import aten_mm  # noqa: E402
 from torch._inductor.kernel_template_choice import KernelTemplateChoice  # noqa: E402
-from torch._inductor.select_algorithm import (TritonTemplate,  # noqa: E402
-                                              TritonTemplateCaller, create_inputs_key)
+from torch._inductor.select_algorithm import TritonTemplate, TritonTemplateCaller, create_inputs_key  # noqa: E402
 from torch._inductor.sizevars import SizeVarAllocator  # noqa: E402
 from torch._inductor.template_heuristics.params import DictKernelTemplateParams  # noqa: E402
 from torch._inductor.virtualized import V  # noqa: E402

@@ -32,8 +32,7 @@ torch = pytest.importorskip("torch")
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
-from tunecache.core.signing import (PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer,  # noqa: E402
-                                    write_key_pair)
+from tunecache.core.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer, write_key_pair  # noqa: E402
 from tunecache.inductor.graphs import decode_entry, encode_entry  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
 from tunecache.store import ArtifactStore  # noqa: E402
@@ -53,7 +52,8 @@ def _job(tmp: Path, name: str, db: str, *, widths: str = "64", autoload: bool = 
 
 def _start(tmp: Path, name: str, db: str, *, widths: str = "64", autoload: bool = False,
            **extra: str) -> tuple[subprocess.Popen, Path, Path]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
     cache_dir = tmp / f"inductor-{name}"
     cache_dir.mkdir(parents=True)
     env.update(

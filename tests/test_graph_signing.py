@@ -13,13 +13,19 @@ import zlib
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 from sqlalchemy import delete, update
 
 import tunecache
-from cli_helpers import run
 from tunecache.core.graphs import GraphShare
-from tunecache.core.signing import (PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer,
-                                    load_verifier, signed_message, write_key_pair)
+from tunecache.core.signing import (
+    PRIVATE_KEY_NAME,
+    PUBLIC_KEY_NAME,
+    load_signer,
+    load_verifier,
+    signed_message,
+    write_key_pair,
+)
 from tunecache.errors import SigningKeyError
 from tunecache.settings import Settings
 from tunecache.store import ArtifactStore

@@ -52,7 +52,8 @@ OPS = ("bmm", "packed_linear")
 
 
 def _env(tmp: Path, db: str | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
     cache_dir = tmp / f"inductor-{time.monotonic_ns()}"
     cache_dir.mkdir(parents=True)
     env.update(
@@ -67,7 +68,8 @@ def _env(tmp: Path, db: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(tmp: Path, name: str, db: str | None, *args: str, **env: str) -> tuple[subprocess.Popen, Path]:
+def _start(tmp: Path, name: str, db: str | None, *args: str,
+           **env: str) -> tuple[subprocess.Popen, Path]:
     out = tmp / f"{name}.json"
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
@@ -243,7 +245,8 @@ def test_changed_candidate_list_benchmarks_only_the_new_candidates(hooked):
     assert {c.name: t for c, t in merged.items()} == {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5}
 
     _rehook(hooked)
-    again = fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl_a", "tmpl_b")], "mm", "k", bench)
+    again = fakes.lookup([fakes.FakeChoice(n) for n in ("aten", "tmpl_a", "tmpl_b")], "mm", "k",
+                         bench)
     assert len(calls) == 2  # base entry + derived "extra_candidates" entry: all known
     assert {c.name: t for c, t in again.items()} == {"aten": 2.0, "tmpl_a": 1.0, "tmpl_b": 0.5}
 
@@ -350,7 +353,8 @@ def test_count_only_mode_counts_inductor_benchmarks_without_a_cache(monkeypatch,
     try:
         calls: list[list[str]] = []
         inductor_config.autotune_local_cache = False
-        fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k", fakes.fake_benchmark(calls, {}))
+        fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k",
+                     fakes.fake_benchmark(calls, {}))
         assert tc_inductor.stats.benchmarks == 1
         assert tc_inductor.stats.candidates_benchmarked == 2
         assert inductor_config._pre_fusion_custom_pass is None
@@ -706,7 +710,8 @@ def _deferred(tmp: Path, db: Path, graphs: dict[str, str]) -> dict[str, dict[str
 def test_deferred_gemms_of_a_graph_are_split_between_ranks_and_tuned_once(tmp_path):
     runs = _deferred(tmp_path, tmp_path / "tune.db", {"r0": "k1,k2,k3,k4", "r1": "k1,k2,k3,k4"})
     benchmarked = sorted(n for r in runs.values() for call in r["benchmarked"] for n in call)
-    assert benchmarked == sorted(f"{p}_{k}" for k in ("k1", "k2", "k3", "k4") for p in ("aten", "tmpl"))
+    assert benchmarked == sorted(f"{p}_{k}" for k in ("k1", "k2", "k3", "k4")
+                                 for p in ("aten", "tmpl"))
     assert runs["r0"]["timings"] == runs["r1"]["timings"]  # same winner everywhere
 
 

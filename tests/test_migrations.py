@@ -8,22 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
-import pytest
-from sqlalchemy import inspect, text
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 
 import tunecache
-
 from tunecache.store import Database, ensure_schema
 from tunecache.store.migrate import (
     VERSION_TABLE,
     _config,
-    known_revisions,
     current_revision,
     head_revision,
+    known_revisions,
 )
 from tunecache.store.schema import metadata
 

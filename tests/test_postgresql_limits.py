@@ -10,21 +10,22 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from queue import Empty
-from typing import Any, Iterator
-
-import psycopg
-import pytest
-from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from typing import Any
 
 import procs
+import psycopg
+import pytest
+from conftest import PG_ADMIN_URL
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from test_concurrency import _gather
+
 import tunecache
 from tunecache.store import Claim
 from tunecache.store.notify import NOTIFY_CHANNEL
-from conftest import PG_ADMIN_URL
-from test_concurrency import _gather
 
 ctx = mp.get_context("fork")
 

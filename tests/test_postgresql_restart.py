@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import event

@@ -20,29 +20,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import procs  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor import remote_cache as rc  # noqa: E402
 from torch._inductor.runtime import autotune_cache as ac  # noqa: E402
 from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
-
-import procs  # noqa: E402
-import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
-from tunecache.inductor.state import REGISTRY  # noqa: E402
-from tunecache.inductor.triton import coordesc as tc_coordesc  # noqa: E402
-from tunecache.inductor.triton.remote import TritonCache  # noqa: E402
-from tunecache.inductor.triton.worker import EnvCache  # noqa: E402
-from tunecache.core import TuneCache  # noqa: E402
-from tunecache.store.store import Claim  # noqa: E402
-
 from triton_fakes import (  # noqa: E402
     FakeConfig,
     FakeKernel,
@@ -54,6 +45,15 @@ from triton_fakes import (  # noqa: E402
     kernel_source,
     meta,
 )
+
+import tunecache  # noqa: E402
+from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.core import TuneCache  # noqa: E402
+from tunecache.inductor.state import REGISTRY  # noqa: E402
+from tunecache.inductor.triton import coordesc as tc_coordesc  # noqa: E402
+from tunecache.inductor.triton.remote import TritonCache  # noqa: E402
+from tunecache.inductor.triton.worker import EnvCache  # noqa: E402
+from tunecache.store.claims import Claim  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,6 @@ def stored(cache: TuneCache) -> list[dict[str, Any]]:
 
 
 def test_core_claim_publish_take_over_and_wait(db_url):
-    import threading
 
     db = db_url
     key = {"kind": "triton_config", "op": "k", "kernel": "x"}
@@ -147,8 +146,8 @@ def test_a_claim_given_back_unneeded_is_not_a_failed_attempt(db_url):
 def test_enable_plugs_in_and_disable_restores(tmp_path):
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codegen.triton import TritonScheduling
-    from torch._inductor.scheduler import Scheduler
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+    from torch._inductor.scheduler import Scheduler
 
     before = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
               inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
@@ -344,9 +343,8 @@ def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
     """A real Inductor compile worker (SubprocPool) loads the kernel: with tunecache
     activated from the environment, our entry point plugs the cache in there too, so
     Inductor's parallel compile stays on."""
-    from torch._inductor.compile_worker.subproc_pool import SubprocPool
-
     import triton_fakes
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
 
     db = str(tmp_path / "tune.db")
     with tunecache.open(db) as made:  # the compiling process's first GEMM lookup made it
@@ -1067,7 +1065,7 @@ def test_a_stored_config_the_kernel_could_not_have_is_refused_with_one_warning(
     monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
     entry = {k: v for k, v in {**_FINE, **hostile}.items() if v is not None}
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        for i, body in enumerate(("tmp0 + tmp1", "tmp0 * tmp1", "tmp0 - tmp1")):
+        for body in ("tmp0 + tmp1", "tmp0 * tmp1", "tmp0 - tmp1"):
             plant(enabled, kernel_file(tmp_path, 0, body=body), meta(), entry, _own())
             cfgs, _, info = load(kernel_file(tmp_path, 1, body=body), meta(), _own())
             # As without an entry: Inductor tunes its own configs.
@@ -1215,9 +1213,8 @@ def test_a_stored_config_that_fails_to_compile_in_a_compile_worker_falls_back_th
     instead, and the kernel goes back to the compiling process as a miss."""
     import functools
 
-    from torch._inductor.compile_worker.subproc_pool import SubprocPool
-
     import triton_fake_autotuner as fa
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
 
     db = str(tmp_path / "tune.db")
     monkeypatch.setenv("TUNECACHE_DB", db)
@@ -1408,7 +1405,7 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
     def swallowing(value: int) -> float:
         try:
             return fusion.benchmark(0, value)[0]
-        except Exception:
+        except Exception:  # noqa: BLE001 - the swallowing this test is about
             return math.inf
 
     best = CoordescTuner.autotune_single_field(swallowing, 16, 8)
@@ -1494,8 +1491,9 @@ def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
 def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: float,
                    barrier: bool, lease: float) -> None:
     """One rank of the real-process tests: ``kernels`` kernels run step after step until
-    each runs a config found by coordinate descent, with a fake coordinate descent that takes ``tune_seconds`` and finds a rank-specific config
-    (so a kernel tuned twice, or not adopted, shows), under claims of ``lease`` seconds.
+    each runs a config found by coordinate descent, with a fake coordinate descent that takes
+    ``tune_seconds`` and finds a rank-specific config (so a kernel tuned twice, or not
+    adopted, shows), under claims of ``lease`` seconds.
     It marks tmp/tuning-<index> when it starts tuning."""
     tuned: list[int] = []
     benchmarked: list[int] = []
@@ -1528,7 +1526,7 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     loaded = []
     for i in range(kernels):
         m = meta(coordesc=True)
-        cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index, f"tmp0 + {i}"), m)
+        cfgs, autotune_cache, _info = load(kernel_file(Path(tmp), index, f"tmp0 + {i}"), m)
         kernel = FakeKernel(autotune_cache, m)
         kernel.number = i
         kernel.launchers = [FakeLauncher(c) for c in cfgs]

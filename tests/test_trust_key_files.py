@@ -137,7 +137,7 @@ def test_keygen_of_a_directory_that_cannot_be_made_is_a_one_line_error():
 
 def test_a_writable_verify_key_turns_graph_sharing_off_with_one_warning(
         keys, sqlite_url, caplog, monkeypatch):
-    torch = pytest.importorskip("torch")  # noqa: F841
+    pytest.importorskip("torch")
     from tunecache import inductor as tc_inductor
     from tunecache.inductor.state import REGISTRY
 

@@ -55,7 +55,8 @@ def _db(request, backend: str) -> str:
 
 
 @pytest.mark.parametrize("backend,tune_seconds",
-                         _cases(["slow", -5.0, math.inf, math.nan], ["text", "negative", "inf", "nan"]))
+                         _cases(["slow", -5.0, math.inf, math.nan],
+                                ["text", "negative", "inf", "nan"]))
 def test_tune_seconds_that_is_not_a_duration_is_ignored(request, backend, tune_seconds):
     db_url = _db(request, backend)
     with tunecache.open(db_url) as cache:

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import gemm_key, populate, run, run_json
+
 import tunecache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def _set_columns(url: str, key_hash: str, **values) -> None:
 
 
 def test_export_header_counts_only_the_entries_written(db_url):
-    good, bad, _ = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    _good, bad, _ = populate(db_url, [gemm_key("mm", i) for i in range(3)])
     _set_columns(db_url, bad.key_hash, timings_json='{"aten": -1}')
     result = run("export", "--db", db_url)
     assert result.exit_code == 0

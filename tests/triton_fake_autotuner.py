@@ -8,8 +8,9 @@ compile worker unpickles :func:`load_autotuner` by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 from torch._inductor.runtime import triton_heuristics as th
 
@@ -32,7 +33,7 @@ class FakeRunLauncher:
     store_cubin = False
     n_regs = n_spills = shared = 0  # what autotune_to_one_config logs
 
-    def __init__(self, kernel: "FakeAutotuner", cfg: Any) -> None:
+    def __init__(self, kernel: FakeAutotuner, cfg: Any) -> None:
         self.kernel = kernel
         self.config = cfg
         self.cache_hash = f"cubin-{sorted(cfg.kwargs.items())}-{cfg.num_warps}"
@@ -64,7 +65,7 @@ class FakeAutotuner(th.CachingAutotuner):
 
 
 def _kernel_fn(name: str = "triton_poi_fused_add_0") -> Any:
-    def kernel(in_ptr0: Any, xnumel: Any, XBLOCK: Any) -> None:  # noqa: N803 - a constexpr
+    def kernel(in_ptr0: Any, xnumel: Any, XBLOCK: Any) -> None:
         pass
 
     return SimpleNamespace(fn=kernel, __name__=name)
@@ -92,7 +93,6 @@ def compile_in_worker(filename: str, inductor_meta: dict[str, Any], configs: lis
     """What a compile worker does (``_worker_compile_triton``): load the kernel, compile
     it (warm_cache_only) and send it back; here its configs and cache state."""
     from torch._inductor.runtime import autotune_cache as ac
-
     from triton_fakes import TritonConfig
 
     ac.Config = TritonConfig  # triton.Config; no triton on the CPU

@@ -23,6 +23,7 @@ PostgreSQL: --pg-admin names a database whose user may CREATE DATABASE (trust au
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
@@ -34,21 +35,24 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tunecache  # noqa: E402
-from tunecache import ops  # noqa: E402
-from tunecache.ops import pruning as prune_mod, statistics as stats_mod  # noqa: E402
-from tunecache.keys import canonical_json, key_labels, timings_to_json  # noqa: E402
-from tunecache.settings import Settings  # noqa: E402
+import tunecache
+from tunecache import ops
+from tunecache.keys import canonical_json, key_labels, timings_to_json
+from tunecache.ops import pruning as prune_mod
+from tunecache.ops import statistics as stats_mod
+from tunecache.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_store import FreshDatabase  # noqa: E402  (the sibling tool)
-from tunecache.store import Database, ensure_schema  # noqa: E402
-from tunecache.store.schema import entries  # noqa: E402
+from bench_store import FreshDatabase
+
+from tunecache.store import Database, ensure_schema
+from tunecache.store.schema import entries
 
 DAY = 86400.0
 DEVICES = ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S"]
@@ -99,6 +103,10 @@ def age_days(i: int) -> float:
     return (i * 37 % 9000) / 100.0  # 0 .. 90 days, evenly
 
 
+def _insert(conn: Any, rows: list[dict[str, Any]]) -> None:
+    conn.execute(entries.insert(), rows)
+
+
 def _row(i: int) -> dict[str, Any]:
     key = key_of(i)
     text = canonical_json(key)
@@ -127,7 +135,7 @@ def build(url: str, count: int, chunk: int = 50_000) -> float:
     started = time.perf_counter()
     for lo in range(0, count, chunk):
         rows = [_row(i) for i in range(lo, min(count, lo + chunk))]
-        db.run(lambda c: c.execute(entries.insert(), rows), write=True)
+        db.run(functools.partial(_insert, rows=rows), write=True)
         print(f"  built {min(count, lo + chunk)}/{count} ({time.perf_counter() - started:.0f}s)",
               file=sys.stderr)
     if db.is_sqlite:

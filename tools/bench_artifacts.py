@@ -10,7 +10,7 @@ given; PostgreSQL: a new database beside the one named, dropped at the end, unle
 (a) read: one artifact of --size-mb random (incompressible) bytes is published, then read
     --reads times, each by ArtifactStore.get as a job would (row, payload, sha256 check);
     median and max seconds (target: <= 0.5 s for 10 MB).
-(b) claims: --claimers processes claim fresh tuning keys through Store.step (the claim
+(b) claims: --claimers processes claim fresh tuning keys through ClaimStore.step (the claim
     write transaction every job runs), --claims each; p50/p99/max of one claim, first
     alone, then while --publishers processes publish --size-mb artifacts (fresh random
     bytes, fresh keys) without pause, and then while the same processes only hash and
@@ -40,9 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunecache.keys import Key  # noqa: E402
-from tunecache.settings import resolve_db_url  # noqa: E402
-from tunecache.store import ArtifactStore, Database, Store, ensure_schema  # noqa: E402
+from tunecache.keys import Key
+from tunecache.settings import resolve_db_url
+from tunecache.store import ArtifactStore, ClaimStore, Database, ensure_schema
 
 SIG = b"\x00" * 64
 ctx = mp.get_context("spawn")
@@ -77,7 +77,7 @@ def bench_read(url: str, size: int, reads: int) -> dict[str, Any]:
 
 
 def _claimer(url: str, claims: int, tag: str, barrier: Any, queue: Any) -> None:
-    store = Store(Database(url))
+    store = ClaimStore(Database(url))
     owner = f"bench:{os.getpid()}:{tag}"
     times = []
     barrier.wait()

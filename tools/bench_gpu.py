@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 tools/bench_gpu.py --mode plain --out bench.jsonl
     torchrun --nproc-per-node 2 tools/bench_gpu.py --mode inductor-distributed --out bench.jsonl
-    TUNECACHE_DB=/shared/tc.db torchrun --nproc-per-node 2 tools/bench_gpu.py --mode tunecache --out bench.jsonl
+    TUNECACHE_DB=/shared/tc.db torchrun --nproc-per-node 2 tools/bench_gpu.py --mode tunecache \
+        --out bench.jsonl
     torchrun --nproc-per-node 2 tools/bench_gpu.py --mode default --out bench.jsonl
     python tools/bench_gpu.py --tiny --device cpu --mode tunecache --out /tmp/b.jsonl   # smoke test
 
@@ -20,7 +21,8 @@ Every rank uses a fresh TORCHINDUCTOR_CACHE_DIR unless ``--keep-inductor-cache D
 given (then DIR/rank<N>), and the FX graph and AOTAutograd caches are off, so every run
 lowers and autotunes for real; ``--inductor-caches`` leaves them on (a job restarted on
 the same node). Every line reports Inductor's own cache counters
-(``torch._dynamo.utils.counters``: fxgraph_cache_*, autograd_cache_*). Compile seconds = the first forward+backward (synchronised).
+(``torch._dynamo.utils.counters``: fxgraph_cache_*, autograd_cache_*). Compile seconds =
+the first forward+backward (synchronised).
 GEMM benchmarks are counted by tunecache.inductor's wrapper around Inductor's benchmark
 callable; in the plain and inductor-distributed modes the same wrapper runs in count-only
 mode (no cache), so the numbers are comparable. Each rank appends one JSON line to
@@ -32,6 +34,7 @@ Needs only torch (+ triton on GPU) and tunecache (+ sqlalchemy, alembic, psycopg
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -46,7 +49,8 @@ MODES = ("default", "plain", "inductor-distributed", "tunecache")
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -98,9 +102,10 @@ def setup_env(args: argparse.Namespace, rank: int) -> str:
 
 def build_model(args: argparse.Namespace, torch: Any) -> Any:
     nn = torch.nn
+    Module: Any = nn.Module  # torch is untyped here: a base class of type Any
     F = torch.nn.functional
     if args.model == "mlp":
-        class Residual(nn.Module):
+        class Residual(Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.up = nn.Linear(args.hidden, args.mlp)
@@ -114,7 +119,7 @@ def build_model(args: argparse.Namespace, torch: Any) -> Any:
     head_dim = args.hidden // args.heads
     kv_dim = args.kv_heads * head_dim
 
-    class RMSNorm(nn.Module):
+    class RMSNorm(Module):
         def __init__(self, dim: int) -> None:
             super().__init__()
             self.weight = nn.Parameter(torch.ones(dim))
@@ -122,7 +127,7 @@ def build_model(args: argparse.Namespace, torch: Any) -> Any:
         def forward(self, x: Any) -> Any:
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
-    class Layer(nn.Module):
+    class Layer(Module):
         def __init__(self) -> None:
             super().__init__()
             self.attn_norm = RMSNorm(args.hidden)
@@ -203,17 +208,14 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
 
     import torch
-    import torch.distributed as dist
     import torch._inductor.config as inductor_config
+    import torch.distributed as dist
 
     from tunecache import inductor as tc_inductor
 
-    if args.mode == "inductor-distributed":
-        try:
-            import numpy  # noqa: F401
-        except ImportError:
-            sys.exit("--mode inductor-distributed needs numpy: Inductor shares its results with "
-                     "dist.all_gather_object, which needs it (pip install numpy)")
+    if args.mode == "inductor-distributed" and importlib.util.find_spec("numpy") is None:
+        sys.exit("--mode inductor-distributed needs numpy: Inductor shares its results with "
+                 "dist.all_gather_object, which needs it (pip install numpy)")
     gpu = local_rank % torch.cuda.device_count() if args.device == "cuda" else 0
     if world > 1:
         # More ranks than GPUs (coordination runs): NCCL refuses two ranks on one GPU, and
@@ -310,7 +312,8 @@ def main() -> int:
         "tunecache_db": os.environ.get("TUNECACHE_DB") if args.mode == "tunecache" else None,
         "inductor_cache_dir": cache_dir,
         "compile_seconds": round(compile_seconds, 3),
-        "second_step_seconds": None if second_step_seconds is None else round(second_step_seconds, 3),
+        "second_step_seconds": (None if second_step_seconds is None
+                                else round(second_step_seconds, 3)),
         "step_ms": None if step_ms is None else round(step_ms, 3),
         "gemm_benchmarks": stats["benchmarks"],
         "gemm_candidates_benchmarked": stats["candidates_benchmarked"],

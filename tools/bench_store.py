@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tunecache  # noqa: E402
+import tunecache
 
 
 def _noop_tuner(key: Any) -> dict[str, float]:

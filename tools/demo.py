@@ -152,7 +152,8 @@ def against(job: dict[str, Any], off: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--procs", type=int, default=2, help="processes per job (default 2)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="times each job runs, for the spread (default 3)")
@@ -173,7 +174,8 @@ def main() -> int:
         parser.error("--rounds and --procs take a positive number")
 
     tmp = Path(tempfile.mkdtemp(prefix="tunecache-demo-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     # Never the user's default cache: should a child fall back to the default database,
     # it is one in the temporary directory too.

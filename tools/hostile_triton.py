@@ -1,7 +1,7 @@
 """Hostile stored Triton configs on a GPU: does the job still finish, with eager's numerics?
 
     python tools/hostile_triton.py --db /tmp/hostile.db            # SQLite file, must not exist
-    python tools/hostile_triton.py --db postgresql://user@host/db  # a database with no Triton entries
+    python tools/hostile_triton.py --db postgresql://user@host/db  # no Triton entries in it
     python tools/hostile_triton.py --db /tmp/h.db --cases num_warps_64,blocks_2_20 --out h.jsonl
 
 First a seed job compiles a small model (GEMM, pointwise, reductions) with
@@ -32,8 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -135,8 +136,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_model(torch: Any, dim: int) -> Any:
     nn = torch.nn
+    Module: Any = nn.Module  # torch is untyped here: a base class of type Any
 
-    class Small(nn.Module):  # type: ignore[name-defined, misc]
+    class Small(Module):
         """A GEMM (a template under max-autotune), pointwise ops and reductions."""
 
         def __init__(self) -> None:
@@ -193,7 +195,8 @@ def child(args: argparse.Namespace) -> int:
     report["triton"] = {k: v for k, v in tc_inductor.triton_stats.as_dict().items()
                         if k in ("lookups", "hits", "misses", "invalid", "stored_config_failed",
                                  "puts", "published", "adopted", "coordesc_restored")}
-    from torch._dynamo.utils import counters  # Inductor's own cache counters, reported with every run
+    # Inductor's own cache counters, reported with every run.
+    from torch._dynamo.utils import counters
 
     report["inductor_counters"] = {
         group: {k: v for k, v in counters[group].items() if "cache" in k}
@@ -231,7 +234,8 @@ def run_job(args: argparse.Namespace, label: str, work: Path) -> dict[str, Any]:
         stderr = proc.stderr
     except subprocess.TimeoutExpired as e:
         rc = "timeout"
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+        stderr = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes)
+                  else str(e.stderr or ""))
     result: dict[str, Any] = {"finished": False}
     if report_path.exists():
         result = json.loads(report_path.read_text())
@@ -341,7 +345,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     for r in results:
         err = "-" if r["max_abs_error"] is None else f"{r['max_abs_error']:.3g}"
         print(f"{r['case']:<22} {r['expect']:<9} {r['seen']:<9} "
-              f"{'yes' if r['finished'] else 'NO':<9} {str(r['matches_eager']):<8} "
+              f"{'yes' if r['finished'] else 'NO':<9} {r['matches_eager']!s:<8} "
               f"{err:<12} {r['n_warnings']:<8}")
     for r in results:
         for w in r["warnings"]:

@@ -110,6 +110,7 @@ import contextlib
 import dataclasses
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -126,13 +127,14 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tunecache  # noqa: E402
-from tunecache.keys import key_hash  # noqa: E402
+import tunecache
+from tunecache.keys import key_hash
 
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 KEYS_PER_GENERATION = 4  # new keys per GENERATION_SECONDS: a steady stream of cold keys
@@ -609,7 +611,7 @@ class Adversary:
                                  application_name="soak-adversary") as conn:
                 conn.execute("SET statement_timeout = '5s'")
                 for sql, params in statements:
-                    conn.execute(sql, params)  # type: ignore[arg-type]
+                    conn.execute(sql, params)
             return
         # Longer than a frozen worker holds the write lock (3 leases at most).
         db = sqlite3.connect(self.spec["url"].split("///", 1)[1], timeout=15,
@@ -746,7 +748,7 @@ class Adversary:
         """Make ``path`` a real directory under the blob root, unless a symlink (one of
         ours) is in the way: the adversary never creates anything through one."""
         walk = self.blobs
-        for part in ["."] + os.path.relpath(path, self.blobs).split(os.sep):
+        for part in [".", *os.path.relpath(path, self.blobs).split(os.sep)]:
             walk = os.path.normpath(os.path.join(walk, part))
             if os.path.islink(walk):
                 return False
@@ -1040,8 +1042,7 @@ class Driver:
 
     def spawn(self, role: str = "worker") -> subprocess.Popen[bytes]:
         self.spawned += 1
-        out = open(os.path.join(self.logdir, f"{role}-{self.spawned}.log"), "wb")
-        with out:
+        with open(os.path.join(self.logdir, f"{role}-{self.spawned}.log"), "wb") as out:
             return subprocess.Popen(
                 [sys.executable, __file__, f"--{role}", json.dumps(self.spec)],
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -1305,7 +1306,7 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
     duplicates = []
     for i, starts in claimed.items():
         starts.sort()
-        for (t1, p1), (t2, p2) in zip(starts, starts[1:]):
+        for (t1, p1), (t2, p2) in itertools.pairwise(starts):
             if not excused(p1, t1, t2):
                 duplicates.append(f"key {i}: pid {p1} at {t1 - driver.t0:.1f}s, "
                                   f"pid {p2} at {t2 - driver.t0:.1f}s")
@@ -1402,7 +1403,8 @@ def check_canaries(plants: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dict[str, Any]],
-                   plants: list[dict[str, Any]], freezes_by_pid: dict[int, list[tuple[float, float]]],
+                   plants: list[dict[str, Any]],
+                   freezes_by_pid: dict[int, list[tuple[float, float]]],
                    normal_failures: list[str]) -> dict[str, Any]:
     """Per hostile case: plants, failures and hangs, attributed by the keys and graphs
     the adversary aimed at; and the three invariants. A call that asked for keys of
@@ -1528,7 +1530,8 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
     elif pg_url:
         url = pg_url
         if pg_restart_cmd:
-            restart_cmd = lambda mode: ["sh", "-c", pg_restart_cmd]  # noqa: E731
+            def restart_cmd(mode: str) -> list[str]:
+                return ["sh", "-c", pg_restart_cmd]
     else:
         server = PrivatePostgres()
         url, restart_cmd = server.url, server.restart_command

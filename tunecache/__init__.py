@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tunecache' has no attribute {name!r}")
 
 
-def enable(cache: "TuneCache | None" = None, *, count_only: bool = False,
+def enable(cache: TuneCache | None = None, *, count_only: bool = False,
            **settings: Any) -> bool:
     """Route torch.compile's GEMM autotuning through ``cache`` (default: one opened from
     ``settings`` and the environment, at the first autotuned op). See tunecache.inductor.
@@ -81,7 +81,7 @@ def is_enabled() -> bool:
     return inductor_is_enabled()
 
 
-def open(db: str | None = None, **settings: Any) -> "TuneCache":  # noqa: A001 - the API's name
+def open(db: str | None = None, **settings: Any) -> TuneCache:
     """A :class:`TuneCache` on ``db`` (a path or URL; None: TUNECACHE_DB or the default).
 
     Keyword arguments override the TUNECACHE_* environment variables (``mode``,

@@ -34,7 +34,7 @@ import logging
 import sys
 import threading
 import types
-from typing import Sequence
+from collections.abc import Sequence
 
 from .settings import Activation, activation
 
@@ -90,7 +90,7 @@ class _Loader(importlib.abc.Loader):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        self._inner.exec_module(module)  # type: ignore[attr-defined]
+        self._inner.exec_module(module)
         _enable(self._target)
 
 

@@ -13,7 +13,8 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Mapping, Union
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import InvalidEntryError
 
@@ -122,7 +123,7 @@ class Key:
     mapping: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
 
     @classmethod
-    def of(cls, key: "KeyLike") -> "Key":
+    def of(cls, key: KeyLike) -> Key:
         """The :class:`Key` of a key mapping (a :class:`Key` is returned as it is)."""
         if isinstance(key, Key):
             return key
@@ -131,7 +132,7 @@ class Key:
 
 
 # What the cache's methods accept: a key mapping (the public API) or a Key built before.
-KeyLike = Union[Key, Mapping[str, Any]]
+KeyLike = Key | Mapping[str, Any]
 
 
 def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError
 
@@ -153,7 +154,7 @@ class Settings:
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
 
-    _ENV = {
+    _ENV: ClassVar[dict[str, str]] = {
         "db_url": "TUNECACHE_DB",
         "mode": "TUNECACHE_MODE",
         "lease_seconds": "TUNECACHE_LEASE_SECONDS",
@@ -165,6 +166,12 @@ class Settings:
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
     }
+
+    @property
+    def lock_seconds(self) -> float:
+        """``lock_timeout`` as resolved: a float once constructed (None is the default)."""
+        assert self.lock_timeout is not None  # __post_init__ resolved it
+        return self.lock_timeout
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -222,7 +229,7 @@ class Settings:
             object.__setattr__(self, name, path)
         object.__setattr__(self, "_graphs_problem", "; ".join(problems) or None)
 
-    def graph_sharing(self) -> "GraphSharing":
+    def graph_sharing(self) -> GraphSharing:
         """Whether and how this process shares compiled graphs (never raises)."""
         if self._graphs_problem is not None:
             return GraphSharing("invalid", problem=self._graphs_problem)
@@ -238,7 +245,7 @@ class Settings:
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> "Settings":
+    ) -> Settings:
         """Settings from the environment; keyword arguments win over it.
 
         ``db`` may be given as a path or URL (it is resolved like TUNECACHE_DB).

@@ -9,7 +9,8 @@ import json
 import math
 import re
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import click
 
@@ -24,7 +25,7 @@ _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\
                      "\ud800-\udfff]")
 
 
-def _escape(match: "re.Match[str]") -> str:
+def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
@@ -44,11 +45,12 @@ def clip(value: Any, width: int) -> str:
 
 
 def _number(value: Any) -> float | None:
-    """A column read from shared storage as a finite number, or None: SQLite keeps
-    whatever a writer put in a column, whatever its declared type."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+    """A column read from shared storage as a finite number, or None (store.columns.time;
+    imported when first used: the store package loads SQLAlchemy, which ``tunecache
+    --help`` must not)."""
+    from ..store import columns
+
+    return columns.time(value)
 
 
 def dur(seconds: Any) -> str:

@@ -12,7 +12,7 @@ import click
 
 from . import format as fmt
 from .app import BadArgument
-from .options import Out, Selection, common, entry_filters, opened
+from .options import Invocation, Selection, common, entry_filters, opened
 
 __all__ = ["stats", "ls", "show", "doctor"]
 
@@ -22,11 +22,11 @@ BY_OP_SHOWN = 20
 
 @click.command()
 @common
-def stats(out: Out) -> None:
+def stats(inv: Invocation) -> None:
     """Entries by state, environment and op; size; hits; time saved; claims; failures."""
     from .. import ops
 
-    with opened(out, read_only=True) as db:
+    with opened(inv, read_only=True) as db:
         data = ops.stats(db)
 
     def human() -> None:
@@ -94,7 +94,7 @@ def stats(out: Out) -> None:
                    [(f["key_hash"][:12], f["op"], f["attempts"], (f["error"] or "")[:60])
                     for f in data["failed"]["keys"]])
 
-    out.emit(data, human)
+    inv.emit(data, human)
 
 
 
@@ -106,7 +106,7 @@ def stats(out: Out) -> None:
                    "--kind autograd implies it. Filters: --kind, --torch.")
 @click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
 @common
-def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
+def ls(inv: Invocation, selection: Selection, limit: int, graphs: bool) -> None:
     """List entries, most recently updated first (or, --graphs, compiled graphs)."""
     from .. import ops
 
@@ -117,9 +117,9 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
         if selection.ops or selection.states or selection.devices:
             raise BadArgument("compiled graphs have no op, state or device: with --graphs, "
                               "filter by --kind and --torch")
-        _ls_graphs(out, selection, limit)
+        _ls_graphs(inv, selection, limit)
         return
-    with opened(out, read_only=True) as db:
+    with opened(inv, read_only=True) as db:
         rows = ops.ls(db, selection.entry_filter(), limit)
 
     def human() -> None:
@@ -128,13 +128,13 @@ def ls(out: Out, selection: Selection, limit: int, graphs: bool) -> None:
                  fmt.clip(r["best"], 40), fmt.dur(r["tune_seconds"]), r["hits"],
                  fmt.when(r["updated_at"])) for r in rows], indent="")
 
-    out.emit(rows, human)
+    inv.emit(rows, human)
 
 
-def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
+def _ls_graphs(inv: Invocation, selection: Selection, limit: int) -> None:
     from .. import ops
 
-    with opened(out, read_only=True) as db:
+    with opened(inv, read_only=True) as db:
         rows = ops.ls_graphs(db, ops.GraphFilter.of_entries(selection.entry_filter()), limit)
 
     def human() -> None:
@@ -143,17 +143,17 @@ def _ls_graphs(out: Out, selection: Selection, limit: int) -> None:
                     fmt.clip(r["torch_version"], 24), r["hits"], fmt.when(r["created_at"]),
                     fmt.when(r["last_used_at"])) for r in rows], indent="")
 
-    out.emit(rows, human)
+    inv.emit(rows, human)
 
 
 @click.command()
 @click.argument("key_hash_prefix")
 @common
-def show(out: Out, key_hash_prefix: str) -> None:
+def show(inv: Invocation, key_hash_prefix: str) -> None:
     """Show one entry: key, timings (fastest first), winner, owner, token, times."""
     from .. import ops
 
-    with opened(out, read_only=True) as db:
+    with opened(inv, read_only=True) as db:
         entry = ops.show(db, key_hash_prefix)
 
     def human() -> None:
@@ -185,14 +185,14 @@ def show(out: Out, key_hash_prefix: str) -> None:
                 ms = "failed" if t["ms"] is None else f"{t['ms']:.6g}"
                 click.echo(f"  {ms:>12}  {fmt.safe(t['candidate'])}")
 
-    out.emit(entry, human)
+    inv.emit(entry, human)
 
 
 
 @click.command()
 @common
 @click.pass_context
-def doctor(ctx: click.Context, out: Out) -> None:
+def doctor(ctx: click.Context, inv: Invocation) -> None:
     """Check that this host can share the cache safely; exit 1 if any check fails.
 
     Reachability, schema version, the filesystem under a SQLite path and whether POSIX
@@ -201,7 +201,7 @@ def doctor(ctx: click.Context, out: Out) -> None:
     """
     from .. import ops
 
-    checks = ops.run_checks(out.settings)
+    checks = ops.run_checks(inv.settings)
     failed = any(c.status == "fail" for c in checks)
 
     def human() -> None:
@@ -210,7 +210,7 @@ def doctor(ctx: click.Context, out: Out) -> None:
             if c.fix and c.status != "ok":
                 click.echo(f"{'':<5} {'':<12} fix: {c.fix}")
 
-    out.emit({"ok": not failed, "checks": [c.as_dict() for c in checks]}, human)
+    inv.emit({"ok": not failed, "checks": [c.as_dict() for c in checks]}, human)
     if failed:
         ctx.exit(1)
 

@@ -1,6 +1,6 @@
-"""Options the commands share, each defined once: --db and --json (as one :class:`Out`),
-the entry filters, durations, choices read from the library when first needed, and the
-database a command works on.
+"""Options the commands share, each defined once: --db and --json (as one
+:class:`Invocation`), the entry filters, durations, choices read from the library when
+first needed, and the database a command works on.
 
 Nothing here imports SQLAlchemy, Alembic or torch at import time: ``tunecache --help``
 must start fast (tests/test_cli_start.py), so tunecache.ops (SQLAlchemy) and
@@ -13,7 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..ops import EntryFilter
     from ..store import Database
 
-__all__ = ["KINDS", "Out", "common", "json_only", "Duration", "ByteSize", "LibraryChoice",
+__all__ = ["KINDS", "Invocation", "common", "json_only", "Duration", "ByteSize", "LibraryChoice",
            "Selection", "entry_filters", "op_option", "kind_option", "opened"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,8 +38,10 @@ KINDS = ", ".join(KNOWN_KINDS)
 
 
 @dataclasses.dataclass
-class Out:
-    """What every command gets: the database choice and the output format."""
+class Invocation:
+    """How the command was invoked, which every command gets: the database chosen
+    (--db), the settings read from it and the environment, and the output format
+    (--json)."""
 
     db: str | None
     as_json: bool
@@ -63,7 +66,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON 
 
 
 def common(fn: F) -> F:
-    """--db and --json, handed to the command as one :class:`Out`."""
+    """--db and --json, handed to the command as one :class:`Invocation`."""
 
     @click.option("--db", metavar="PATH|URL", default=None,
                   help="Database: a SQLite path or sqlite:/// / postgresql:// URL "
@@ -71,30 +74,32 @@ def common(fn: F) -> F:
     @_json_option
     @functools.wraps(fn)
     def wrapper(*args: Any, db: str | None, as_json: bool, **kwargs: Any) -> Any:
-        return fn(Out(db, as_json), *args, **kwargs)
+        return fn(Invocation(db, as_json), *args, **kwargs)
 
+    # The command's own signature less the Invocation, which click never sees.
     return wrapper  # type: ignore[return-value]
 
 
 def json_only(fn: F) -> F:
-    """--json alone, for a command that needs no database, handed over as an :class:`Out`."""
+    """--json alone, for a command that needs no database, handed over as an
+    :class:`Invocation`."""
 
     @_json_option
     @functools.wraps(fn)
     def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
-        return fn(Out(None, as_json), *args, **kwargs)
+        return fn(Invocation(None, as_json), *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # as in common()
 
 
 @contextlib.contextmanager
-def opened(out: Out, *, create: bool = False, writes: str | None = None,
+def opened(inv: Invocation, *, create: bool = False, writes: str | None = None,
            read_only: bool = False) -> Iterator[Database]:
-    """The database ``out`` names, at the head schema, disposed of when the block ends
+    """The database ``inv`` names, at the head schema, disposed of when the block ends
     (see tunecache.ops.opening; ``read_only``: never created or migrated)."""
     from ..ops import opening  # SQLAlchemy: only once a command runs (module docstring)
 
-    with opening.opened(out.settings, create=create, writes=writes,
+    with opening.opened(inv.settings, create=create, writes=writes,
                         read_only=read_only) as db:
         yield db
 
@@ -145,7 +150,7 @@ class LibraryChoice(click.Choice):
         self._choices: tuple[str, ...] | None = None
         super().__init__((), case_sensitive=True)
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         if self._choices is None:
             module, attribute = self._where.split(":")
@@ -157,11 +162,11 @@ class LibraryChoice(click.Choice):
         pass  # click.Choice.__init__ sets them; they come from the library instead
 
 
-def op_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+def op_option(help: str) -> Callable[[F], F]:
     return click.option("--op", multiple=True, help=help)
 
 
-def kind_option(help: str) -> Callable[[F], F]:  # noqa: A002 - click's name for it
+def kind_option(help: str) -> Callable[[F], F]:
     return click.option("--kind", multiple=True, metavar="KIND", help=help)
 
 
@@ -208,6 +213,6 @@ def entry_filters(*, states: bool = False) -> Callable[[F], F]:
         ]
         for option in reversed(options):  # click lists the last one applied first
             wrapper = option(wrapper)
-        return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]  # as in common()
 
     return decorate

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import click
 
 from . import format as fmt
 from .app import BadArgument
-from .options import KINDS, ByteSize, Duration, Out, common, kind_option, op_option, opened
+from .options import KINDS, ByteSize, Duration, Invocation, common, kind_option, op_option, opened
 
 __all__ = ["prune"]
 
@@ -80,7 +81,7 @@ def _ctrl_c_stops() -> Iterator[Callable[[], bool]]:
               help="SQLite: no 0.1 s pause between batches (for a maintenance window: "
                    "running jobs would wait for the whole prune).")
 @common
-def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
+def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
           triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
           kind: tuple[str, ...], failed: bool,
@@ -113,15 +114,16 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
         raise BadArgument("nothing selected: give --older-than, --keep-torch/--keep-triton/"
                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                           "--expired-claims, --invalid or --max-graph-bytes")
-    with opened(out, writes=None if dry_run else "prune", read_only=dry_run) as db, \
-            fmt.progress("pruning" if not dry_run else "listing", not out.as_json) as (total, step), \
+    with opened(inv, writes=None if dry_run else "prune", read_only=dry_run) as db, \
+            fmt.progress("pruning" if not dry_run else "listing",
+                         not inv.as_json) as (total, step), \
             (_ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(
             db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
             progress=step, on_total=total, stop=stop,
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
     if report.get("interrupted"):
-        _interrupted(out, report)
+        _interrupted(inv, report)
 
     for warning in report["warnings"]:  # on stderr, with --json too
         click.echo(f"Warning: {warning}", err=True)
@@ -166,10 +168,10 @@ def prune(out: Out, older_than: float | None, keep_torch: tuple[str, ...],
                        f"({fmt.size(g['freed_bytes'])}){kept}, {orphans['orphan_blobs']} "
                        f"orphan blob files ({fmt.size(orphans['orphan_bytes'])})")
 
-    out.emit(report, human)
+    inv.emit(report, human)
 
 
-def _interrupted(out: Out, report: dict[str, Any]) -> None:
+def _interrupted(inv: Invocation, report: dict[str, Any]) -> None:
     """Ctrl-C: say what was deleted (all of it committed), then exit 130 like a shell."""
     g = report["graphs"]
     graphs = g["deleted"] if g else 0
@@ -180,6 +182,6 @@ def _interrupted(out: Out, report: dict[str, Any]) -> None:
                    f"{graphs} compiled graphs before Ctrl-C; the rest is left as it was "
                    "(run the same prune again to finish)")
 
-    out.emit(report, human)
+    inv.emit(report, human)
     click.get_current_context().exit(130)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import Out, json_only
+from .options import Invocation, json_only
 
 __all__ = ["keygen"]
 
@@ -18,7 +18,7 @@ __all__ = ["keygen"]
               help="Let the private key's group read it too (mode 640, not 600): for jobs "
                    "that run as several users of one group.")
 @json_only
-def keygen(out: Out, directory: Path, group: bool) -> None:
+def keygen(inv: Invocation, directory: Path, group: bool) -> None:
     """Make the Ed25519 key pair that signs shared compiled graphs, in DIRECTORY.
 
     Writes tunecache-signing.key (the private key: set TUNECACHE_SIGNING_KEY to it on jobs
@@ -41,4 +41,4 @@ def keygen(out: Out, directory: Path, group: bool) -> None:
                    f"TUNECACHE_VERIFY_KEY={files.public_key})")
         click.echo(f"fingerprint: {files.fingerprint}")
 
-    out.emit(report, human)
+    inv.emit(report, human)

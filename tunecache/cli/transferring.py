@@ -7,14 +7,15 @@ import contextlib
 import itertools
 import json
 import sys
-from typing import Any, Callable, Mapping, TextIO, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO, TypeVar
 
 import click
 
 from ..settings import Settings
 from . import format as fmt
 from .app import BadArgument
-from .options import LibraryChoice, Out, Selection, common, entry_filters, opened
+from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
 
 __all__ = ["export", "import_", "merge"]
 
@@ -32,7 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
                    "--op or --device select none), with their signatures.")
 @entry_filters()
 @common
-def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Selection) -> None:
+def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
+           selection: Selection) -> None:
     """Write done entries as versioned JSON lines.
 
     Line 1: {"format": "tunecache-export", "version": 1, ...}; then one entry per line:
@@ -46,16 +48,16 @@ def export(out: Out, output: str, best_only: bool, graphs: bool, selection: Sele
     """
     from .. import ops
 
-    with opened(out, read_only=True) as db, contextlib.ExitStack() as stack:
+    with opened(inv, read_only=True) as db, contextlib.ExitStack() as stack:
         f: TextIO = sys.stdout if output == "-" else stack.enter_context(_output_file(output))
-        with fmt.progress("exporting", output != "-" and not out.as_json) as (total, step):
+        with fmt.progress("exporting", output != "-" and not inv.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
                                 graphs=graphs, progress=step, on_total=total)
     summary = (f"exported {report['exported']} entries"
                + (f", {report['graphs']} compiled graphs" if report["graphs"] else "")
                + (f"; skipped {len(report['skipped_invalid'])} invalid" if report["skipped_invalid"]
                   else ""))
-    if out.as_json and output != "-":
+    if inv.as_json and output != "-":
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
         click.echo(summary, err=True)
@@ -97,8 +99,8 @@ def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
     return decorate
 
 
-def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip_invalid: bool,
-                   what: str) -> None:
+def _import_report(ctx: click.Context, inv: Invocation, report: Mapping[str, Any],
+                   skip_invalid: bool, what: str) -> None:
     def human() -> None:
         verb = "would import" if report["dry_run"] else "imported"
         click.echo(f"{verb} into {report['database']}: {report['inserted']} new, "
@@ -112,9 +114,9 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
         for bad in report["bad"]:
             click.echo(f"{what}: {fmt.safe(bad['where'])}: {fmt.safe(bad['reason'])}", err=True)
 
-    out.emit(report, human)
+    inv.emit(report, human)
     if report["invalid"] and not skip_invalid:
-        if not out.as_json:
+        if not inv.as_json:
             click.echo(f"Error: {report['invalid']} invalid entries skipped; fix them or pass "
                        "--skip-invalid to accept the rest silently", err=True)
         ctx.exit(1)
@@ -125,7 +127,7 @@ def _import_report(ctx: click.Context, out: Out, report: Mapping[str, Any], skip
 @_import_options("Exit 0 even if some lines were invalid (they are skipped either way).")
 @common
 @click.pass_context
-def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_invalid: bool,
+def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str, skip_invalid: bool,
             dry_run: bool) -> None:
     """Import an export file (FILE, or - for stdin).
 
@@ -142,13 +144,15 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
     # creates no database.
     records = ops.parse_export(file, getattr(file, "name", "input"))
     first = next(records, None)
-    with opened(out, create=True, writes=None if dry_run else "import",
+    with opened(inv, create=True, writes=None if dry_run else "import",
                 read_only=dry_run) as db, \
-            fmt.progress("importing", not out.as_json) as (_total, step):
+            fmt.progress("importing", not inv.as_json) as (_total, step):
+        # on_conflict: a str from click.Choice(CONFLICT_POLICIES), which import_records
+        # checks again.
         report = ops.import_records(
             db, itertools.chain([] if first is None else [first], records),
             on_conflict=on_conflict, dry_run=dry_run, progress=step)  # type: ignore[arg-type]
-    _import_report(ctx, out, report, skip_invalid, getattr(file, "name", "input"))
+    _import_report(ctx, inv, report, skip_invalid, getattr(file, "name", "input"))
 
 
 @click.command()
@@ -159,7 +163,7 @@ def import_(ctx: click.Context, out: Out, file: TextIO, on_conflict: str, skip_i
 @_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
 @common
 @click.pass_context
-def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_conflict: str,
+def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on_conflict: str,
           skip_invalid: bool, dry_run: bool) -> None:
     """Merge the done entries of SRC_DB into the target, validated like an import.
 
@@ -168,14 +172,15 @@ def merge(ctx: click.Context, out: Out, src_db: str, into: str | None, on_confli
     from .. import ops
 
     if into is not None:
-        if out.db is not None:
+        if inv.db is not None:
             raise BadArgument("--into and --db both name the target: give one of them")
-        out.db = into
+        inv.db = into
     with ops.open_source(Settings.from_env(db=src_db)) as src, \
-            opened(out, create=True, writes=None if dry_run else "merge",
+            opened(inv, create=True, writes=None if dry_run else "merge",
                    read_only=dry_run) as target, \
-            fmt.progress("merging", not out.as_json) as (total, step):
+            fmt.progress("merging", not inv.as_json) as (total, step):
+        # on_conflict: as for import.
         report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
                            dry_run=dry_run, progress=step, on_total=total)
-    _import_report(ctx, out, report, skip_invalid, src.display_url)
+    _import_report(ctx, inv, report, skip_invalid, src.display_url)
 

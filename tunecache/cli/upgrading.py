@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import click
 
-from .options import Out, common
+from .options import Invocation, common
 
 __all__ = ["upgrade"]
 
 
 @click.command()
 @common
-def upgrade(out: Out) -> None:
+def upgrade(inv: Invocation) -> None:
     """Run the schema migrations now (creates the database if it does not exist)."""
     from .. import ops
 
-    report = ops.upgrade(out.settings)
+    report = ops.upgrade(inv.settings)
 
     def human() -> None:
         if report["from"] == report["to"]:
@@ -25,4 +25,4 @@ def upgrade(out: Out) -> None:
             click.echo(f"{report['database']}: schema upgraded from revision "
                        f"{report['from'] or '(none)'} to {report['to']}")
 
-    out.emit(report, human)
+    inv.emit(report, human)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from . import format as fmt
-from .options import LibraryChoice, Out, common, opened
+from .options import Invocation, LibraryChoice, common, opened
 
 __all__ = ["warm"]
 
@@ -27,7 +27,7 @@ __all__ = ["warm"]
 @click.option("--dry-run", is_flag=True, help="List what would be tuned; compile nothing.")
 @common
 @click.pass_context
-def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[str, ...],
+def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: tuple[str, ...],
          from_device: tuple[str, ...], limit: int | None, dry_run: bool) -> None:
     """Re-tune, on this machine, the GEMM keys earlier jobs recorded, so the next job starts
     warm (after a torch/triton upgrade, or on a new GPU type).
@@ -38,7 +38,7 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
     """
     from .. import warm as warm_mod
 
-    with opened(out, read_only=dry_run) as db:
+    with opened(inv, read_only=dry_run) as db:
         tasks, skipped = warm_mod.select_tasks(db, op or None,
                                                from_torch=from_torch, from_device=from_device,
                                                limit=limit)
@@ -55,11 +55,11 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
                 for s in skipped:
                     click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
 
-            out.emit(data, human_dry)
+            inv.emit(data, human_dry)
             return
-        with fmt.progress("warming", not out.as_json) as (total, step):
+        with fmt.progress("warming", not inv.as_json) as (total, step):
             total(len(tasks))
-            report = warm_mod.warm(out.settings, db, tasks, progress=step)
+            report = warm_mod.warm(inv.settings, db, tasks, progress=step)
         report["skipped"] = skipped
 
     def human() -> None:
@@ -78,6 +78,6 @@ def warm(ctx: click.Context, out: Out, op: tuple[str, ...], from_torch: tuple[st
         for s in skipped:
             click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
 
-    out.emit(report, human)
+    inv.emit(report, human)
     if report["error"]:
         ctx.exit(1)

@@ -24,12 +24,13 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
 from ..keys import Key, KeyLike, best_candidate, timings_to_json, validate_timings
 from ..settings import MAX_LEASE_SECONDS, Settings
-from ..store import Claim, Database, Entry, Publication, Store, ensure_schema
+from ..store import Claim, ClaimStore, Database, Entry, Publication, ensure_schema
 from .heartbeat import Heartbeat
 from .result import Result, Source
 from .usage import Usage
@@ -53,10 +54,10 @@ class TuneCache:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._db = Database(settings.db_url, settings.lock_timeout,
+        self._db = Database(settings.db_url, settings.lock_seconds,
                             readonly=settings.mode == "readonly",
                             own_directory=settings.owns_directory)
-        self._store = Store(self._db)
+        self._store = ClaimStore(self._db)
         self._lock = threading.RLock()
         self._schema_pid = -1
         self._disabled: str | None = "TUNECACHE_MODE=off" if settings.mode == "off" else None
@@ -80,7 +81,7 @@ class TuneCache:
         return self._disabled
 
     @property
-    def store(self) -> Store:
+    def store(self) -> ClaimStore:
         return self._store
 
     def database(self) -> Database | None:
@@ -171,7 +172,7 @@ class TuneCache:
         h = k.hash
         lease = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
         if not math.isfinite(lease) or not 0 < lease <= MAX_LEASE_SECONDS:
-            # Peers take a longer lease for one no tunecache wrote (store.lease_passed).
+            # Peers take a longer lease for one no tunecache wrote (claims.lease_passed).
             raise ValueError(f"lease_seconds must be a positive number of at most "
                              f"{MAX_LEASE_SECONDS:g}, not {lease_seconds!r}")
         if not self._ensure_available():
@@ -340,7 +341,7 @@ class TuneCache:
         self._heartbeat = None
         self._db.dispose()
 
-    def __enter__(self) -> "TuneCache":
+    def __enter__(self) -> TuneCache:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -415,7 +416,7 @@ class TuneCache:
                     chosen = set((todo[at:] + todo[:at])[: _CLAIM_WINDOW + batch])
                     window = [h for h in todo if h in chosen]
                 # Keys given back in this step are claimable from the next one on (the
-                # step claims before it gives back: Store.step says why).
+                # step claims before it gives back: ClaimStore.step says why).
                 given_back = {c.key_hash for c in returned}
                 window = [h for h in window if h not in given_back]
                 heartbeat.release(returned, wait=True)
@@ -632,7 +633,7 @@ def _next_batch(step_seconds: float, tuned: Sequence[Publication]) -> int:
     return max(1, min(32, int(step_seconds / max(tune_seconds, 1e-6) / 4)))
 
 
-_open_caches: "weakref.WeakSet[TuneCache]" = weakref.WeakSet()
+_open_caches: weakref.WeakSet[TuneCache] = weakref.WeakSet()
 
 
 @atexit.register

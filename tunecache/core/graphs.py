@@ -26,7 +26,8 @@ import logging
 import threading
 import zlib
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import SigningKeyError, StoreError
 from ..settings import GraphSharing
@@ -116,15 +117,16 @@ class GraphShare:
             self._stop(e)
             return None
         except Exception as e:  # noqa: BLE001 - never fail Inductor's cache lookup
-            self._warn_once("read", f"tunecache: reading a compiled graph failed ({type(e).__name__}: "
-                            f"{e}); Inductor compiles as usual")
+            self._warn_once("read", "tunecache: reading a compiled graph failed "
+                            f"({type(e).__name__}: {e}); Inductor compiles as usual")
             return None
         if artifact is None:
             self._count("absent")
             return None
         data = self._verified(kind, key, artifact)
         if isinstance(data, tuple):
-            return self._refuse(kind, key, *data)
+            self._refuse(kind, key, *data)
+            return None
         with self._lock:
             self._known.add((kind, key))
             self.counts["loaded"] += 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import StoreError
-from ..store import Claim, Store
+from ..store import Claim, ClaimStore
 
 __all__ = ["Heartbeat"]
 
@@ -18,7 +18,7 @@ logger = logging.getLogger("tunecache")
 class Heartbeat:
     """Renews the leases of the claims a process holds, every lease/3 seconds."""
 
-    def __init__(self, store: Store, lease_seconds: float) -> None:
+    def __init__(self, store: ClaimStore, lease_seconds: float) -> None:
         self.pid = os.getpid()
         self._store = store
         self._lease = lease_seconds

@@ -35,9 +35,16 @@ import os
 import stat
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SigningKeyError
 from ..files import read_regular
+
+if TYPE_CHECKING:  # cryptography is imported when a key is first used
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 __all__ = [
     "PRIVATE_KEY_NAME",
@@ -76,11 +83,11 @@ def _fingerprint(public_raw: bytes) -> str:
 class Verifier:
     """Checks signatures with a public key."""
 
-    def __init__(self, public_key: object) -> None:
+    def __init__(self, public_key: Ed25519PublicKey) -> None:
         from cryptography.hazmat.primitives import serialization
 
         self._key = public_key
-        raw = public_key.public_bytes(  # type: ignore[attr-defined]
+        raw = public_key.public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
         self.public_raw: bytes = raw
@@ -92,7 +99,7 @@ class Verifier:
         if len(signature) != _SIGNATURE_BYTES:
             return False
         try:
-            self._key.verify(signature, signed_message(kind, key, digest))  # type: ignore[attr-defined]
+            self._key.verify(signature, signed_message(kind, key, digest))
         except InvalidSignature:
             return False
         return True
@@ -101,16 +108,16 @@ class Verifier:
 class Signer:
     """Signs with a private key; :attr:`verifier` checks with its public half."""
 
-    def __init__(self, private_key: object) -> None:
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
         self._key = private_key
-        self.verifier = Verifier(private_key.public_key())  # type: ignore[attr-defined]
+        self.verifier = Verifier(private_key.public_key())
 
     @property
     def fingerprint(self) -> str:
         return self.verifier.fingerprint
 
     def sign(self, kind: str, key: str, digest: str) -> bytes:
-        return self._key.sign(signed_message(kind, key, digest))  # type: ignore[attr-defined]
+        return self._key.sign(signed_message(kind, key, digest))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +227,8 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
     except FileExistsError:
         raise SigningKeyError(str(path), "exists already; refusing to overwrite it") from None
     except OSError as e:
-        raise SigningKeyError(str(path), f"cannot be created: {os.strerror(e.errno or 0)}") from None
+        raise SigningKeyError(str(path),
+                              f"cannot be created: {os.strerror(e.errno or 0)}") from None
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:

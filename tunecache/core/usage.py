@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from .result import Result
 

@@ -22,8 +22,13 @@ from .gemm import candidate_id, candidate_ids, make_key
 from .state import REGISTRY
 from .stats import Stats, TritonStats
 from .switch import disable, enable, is_enabled
-from .triton import (TRITON_LEASE_SECONDS, fusion_benchmark_key, triton_config_from_entry,
-                     triton_key, triton_kernel_info)
+from .triton import (
+                     TRITON_LEASE_SECONDS,
+                     fusion_benchmark_key,
+                     triton_config_from_entry,
+                     triton_kernel_info,
+                     triton_key,
+)
 from .warmup import compile_and_run, local_caches_off
 
 __all__ = [

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .. import keys as tc_keys
 from .gemm import GemmHooks, device_type_of, make_key
@@ -146,13 +147,15 @@ def make_pre_fusion_pass(hooks: GemmHooks, prev: Any) -> Any:
         def tunecache_pre_fusion_pass(nodes: list[Any]) -> list[Any]:
             return run(nodes)
 
+        # An attribute of the function itself, read back when tunecache is disabled.
         tunecache_pre_fusion_pass.tunecache_prev = prev  # type: ignore[attr-defined]
         return tunecache_pre_fusion_pass
 
+    # The bases are Inductor's, found at run time (a version has them or not).
     class TuneCachePreFusionPass(*bases):  # type: ignore[misc]
         tunecache_prev = prev
 
-        def __call__(self, nodes: list[Any]) -> list[Any]:  # type: ignore[override]
+        def __call__(self, nodes: list[Any]) -> list[Any]:
             return run(nodes)
 
         def uuid(self) -> Any:

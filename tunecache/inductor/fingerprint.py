@@ -9,7 +9,8 @@ import functools
 import importlib.metadata
 import logging
 import platform
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 __all__ = ["CONFIG_FLAGS", "dist_version", "environment", "recorded_settings"]
 
@@ -46,7 +47,7 @@ def dist_version(*names: str) -> str:
     return "none"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -58,7 +59,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown-cpu"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_env(device_type: str) -> tuple[tuple[str, str], ...]:
     """Hardware part of the fingerprint for one device type (cached: it cannot change)."""
     import torch

@@ -83,7 +83,8 @@ import math
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tunecache
 

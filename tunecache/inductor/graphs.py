@@ -38,7 +38,8 @@ import binascii
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core.graphs import GraphShare
 from ..errors import SigningKeyError
@@ -101,12 +102,12 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def remote_cache_classes() -> dict[str, type]:
     """Our stand-ins for Inductor's remote graph caches, by Inductor's class name."""
     from torch._inductor import remote_cache as rc
 
-    class TuneCacheGraphBackend(rc.RemoteCacheBackend):  # type: ignore[misc, valid-type]
+    class TuneCacheGraphBackend(rc.RemoteCacheBackend):
         """get/put of one kind of compiled graph through REGISTRY.graphs."""
 
         def __init__(self, kind: str) -> None:

@@ -60,7 +60,8 @@ import functools
 import inspect
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
 from .compat import param_names
@@ -76,11 +77,12 @@ __all__ = ["install_narrowing", "predicted_id"]
 log = logging.getLogger("tunecache")
 
 
-@functools.lru_cache(maxsize=None)
-def _generate_params(cls: type) -> frozenset[str] | None:
-    """Named parameters of ``cls.generate`` (what does not end up in the meta kwargs)."""
+@functools.cache
+def _generate_params(generate: Any) -> frozenset[str] | None:
+    """Named parameters of a template class's ``generate`` (what does not end up in the
+    meta kwargs)."""
     try:
-        params = inspect.signature(cls.generate).parameters.values()
+        params = inspect.signature(generate).parameters.values()
     except (TypeError, ValueError):
         return None
     return frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
@@ -92,9 +94,9 @@ def predicted_id(ktc: Any) -> str | None:
     from torch._inductor import select_algorithm as sa
 
     template = getattr(ktc, "template", None)
-    if type(template) is not sa.TritonTemplate:
+    if template is None or type(template) is not sa.TritonTemplate:
         return None
-    named = _generate_params(type(template))
+    named = _generate_params(type(template).generate)
     if named is None or "num_stages" not in named or "num_warps" not in named:
         return None
     kwargs = {**ktc.params.to_kwargs(), **ktc.extra_kwargs}
@@ -268,8 +270,13 @@ def install_narrowing(patches: Ledger) -> None:
     """Wrap InductorChoices.get_template_configs and _finalize_template_configs, through
     ``patches``."""
     from torch._inductor.choices import InductorChoices
-    from torch._inductor.select_algorithm import (ExternKernelChoice,  # noqa: F401
-                                                  TritonTemplate, create_inputs_key)
+
+    # Imported only to fail here, before anything is patched, on a torch without them.
+    from torch._inductor.select_algorithm import (  # noqa: F401
+        ExternKernelChoice,
+        TritonTemplate,
+        create_inputs_key,
+    )
 
     get = InductorChoices.__dict__.get("get_template_configs")
     fin = InductorChoices.__dict__.get("_finalize_template_configs")

@@ -56,7 +56,7 @@ def own_value(owner: Any, name: str) -> Any:
     if _settings_object(owner):
         return getattr(owner, name)  # raises AttributeError for a setting that is not there
     own = getattr(owner, "__dict__", {})
-    return own[name] if name in own else ABSENT
+    return own.get(name, ABSENT)
 
 
 class Ledger:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["Counters", "Stats", "TritonStats"]
 
@@ -19,11 +19,13 @@ class Counters:
     """reset() and as_dict() for a dataclass of counters guarded by its ``_lock``."""
 
     _lock: threading.Lock
+    # Set by @dataclass on each subclass; declared here for dataclasses.fields(self).
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def reset(self) -> None:
         with self._lock:
             fresh = type(self)()
-            for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            for f in dataclasses.fields(self):
                 if f.name != "_lock":
                     setattr(self, f.name, getattr(fresh, f.name))
 
@@ -32,7 +34,7 @@ class Counters:
         with self._lock:
             return {
                 f.name: copy.deepcopy(getattr(self, f.name))
-                for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                for f in dataclasses.fields(self)
                 if f.name != "_lock"
             }
 

@@ -7,17 +7,24 @@ from __future__ import annotations
 import atexit
 import logging
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings, activation
-from .compat import (LOOKUP_PARAMS, PRECOMPILE_PARAMS, SUPPORTED_TORCH, param_names,
-                     refuse, torch_version)
+from .compat import (
+    LOOKUP_PARAMS,
+    PRECOMPILE_PARAMS,
+    SUPPORTED_TORCH,
+    param_names,
+    refuse,
+    torch_version,
+)
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
 from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
 from .narrow import install_narrowing
 from .state import REGISTRY
-from .triton.install import enable_triton, disable_triton
+from .triton.install import disable_triton, enable_triton
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache

@@ -4,7 +4,8 @@ the recorded settings on, ``torch.compile`` in max-autotune mode."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from .fingerprint import recorded_settings
 

@@ -8,7 +8,7 @@ commands, so that ``tunecache --help`` starts without it.
 """
 
 from ..store.admin import EntryFilter
-from ..store.artifacts import GraphFilter
+from ..store.artifact_queries import GraphFilter
 from .browse import ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
 from ..store import ArtifactStore, Database, admin
-from ..store.artifacts import GraphFilter
-from ..store.store import lease_passed
+from ..store.artifact_queries import GraphFilter
+from ..store.claims import lease_passed
 from .entries import listing_row, stored_key, stored_timings
 
 __all__ = ["ls", "ls_graphs", "show"]

@@ -3,9 +3,9 @@
 Each check says ok, warn or fail, in one line, with a one-line fix. The doctor never
 writes to the database: SQLite is opened read-only through its own connection (the
 engine's connect hook sets journal_mode, which would convert a WAL database), and
-PostgreSQL is only read (tunecache.store.probe). On a SQLite path it creates, locks and removes one scratch file
-beside the database, because whether POSIX locks work there can only be learned by
-taking one.
+PostgreSQL is only read (tunecache.store.probe). On a SQLite path it creates, locks and
+removes one scratch file beside the database, because whether POSIX locks work there can
+only be learned by taking one.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class _Doctor:
     # -- PostgreSQL ----------------------------------------------------------------------
 
     def postgresql(self) -> None:
-        db = Database(self.settings.db_url, min(self.settings.lock_timeout, 10.0))
+        db = Database(self.settings.db_url, min(self.settings.lock_seconds, 10.0))
         try:
             try:
                 revision = db.run(current_revision)
@@ -252,7 +252,8 @@ class _Doctor:
             self.add("clock", "warn", f"could not measure skew: {os.strerror(e.errno or 0)}")
             return
         skew = mtime - (t0 + t1) / 2
-        msg = f"this host is {abs(skew):.2f}s {'behind' if skew > 0 else 'ahead of'} the file server"
+        msg = (f"this host is {abs(skew):.2f}s {'behind' if skew > 0 else 'ahead of'} "
+               "the file server")
         # On SQLite every host stamps leases with its own clock: a host ahead by more than
         # a lease sees live claims as expired and takes them over.
         limit = self.settings.lease_seconds / 3
@@ -261,7 +262,8 @@ class _Doctor:
         elif abs(skew) < limit:
             self.add("clock", "warn", msg, "run NTP/chrony on every host sharing the cache")
         else:
-            self.add("clock", "fail", msg + f" (over a third of the {self.settings.lease_seconds:g}s "
+            self.add("clock", "fail",
+                     msg + f" (over a third of the {self.settings.lease_seconds:g}s "
                      "lease: live claims can be taken over)",
                      "run NTP/chrony on every host, or use PostgreSQL (server time)")
 

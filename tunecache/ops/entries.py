@@ -7,8 +7,10 @@ tunecache, a bad import, a hand edit) must cost only its own entry.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import InvalidEntryError
 from ..keys import MAX_KEY_BYTES, validate_timings
@@ -30,7 +32,7 @@ def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]
     and no OFFSET rescans while a million rows stream out."""
     after = ""
     while True:
-        page = db.run(lambda c: admin.rows(c, page_after(after)))
+        page = db.run(functools.partial(admin.rows, statement=page_after(after)))
         if not page:
             return
         yield page

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import ReadonlyModeError, SourceNotFoundError, StoreUnavailableError
 from ..settings import Settings
@@ -36,7 +37,7 @@ def open_database(settings: Settings, *, create: bool = False,
     names what the caller is about to write, refused up front in one line.
     """
     readonly = read_only or settings.mode == "readonly"
-    db = Database(settings.db_url, settings.lock_timeout, readonly=readonly,
+    db = Database(settings.db_url, settings.lock_seconds, readonly=readonly,
                   own_directory=settings.owns_directory)
     if writes and settings.mode == "readonly":
         raise ReadonlyModeError(db.display_url, writes)
@@ -76,7 +77,7 @@ def opened(settings: Settings, *, create: bool = False, writes: str | None = Non
 def open_source(settings: Settings, name: str = "SRC_DB") -> Iterator[Database]:
     """A database to read from (merge's ``name``): read-only, never created or migrated
     (it must be at this tunecache's schema), disposed of when the block ends."""
-    db = Database(settings.db_url, settings.lock_timeout, readonly=True)
+    db = Database(settings.db_url, settings.lock_seconds, readonly=True)
     try:
         if db.sqlite_path and not os.path.exists(db.sqlite_path):
             raise SourceNotFoundError(name, db.display_url)
@@ -88,7 +89,7 @@ def open_source(settings: Settings, name: str = "SRC_DB") -> Iterator[Database]:
 
 def upgrade(settings: Settings) -> dict[str, Any]:
     """Run the migrations now (`tunecache upgrade`)."""
-    db = Database(settings.db_url, settings.lock_timeout,
+    db = Database(settings.db_url, settings.lock_seconds,
                   own_directory=settings.owns_directory)
     if settings.mode == "readonly":
         raise ReadonlyModeError(db.display_url, "upgrade")

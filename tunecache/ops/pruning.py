@@ -9,15 +9,18 @@ than one batch, and batches pause so that waiting lookups and claims get in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from typing import Any, Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 from sqlalchemy import Connection
 
 from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
 from ..keys import KINDS
 from ..store import ArtifactStore, Database, admin
-from ..store.artifacts import ArtifactInfo, GraphFilter
+from ..store.artifact_queries import GraphFilter
+from ..store.artifact_rows import ArtifactInfo
 from .browse import show
 from .entries import (
     LISTING_KEYS,
@@ -119,7 +122,7 @@ def check_filters(db: Database, spec: PruneSpec) -> list[str]:
         keep, only = spec.keep.get(name) or [], spec.only.get(name) or []
         if not keep and not only:
             continue
-        stored = db.run(lambda c: admin.stored_labels(c, name))
+        stored = db.run(functools.partial(admin.stored_labels, name=name))
         for value in keep:
             if value not in stored:
                 raise FilterMatchesNothingError(f"--keep-{name}", value, label, stored)
@@ -217,7 +220,8 @@ def prune(
     after: Any = 0 if db.is_sqlite else ""
     shown = 0
     while top is not None:
-        def one_batch(conn: Connection) -> tuple[Any, int, int, float]:
+        def one_batch(conn: Connection, size: int = size,
+                      after: Any = after) -> tuple[Any, int, int, float]:
             locked = time.perf_counter()  # the write lock is ours from here (SQLite)
             return (*admin.prune_batch(conn, condition, walk, delete_range, size, after, top),
                     locked)
@@ -246,7 +250,7 @@ def prune(
         if stop is not None and stop():
             break
         chunk = [h for h, _ in invalid[i:i + DELETE_BATCH]]
-        n = db.run(lambda c: admin.delete_invalid_done(c, chunk), write=True)
+        n = db.run(functools.partial(admin.delete_invalid_done, hashes=chunk), write=True)
         deleted += n
         invalid_deleted += n
         batches += 1

@@ -14,23 +14,23 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, TextIO
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import IO, Any, Literal, TextIO
 
 from sqlalchemy import Connection
 
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
-from ..keys import (MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable,
-                    timings_to_json)
-from ..store import ArtifactStore, Database, admin
-from ..store.store import lease_passed
-from ..store.artifacts import (
+from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable, timings_to_json
+from ..store import ArtifactStore, Database, admin, columns
+from ..store.artifact_queries import GraphFilter
+from ..store.artifact_rows import (
     MAX_PAYLOAD_BYTES,
     MAX_SIGNATURE_BYTES,
     MAX_TORCH_CHARS,
-    GraphFilter,
     validate_identity,
 )
+from ..store.claims import lease_passed
 from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
 from .opening import refuse_readonly
 
@@ -111,7 +111,7 @@ def export(
     return report
 
 
-def _export_lines(db: Database, out: TextIO, store: ArtifactStore, where: GraphFilter | None,
+def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: GraphFilter | None,
                   best_only: bool, env: admin.EntryFilter | None,
                   progress: Callable[[int], None]) -> dict[str, Any]:
     """The lines of :func:`export` after its header, and its report."""
@@ -192,10 +192,10 @@ def _times(record: Mapping[str, Any]) -> dict[str, float | None]:
     times: dict[str, float | None] = {}
     for name in _TIMES:
         value = record.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < 0):
+        seconds = columns.time(value)
+        if value is not None and (seconds is None or seconds < 0):
             raise ValueError(f'"{name}" is {value!r}, not a time (seconds since the epoch)')
-        times[name] = None if value is None else min(float(value), now)
+        times[name] = None if seconds is None else min(seconds, now)
     return times
 
 
@@ -223,16 +223,14 @@ def _validated(where: str, record: Any) -> _Incoming:
     except InvalidEntryError as e:
         raise ValueError(e.reason) from None
     tune_seconds = record.get("tune_seconds")
-    if tune_seconds is not None and (
-        isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
-        or not math.isfinite(tune_seconds) or tune_seconds < 0
-    ):
+    seconds = columns.time(tune_seconds)
+    if tune_seconds is not None and (seconds is None or seconds < 0):
         raise ValueError(f'"tune_seconds" is {tune_seconds!r}, not a non-negative number')
     # All-null timings are a result too ("no candidate runs here"); stored with an empty
     # winner, as the core publishes them.
     best = best_candidate(timings) or ""
     return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
-                     best, None if tune_seconds is None else float(tune_seconds),
+                     best, seconds,
                      _times(record))
 
 
@@ -273,6 +271,7 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     why = validate_identity(kind, key)
     if why is not None:
         raise ValueError(why)
+    assert isinstance(kind, str) and isinstance(key, str)  # validate_identity checked both
     torch = record.get("torch")
     if not storable(str(key)) or (isinstance(torch, str) and not storable(torch)):
         raise ValueError('"key" or "torch" holds a NUL character or a lone surrogate')
@@ -368,16 +367,15 @@ def import_records(
         def work(conn: Connection) -> dict[str, int]:
             got = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
             existing = admin.existing_for_import(conn, [i.key_hash for i in batch])
-            inserts: list[dict[str, Any]] = []
-            overwrites: list[dict[str, Any]] = []
+            inserts: list[admin.ImportedEntry] = []
+            overwrites: list[tuple[admin.ImportedEntry, Any]] = []
             for inc in batch:
-                params = {"p_key_hash": inc.key_hash, "p_timings_json": inc.timings_json,
-                          "p_best": inc.best, "p_tune_seconds": inc.tune_seconds}
+                entry = admin.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
+                                            inc.timings_json, inc.best, inc.tune_seconds,
+                                            inc.times)
                 row = existing.get(inc.key_hash)
                 if row is None:
-                    inserts.append({**params, "p_key_json": inc.key_json,
-                                    **{f"p_{k}": v for k, v in inc.labels.items()},
-                                    **{f"p_{k}": v for k, v in inc.times.items()}})
+                    inserts.append(entry)
                     continue
                 if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
                     got["busy"] += 1
@@ -394,8 +392,7 @@ def import_records(
                         if not _fastest(inc.timings) < old:
                             got["unchanged"] += 1
                             continue
-                overwrites.append({**params, "p_token": row.token, "p_state": row.state,
-                                   "p_owner": owner})
+                overwrites.append((entry, row))
             if dry_run:
                 got["inserted"] += len(inserts)
                 got["replaced"] += len(overwrites)
@@ -404,8 +401,9 @@ def import_records(
                 done = admin.insert_done_rows(conn, owner, inserts)
                 got["inserted"] += done
                 got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
-            for params in overwrites:
-                if admin.overwrite_done(conn, params):
+            for entry, row in overwrites:
+                if admin.overwrite_done(conn, entry, token=row.token, state=row.state,
+                                        owner=owner):
                     got["replaced"] += 1
                 else:
                     got["busy"] += 1

@@ -15,18 +15,20 @@ between.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar
 
 from sqlalchemy import (
-    Connection,
     ColumnElement,
+    Connection,
     Float,
     Integer,
-    column,
     Select,
     and_,
     bindparam,
+    column,
     delete,
     false,
     func,
@@ -38,8 +40,8 @@ from sqlalchemy import (
     update,
 )
 
+from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 from .schema import artifacts, entries, usage
-from .store import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 
 __all__ = [
     "STATS_GROUPS",
@@ -64,6 +66,7 @@ __all__ = [
     "select_walk_end",
     "delete_pruned_range",
     "select_done_page",
+    "done_page",
     "select_done_timings_page",
     "delete_invalid",
     "count_done",
@@ -84,6 +87,7 @@ __all__ = [
     "prune_batch",
     "delete_invalid_done",
     "existing_for_import",
+    "ImportedEntry",
     "insert_done_rows",
     "overwrite_done",
 ]
@@ -140,7 +144,7 @@ CLAIMS_LIVE = (
     .order_by(entries.c.updated_at)
     .limit(bindparam("p_limit"))
 )
-# Expired: passed, or a lease no owner could have set (store.lease_passed).
+# Expired: passed, or a lease no owner could have set (claims.lease_passed).
 CLAIMS_EXPIRED_COUNT = select(func.count()).where(entries.c.state == "claimed", LEASE_PASSED)
 FAILED_KEYS = (
     select(entries.c.key_hash, entries.c.op, entries.c.attempts, entries.c.error,
@@ -172,7 +176,7 @@ class EntryFilter:
     ``ops``/``kinds``/``states``: match only these.
     """
 
-    _COLUMNS = {
+    _COLUMNS: ClassVar[dict[str, Any]] = {
         "device": entries.c.device,
         "torch": entries.c.torch_version,
         "triton": entries.c.triton_version,
@@ -181,8 +185,8 @@ class EntryFilter:
     def __init__(
         self,
         *,
-        keep: dict[str, Sequence[str]] | None = None,
-        only: dict[str, Sequence[str]] | None = None,
+        keep: Mapping[str, Sequence[str]] | None = None,
+        only: Mapping[str, Sequence[str]] | None = None,
         ops: Sequence[str] = (),
         kinds: Sequence[str] = (),
         states: Sequence[str] = (),
@@ -237,7 +241,7 @@ def prune_condition(
         classes.append(_CLAIM_EXPIRED)
     entry_parts: list[ColumnElement[bool]] = []
     if older_than is not None:
-        entry_parts.append(_LAST_USE < NOW - bindparam("p_older_than", older_than))
+        entry_parts.append(NOW - bindparam("p_older_than", older_than) > _LAST_USE)
     if env:
         entry_parts.append(env.condition())
     if entry_parts:
@@ -498,6 +502,11 @@ def rows(conn: Connection, statement: Any) -> list[Any]:
     return list(conn.execute(statement).all())
 
 
+def done_page(conn: Connection, env: EntryFilter | None, after: str, limit: int) -> list[Any]:
+    """A page of done entries after key hash ``after`` (see :func:`select_done_page`)."""
+    return list(conn.execute(select_done_page(env, after, limit)).all())
+
+
 def stats_groups(conn: Connection) -> list[Any]:
     return list(conn.execute(STATS_GROUPS).all())
 
@@ -588,12 +597,37 @@ def existing_for_import(conn: Connection, hashes: Sequence[str]) -> dict[str, An
     return {r.key_hash: r for r in conn.execute(read_for_import, {"p_hashes": list(hashes)})}
 
 
-def insert_done_rows(conn: Connection, owner: str, params: Sequence[dict[str, Any]]) -> int:
+@dataclasses.dataclass(frozen=True)
+class ImportedEntry:
+    """A done entry to write by import or merge, validated by the caller: its key (hash,
+    canonical JSON, label columns), result, and the times its source gave (None where it
+    gave none)."""
+
+    key_hash: str
+    key_json: str
+    labels: Mapping[str, str | None]  # column name -> value (keys.key_labels)
+    timings_json: str
+    best: str
+    tune_seconds: float | None
+    times: Mapping[str, float | None]  # created_at, updated_at, last_used_at
+
+    def _result(self) -> dict[str, Any]:
+        return {"p_key_hash": self.key_hash, "p_timings_json": self.timings_json,
+                "p_best": self.best, "p_tune_seconds": self.tune_seconds}
+
+
+def insert_done_rows(conn: Connection, owner: str, incoming: Sequence[ImportedEntry]) -> int:
     """Insert done entries whose key is absent; how many went in (PostgreSQL: a key
     claimed by a job meanwhile is skipped)."""
-    return len(conn.execute(insert_done(conn.dialect.name, owner), list(params)).all())
+    params = [{**e._result(), "p_key_json": e.key_json,
+               **{f"p_{k}": v for k, v in e.labels.items()},
+               **{f"p_{k}": v for k, v in e.times.items()}} for e in incoming]
+    return len(conn.execute(insert_done(conn.dialect.name, owner), params).all())
 
 
-def overwrite_done(conn: Connection, params: dict[str, Any]) -> bool:
-    """Overwrite one row under its token (see OVERWRITE_DONE); False if it changed."""
+def overwrite_done(conn: Connection, entry: ImportedEntry, *, token: Any, state: Any,
+                   owner: str) -> bool:
+    """Overwrite one row under its token and state as read (see OVERWRITE_DONE); False if
+    it changed meanwhile."""
+    params = {**entry._result(), "p_token": token, "p_state": state, "p_owner": owner}
     return conn.execute(OVERWRITE_DONE, params).rowcount == 1

@@ -17,19 +17,20 @@ blocks nobody's claim).
 Everything read back is untrusted: a row of wrong-typed columns, a blob that is missing,
 short or altered, is None plus one warning, never an exception.
 
-The operator statements (stats, ls, prune, export) are here too, beside the table they
-read; tunecache.ops calls them by name.
+The job's statements are here, beside the operations that run them; what a row is and
+how its columns are read back is :mod:`.artifact_rows`; the operators' statements (stats,
+ls, prune, export) are :mod:`.artifact_queries`, which :class:`ArtifactStore` runs by
+name for tunecache.ops.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 import logging
-import math
 import os
-import re
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from filelock import Timeout
 from sqlalchemy import (
@@ -38,15 +39,12 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    delete,
     exc,
     func,
     literal_column,
     null,
     or_,
     select,
-    true,
-    tuple_,
     type_coerce,
     update,
 )
@@ -54,11 +52,25 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import NullType
 
 from ..errors import ReadonlyModeError, StoreError, StoreTimeoutError
-from .admin import EntryFilter
+from . import artifact_queries, columns
+from .artifact_queries import GraphFilter
+from .artifact_rows import (
+    ARTIFACT_KINDS,
+    IDENTITY,
+    MAX_KEY_CHARS,
+    MAX_PAYLOAD_BYTES,
+    MAX_SIGNATURE_BYTES,
+    MAX_TORCH_CHARS,
+    NOW,
+    TOUCH_SECONDS,
+    Artifact,
+    ArtifactInfo,
+    validate_identity,
+    validate_put,
+)
 from .blobs import DIGEST, BlobDir, blob_dir_for
 from .engine import Database
 from .schema import artifacts
-from .store import db_now
 
 __all__ = [
     "Artifact",
@@ -68,6 +80,7 @@ __all__ = [
     "ARTIFACT_KINDS",
     "MAX_KEY_CHARS",
     "MAX_SIGNATURE_BYTES",
+    "MAX_TORCH_CHARS",
     "MAX_PAYLOAD_BYTES",
     "TOUCH_SECONDS",
     "validate_identity",
@@ -75,130 +88,8 @@ __all__ = [
 
 logger = logging.getLogger("tunecache")
 
-# The kinds Inductor has today; any name of this shape is stored (a later tunecache may
-# share another of Inductor's caches).
-ARTIFACT_KINDS = ("fxgraph", "autograd")
-_KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-MAX_KEY_CHARS = 512
-MAX_SIGNATURE_BYTES = 4096
-MAX_TORCH_CHARS = 256
-# PostgreSQL's bytea holds at most 1 GB; an FX graph entry of a large model is tens of MB.
-MAX_PAYLOAD_BYTES = 512 * 2**20
-# A read records its use only when the stored one is older than this: prune's LRU needs
-# days, not seconds, and a write per read would take SQLite's write lock on every hit.
-TOUCH_SECONDS = 3600.0
-
-_NOW = db_now()
-
-
-def validate_identity(kind: Any, key: Any) -> str | None:
-    """Why (kind, key) cannot name an artifact, or None."""
-    if not isinstance(kind, str) or not _KIND.match(kind):
-        return f"kind {str(kind)[:40]!r} is not a lowercase name of at most 32 characters"
-    if not isinstance(key, str) or not key:
-        return "key is not a non-empty string"
-    if len(key) > MAX_KEY_CHARS:
-        return f"key has {len(key)} characters, more than {MAX_KEY_CHARS}"
-    return None
-
-
-def _validate_put(kind: Any, key: Any, payload: Any, signature: Any,
-                  torch_version: Any) -> None:
-    why = validate_identity(kind, key)
-    if why is None and not isinstance(payload, (bytes, bytearray, memoryview)):
-        why = "payload is not bytes"
-    elif why is None and len(payload) > MAX_PAYLOAD_BYTES:
-        why = f"payload of {len(payload)} bytes is over {MAX_PAYLOAD_BYTES}"
-    elif why is None and (not isinstance(signature, (bytes, bytearray))
-                          or not 0 < len(signature) <= MAX_SIGNATURE_BYTES):
-        why = f"signature is not 1 to {MAX_SIGNATURE_BYTES} bytes"
-    elif why is None and (not isinstance(torch_version, str)
-                          or len(torch_version) > MAX_TORCH_CHARS):
-        why = f"torch_version is not a string of at most {MAX_TORCH_CHARS} characters"
-    if why is not None:
-        raise ValueError(f"tunecache artifact not stored: {why}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Artifact:
-    kind: str  # "fxgraph" or "autograd" (Inductor's FX graph / AOTAutograd cache)
-    key: str  # Inductor's own cache key string (<= 512 chars)
-    digest: str  # sha256 hex of payload, computed by the store on put
-    signature: bytes  # opaque to the store (made and checked by the core)
-    payload: bytes  # compressed bytes exactly as given to put()
-    torch_version: str
-    created_at: float
-
-
-@dataclasses.dataclass(frozen=True)
-class ArtifactInfo:
-    """A row without its payload (ls, prune, export). Columns of the wrong type read as
-    None (SQLite keeps whatever a writer put in a column)."""
-
-    kind: str
-    key: str
-    digest: str | None
-    size: int | None
-    torch_version: str | None
-    created_at: float | None
-    last_used_at: float | None
-    hits: int | None = None  # loads recorded by jobs
-
-    @property
-    def last_use(self) -> float:
-        return self.last_used_at or self.created_at or 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _text(value: Any, limit: int = 1 << 20) -> str | None:
-    return value if isinstance(value, str) and len(value) <= limit else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _size(value: Any) -> int | None:
-    """A payload size read from a row, or None: no whole number from 0 to
-    MAX_PAYLOAD_BYTES (what put and replace accept) was written by a tunecache. A hostile
-    size is never summed: -10^18 hid every other graph from a byte budget, and 2^63-1
-    overflowed SQLite's sum for good."""
-    size = _int(value)
-    return size if size is not None and 0 <= size <= MAX_PAYLOAD_BYTES else None
-
-
-def _time(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
-def _total(value: Any) -> int:
-    """A SUM read back: PostgreSQL's sum of bigint is numeric (a Decimal); SQLite's is
-    whatever the column held (text in a hostile row sums as 0)."""
-    try:
-        total = float(value)
-    except (TypeError, ValueError):
-        return 0
-    return int(total) if math.isfinite(total) else 0
-
-
-def _bytes(value: Any) -> bytes | None:
-    if isinstance(value, memoryview):
-        return value.tobytes()
-    return bytes(value) if isinstance(value, (bytes, bytearray)) else None
-
-
-def _clip(value: Any, n: int = 80) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= n else text[: n - 1] + "\u2026"
-
-
 # -- the statements -----------------------------------------------------------------------
 
-_IDENTITY = and_(artifacts.c.kind == bindparam("p_kind"),
-                 artifacts.c.cache_key == bindparam("p_key"))
 _META = (artifacts.c.digest, artifacts.c.signature, artifacts.c.size, artifacts.c.torch_version,
          artifacts.c.created_at, artifacts.c.last_used_at)
 # PostgreSQL: the payload's length is read first (octet_length reads the stored value's
@@ -206,13 +97,13 @@ _META = (artifacts.c.digest, artifacts.c.signature, artifacts.c.size, artifacts.
 # says and within MAX_PAYLOAD_BYTES: a row that claims gigabytes costs no read of them.
 _PG_PAYLOAD_BYTES = func.octet_length(artifacts.c.payload)
 _PG_PAYLOAD = case(
-    (and_(_PG_PAYLOAD_BYTES == artifacts.c.size,
+    (and_(artifacts.c.size == _PG_PAYLOAD_BYTES,
           artifacts.c.size <= literal_column(str(MAX_PAYLOAD_BYTES))), artifacts.c.payload),
     else_=null())
 _READ = {
-    "sqlite": select(*_META, _NOW.label("now")).where(_IDENTITY),
+    "sqlite": select(*_META, NOW.label("now")).where(IDENTITY),
     "postgresql": select(*_META, _PG_PAYLOAD_BYTES.label("payload_bytes"),
-                         _PG_PAYLOAD.label("payload"), _NOW.label("now")).where(_IDENTITY),
+                         _PG_PAYLOAD.label("payload"), NOW.label("now")).where(IDENTITY),
 }
 # The PostgreSQL read, as psycopg runs it (compiled once from the statement above): in
 # binary format, a bytea comes as its bytes; in text format (all SQLAlchemy asks for) as
@@ -228,6 +119,7 @@ def _pg_read_binary(conn: Connection, params: dict[str, Any]) -> Any:
     from psycopg.rows import namedtuple_row
 
     driver = conn.connection.driver_connection
+    assert driver is not None  # the connection of a running transaction is open
     try:
         with driver.cursor(binary=True, row_factory=namedtuple_row) as cur:
             cur.execute(_PG_READ_SQL, params)
@@ -237,12 +129,12 @@ def _pg_read_binary(conn: Connection, params: dict[str, Any]) -> Any:
                                       dialect=conn.dialect) from e
 
 
-_EXISTS = select(artifacts.c.digest, artifacts.c.size).where(_IDENTITY)
+_EXISTS = select(artifacts.c.digest, artifacts.c.size).where(IDENTITY)
 _TOUCH = (
     update(artifacts)
-    .where(_IDENTITY, or_(artifacts.c.last_used_at.is_(None),
-                          artifacts.c.last_used_at < _NOW - TOUCH_SECONDS))
-    .values(last_used_at=_NOW)
+    .where(IDENTITY, or_(artifacts.c.last_used_at.is_(None),
+                          artifacts.c.last_used_at < NOW - TOUCH_SECONDS))
+    .values(last_used_at=NOW)
 )
 
 
@@ -253,7 +145,7 @@ def _insert_statement(dialect: str) -> Any:
         .values(kind=bindparam("p_kind"), cache_key=bindparam("p_key"),
                 digest=bindparam("p_digest"), signature=bindparam("p_signature"),
                 size=bindparam("p_size"), torch_version=bindparam("p_torch_version"),
-                created_at=_NOW, last_used_at=_NOW, payload=bindparam("p_payload"))
+                created_at=NOW, last_used_at=NOW, payload=bindparam("p_payload"))
         .on_conflict_do_nothing(index_elements=["kind", "cache_key"])
         .returning(artifacts.c.kind)
     )
@@ -264,7 +156,7 @@ _INSERT = {d: _insert_statement(d) for d in ("sqlite", "postgresql")}
 # still the ones the replacer read and refused. Compared untyped and null-safe (IS / IS NOT
 # DISTINCT FROM): a hostile SQLite row may hold NULL, text or a number in either column,
 # and must still be replaceable.
-_ROW_VERSION = select(artifacts.c.digest, artifacts.c.signature).where(_IDENTITY)
+_ROW_VERSION = select(artifacts.c.digest, artifacts.c.signature).where(IDENTITY)
 _UNCHANGED = and_(
     type_coerce(artifacts.c.digest, NullType()).is_not_distinct_from(
         bindparam("p_old_digest", type_=NullType())),
@@ -273,106 +165,26 @@ _UNCHANGED = and_(
 )
 _REPLACE = (
     update(artifacts)
-    .where(_IDENTITY, _UNCHANGED)
+    .where(IDENTITY, _UNCHANGED)
     .values(digest=bindparam("p_digest"), signature=bindparam("p_signature"),
             size=bindparam("p_size"), torch_version=bindparam("p_torch_version"),
-            created_at=_NOW, last_used_at=_NOW, payload=bindparam("p_payload"))
+            created_at=NOW, last_used_at=NOW, payload=bindparam("p_payload"))
     .returning(artifacts.c.kind)
 )
-_REFERENCED = select(artifacts.c.digest).where(
-    artifacts.c.digest.in_(bindparam("p_digests", expanding=True))).distinct()
-_INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, artifacts.c.size,
-                 artifacts.c.torch_version, artifacts.c.created_at, artifacts.c.last_used_at,
-                 artifacts.c.hits)
-_LAST_USE = func.coalesce(artifacts.c.last_used_at, artifacts.c.created_at)
-# _size in SQL (SQLite sorts text and blobs above every number, so they fall outside too;
-# a fraction is no whole number of bytes).
-_SIZE_VALID = and_(artifacts.c.size.between(0, MAX_PAYLOAD_BYTES),
-                   artifacts.c.size == func.round(artifacts.c.size))
-_STATS = select(
-    artifacts.c.kind, artifacts.c.torch_version,
-    func.count().label("count"),
-    func.coalesce(func.sum(case((_SIZE_VALID, artifacts.c.size), else_=0)), 0).label("bytes"),
-    func.coalesce(func.sum(case((_SIZE_VALID, 0), else_=1)), 0).label("invalid"),
-    func.min(artifacts.c.created_at).label("oldest"),
-    func.max(_LAST_USE).label("last_used"),
-    # A hostile count must not overflow SQLite's integer sum and break `stats` for good.
-    func.coalesce(func.sum(case((artifacts.c.hits.between(0, 2**31 - 1), artifacts.c.hits),
-                                else_=0)), 0).label("hits"),
-).group_by(artifacts.c.kind, artifacts.c.torch_version)
-# A row is deleted by a prune only if it is still the one the prune read (same digest)
-# and no read has recorded a use since (a graph just used is not "least recently used").
-# A last use that is no finite number (SQLite keeps text or bytes in a REAL column) is no
-# recorded use: comparing it would spare a hostile row from every prune.
-_USED_SINCE = and_(artifacts.c.last_used_at.is_not(None),
-                   artifacts.c.last_used_at.between(-1e300, 1e300),
-                   artifacts.c.last_used_at > bindparam("p_last_use"))
-_DELETE_IF_UNCHANGED = (
-    delete(artifacts)
-    .where(_IDENTITY, artifacts.c.digest == bindparam("p_digest"),
-           or_(artifacts.c.last_used_at.is_(None), ~_USED_SINCE))
-    .returning(artifacts.c.digest, artifacts.c.size)
-)
-_DELETE_BY_IDENTITY = delete(artifacts).where(_IDENTITY)
 # A job's loads of one graph, batched: the count added, the last use moved to the time of
 # the last load (never back: jobs flush in any order).
 _RECORD_USES = (
     update(artifacts)
-    .where(_IDENTITY)
+    .where(IDENTITY)
     .values(hits=artifacts.c.hits + bindparam("p_n"),
             last_used_at=case((or_(artifacts.c.last_used_at.is_(None),
                                    artifacts.c.last_used_at < bindparam("p_at", type_=Float)),
                                bindparam("p_at", type_=Float)),
                               else_=artifacts.c.last_used_at))
 )
-_PAGE = 500
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphFilter:
-    """Which compiled graphs an operator command selects: kinds, torch versions (only /
-    keep: a graph without a torch label is left alone by keep, as entries are), and a last
-    use older than ``older_than`` seconds. Every part given must match."""
-
-    kinds: tuple[str, ...] = ()
-    torch_only: tuple[str, ...] = ()
-    torch_keep: tuple[str, ...] = ()
-    older_than: float | None = None
-
-    @classmethod
-    def of_entries(cls, env: EntryFilter | None, older_than: float | None = None
-                   ) -> "GraphFilter | None":
-        """The compiled graphs that the filters of tuning entries select (prune, export),
-        or None for none: graphs have a kind and a torch version but no op, device,
-        triton version or state, so a filter on one of those matches no graph."""
-        if env is not None and (env.ops or env.states or any(
-                env.only.get(k) or env.keep.get(k) for k in ("device", "triton"))):
-            return None
-        if env is None:
-            return cls(older_than=older_than)
-        return cls(kinds=tuple(env.kinds), torch_only=tuple(env.only.get("torch", ())),
-                   torch_keep=tuple(env.keep.get("torch", ())), older_than=older_than)
-
-    def __bool__(self) -> bool:
-        return bool(self.kinds or self.torch_only or self.torch_keep
-                    or self.older_than is not None)
-
-    def condition(self) -> Any:
-        parts: list[Any] = []
-        if self.kinds:
-            parts.append(artifacts.c.kind.in_(list(self.kinds)))
-        if self.torch_only:
-            parts.append(artifacts.c.torch_version.in_(list(self.torch_only)))
-        if self.torch_keep:
-            parts.append(and_(artifacts.c.torch_version.is_not(None),
-                              artifacts.c.torch_version.not_in(list(self.torch_keep))))
-        if self.older_than is not None:
-            parts.append(_LAST_USE < _NOW - bindparam("p_older_than", self.older_than))
-        return and_(true(), *parts)
-
 
 class ArtifactStore:
-    """Compiled graphs over the same :class:`Database` the tuning :class:`Store` uses."""
+    """Compiled graphs over the same :class:`Database` the tuning :class:`ClaimStore` uses."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -393,9 +205,9 @@ class ArtifactStore:
         if found is None or isinstance(found, str):
             if found is not None:
                 logger.warning("tunecache: compiled graph %s %s: %s; ignored", kind,
-                               _clip(key, 40), found)
+                               columns.clip(key, 40), found)
             return None
-        last_used = _time(row.last_used_at)
+        last_used = columns.time(row.last_used_at)
         if touch and not self.db.readonly and (last_used is None
                                      or last_used < float(row.now) - TOUCH_SECONDS):
             self._touch({"p_kind": kind, "p_key": key})
@@ -428,11 +240,13 @@ class ArtifactStore:
             row = self.db.run(lambda c: c.execute(_READ["sqlite"], params).first())
         if row is None:
             return None, None
-        digest = _text(row.digest, 64)
-        size = _size(row.size)
-        signature = _bytes(row.signature)
-        created_at = _time(row.created_at)
-        torch_version = _text(row.torch_version, MAX_TORCH_CHARS)
+        digest = columns.text(row.digest, 64)
+        # Read unbounded, so that a row claiming more than any publish writes is named as
+        # such below (payload_size would call it malformed).
+        size = columns.integer(row.size)
+        signature = columns.binary(row.signature)
+        created_at = columns.time(row.created_at)
+        torch_version = columns.text(row.torch_version, MAX_TORCH_CHARS)
         if digest is None or not DIGEST.match(digest) or size is None or size < 0 \
                 or signature is None or created_at is None or torch_version is None:
             return "its database row is malformed", row
@@ -442,8 +256,8 @@ class ArtifactStore:
         if self.blobs is not None:
             data: bytes | str = self.blobs.read(digest, size)
         else:
-            raw = _bytes(row.payload)
-            stored = _int(row.payload_bytes)
+            raw = columns.binary(row.payload)
+            stored = columns.integer(row.payload_bytes)
             if stored is None:
                 data = "its payload is missing"
             elif stored != size:
@@ -510,7 +324,7 @@ class ArtifactStore:
                       signature: bytes, torch_version: str
                       ) -> tuple[bytes, str, dict[str, Any]]:
         """Validated arguments of put/replace: (payload, its digest, statement params)."""
-        _validate_put(kind, key, payload, signature, torch_version)
+        validate_put(kind, key, payload, signature, torch_version)
         if self.db.readonly:
             # Before any blob is written: a readonly job leaves nothing behind.
             raise ReadonlyModeError(self.db.display_url, f"{doing} a compiled graph")
@@ -601,7 +415,7 @@ class ArtifactStore:
             return
         path = self.blobs.path(digest)
         try:
-            healthy = os.stat(path).st_size == _int(existing.size)
+            healthy = os.stat(path).st_size == columns.integer(existing.size)
         except OSError:
             healthy = False
         if healthy:
@@ -615,42 +429,25 @@ class ArtifactStore:
         except (OSError, Timeout) as e:  # a repair; the publish itself was not ours
             logger.debug("tunecache: blob %s not repaired: %s", path, e)
 
-    # -- the operators' side ------------------------------------------------------------
+    # -- the operators' side (statements: artifact_queries) ------------------------------
 
     def stats(self) -> list[dict[str, Any]]:
         """Count, bytes, oldest creation and last use, by kind and torch version;
-        ``invalid`` counts rows whose size is impossible (see _size), left out of bytes."""
-        rows = self.db.run(lambda c: list(c.execute(_STATS).all()))
-        return [{"kind": _text(r.kind) or _clip(r.kind), "torch": _text(r.torch_version),
-                 "count": int(r.count), "bytes": _total(r.bytes),
-                 "invalid": _total(r.invalid),
-                 "oldest_created_at": _time(r.oldest), "last_used_at": _time(r.last_used),
-                 "hits": _total(r.hits)}
-                for r in rows]
+        ``invalid`` counts rows whose size is impossible (see payload_size), left out of
+        bytes."""
+        return self.db.run(artifact_queries.stats)
 
     def infos(self, where: GraphFilter | None = None) -> Iterator[list[ArtifactInfo]]:
         """Every row's metadata (never the payload), page by page in key order."""
-        cond = where.condition() if where else true()
-        after: tuple[str, str] = ("", "")
-        while True:
-            statement = (select(*_INFO_COLUMNS)
-                         .where(cond, tuple_(artifacts.c.kind, artifacts.c.cache_key)
-                                > tuple_(bindparam("p_a_kind"), bindparam("p_a_key")))
-                         .order_by(artifacts.c.kind, artifacts.c.cache_key)
-                         .limit(_PAGE))
-            page = self.db.run(lambda c: list(c.execute(
-                statement, {"p_a_kind": after[0], "p_a_key": after[1]}).all()))
-            if not page:
-                return
-            yield [_info(r) for r in page]
-            if len(page) < _PAGE:
-                return
-            after = (page[-1].kind, page[-1].cache_key)
+        after: tuple[str, str] | None = ("", "")
+        while after is not None:
+            page, after = self.db.run(
+                functools.partial(artifact_queries.info_page, where=where, after=after))
+            if page:
+                yield page
 
     def count(self, where: GraphFilter | None = None) -> int:
-        cond = where.condition() if where else true()
-        statement = select(func.count()).select_from(artifacts).where(cond)
-        return int(self.db.run(lambda c: c.execute(statement).scalar_one()))
+        return self.db.run(lambda c: artifact_queries.count(c, where))
 
     def exists(self, kind: str, key: str) -> bool:
         params = {"p_kind": kind, "p_key": key}
@@ -658,56 +455,42 @@ class ArtifactStore:
 
     def listing(self, where: GraphFilter | None, limit: int) -> list[ArtifactInfo]:
         """The most recently used first."""
-        cond = where.condition() if where else true()
-        statement = (select(*_INFO_COLUMNS).where(cond)
-                     .order_by(_LAST_USE.desc(), artifacts.c.kind, artifacts.c.cache_key)
-                     .limit(limit))
-        return [_info(r) for r in self.db.run(lambda c: list(c.execute(statement).all()))]
+        return self.db.run(lambda c: artifact_queries.listing(c, where, limit))
 
     def delete(self, infos: Sequence[ArtifactInfo]) -> tuple[int, int]:
         """Delete these rows if unchanged since read (same digest, no use recorded
         since), then their blobs that no row references. (rows, payload bytes) deleted."""
         deleted = freed = 0
         digests: set[str] = set()
-        for i in range(0, len(infos), _PAGE):
-            chunk = [x for x in infos[i:i + _PAGE] if x.digest is not None]
-
-            def work(conn: Connection) -> list[Any]:
-                gone = []
-                for x in chunk:
-                    r = conn.execute(_DELETE_IF_UNCHANGED, {
-                        "p_kind": x.kind, "p_key": x.key, "p_digest": x.digest,
-                        "p_last_use": x.last_use}).first()
-                    if r is not None:
-                        gone.append(r)
-                return gone
-
-            for r in self.db.run(work, write=True):
+        page = artifact_queries.PAGE
+        for i in range(0, len(infos), page):
+            chunk = [x for x in infos[i:i + page] if x.digest is not None]
+            gone = self.db.run(
+                functools.partial(artifact_queries.delete_unchanged, infos=chunk), write=True)
+            for digest, size in gone:
                 deleted += 1
-                freed += _size(r.size) or 0
-                if isinstance(r.digest, str):
-                    digests.add(r.digest)
+                freed += size
+                if digest is not None:
+                    digests.add(digest)
         # Malformed rows (no digest) are deleted by identity alone.
         bad = [x for x in infos if x.digest is None]
         if bad:
-            def work_bad(conn: Connection) -> int:
-                return sum(conn.execute(_DELETE_BY_IDENTITY,
-                                        {"p_kind": x.kind, "p_key": x.key}).rowcount
-                           for x in bad)
-
-            deleted += self.db.run(work_bad, write=True)
+            deleted += self.db.run(lambda c: artifact_queries.delete_by_identity(c, bad),
+                                   write=True)
         if self.blobs is not None:
             for digest in sorted(digests):
                 if DIGEST.match(digest):
-                    self.blobs.try_delete(digest, lambda d=digest: bool(self.referenced([d])))
+                    self.blobs.try_delete(digest, functools.partial(self._referenced_one, digest))
         return deleted, freed
 
     def referenced(self, digests: Sequence[str]) -> set[str]:
         """Those of ``digests`` that some row references."""
         if not digests:
             return set()
-        return set(self.db.run(lambda c: list(
-            c.execute(_REFERENCED, {"p_digests": list(digests)}).scalars().all())))
+        return self.db.run(lambda c: artifact_queries.referenced(c, digests))
+
+    def _referenced_one(self, digest: str) -> bool:
+        return bool(self.referenced([digest]))
 
     def sweep_orphans(self, *, dry_run: bool = False) -> dict[str, int]:
         """SQLite: remove blob files no row references, and leftovers of dead writers,
@@ -715,13 +498,3 @@ class ArtifactStore:
         if self.blobs is None:
             return {"orphan_blobs": 0, "orphan_bytes": 0, "stale_files": 0}
         return self.blobs.sweep(self.referenced, dry_run=dry_run)
-
-
-def _info(r: Any) -> ArtifactInfo:
-    return ArtifactInfo(
-        kind=_text(r.kind) or _clip(r.kind),
-        key=r.cache_key if isinstance(r.cache_key, str) else _clip(r.cache_key),
-        digest=_text(r.digest, 64) if isinstance(r.digest, str) and DIGEST.match(r.digest)
-        else None,
-        size=_size(r.size), torch_version=_text(r.torch_version, MAX_TORCH_CHARS),
-        created_at=_time(r.created_at), last_used_at=_time(r.last_used_at), hits=_int(r.hits))

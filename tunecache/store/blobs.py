@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -34,7 +35,7 @@ import re
 import stat
 import time
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from filelock import FileLock
 
@@ -355,7 +356,8 @@ class BlobDir:
             if digest in used:
                 continue
             path, size = old_blobs[digest]
-            if dry_run or self.try_delete(digest, lambda d=digest: bool(referenced([d]))):
+            still_used = functools.partial(_any_referenced, referenced, [digest])
+            if dry_run or self.try_delete(digest, still_used):
                 report["orphan_blobs"] += 1
                 report["orphan_bytes"] += size
         for path, _size in stale:
@@ -376,6 +378,10 @@ class BlobDir:
                 files += 1
                 total += size
         return {"files": files, "bytes": total}
+
+
+def _any_referenced(referenced: Callable[[list[str]], set[str]], digests: list[str]) -> bool:
+    return bool(referenced(digests))
 
 
 def _entries(path: str) -> list[os.DirEntry[str]]:

@@ -37,8 +37,9 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
@@ -260,9 +261,8 @@ class Database:
         reconnected = False
         while True:
             try:
-                with self._connection(write) as conn:
-                    with conn.begin():
-                        result = work(conn)
+                with self._connection(write) as conn, conn.begin():
+                    result = work(conn)
                 self._reached = True
                 return result
             except exc.DBAPIError as e:

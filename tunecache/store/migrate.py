@@ -49,7 +49,7 @@ def _script_location() -> str:
         return str(tree / "migrations")
     spec = importlib.util.find_spec("tunecache._migrations")
     if spec is not None and spec.submodule_search_locations:
-        return list(spec.submodule_search_locations)[0]
+        return next(iter(spec.submodule_search_locations))
     return str(Path(__file__).resolve().parents[2] / "migrations")
 
 

@@ -14,9 +14,9 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from .claims import db_now
 from .engine import Database
 from .migrate import current_revision
-from .store import db_now
 
 __all__ = ["SQLITE_VERSION", "sqlite_path_of", "sqlite_look", "pg_server_version",
            "server_time"]

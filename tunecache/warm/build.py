@@ -3,7 +3,8 @@ recorded sizes, strides and offsets) and the one-op function (torch imported laz
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .inputs import Input
 

@@ -4,15 +4,24 @@ and the recorded keys skipped, each with its reason (no torch)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
-from ..store import Database
-from ..store import admin
+from ..store import Database, admin
 from .inputs import check_inputs, parse_inputs
 from .ops import WARM_OPS, not_warmed_reason
 
-__all__ = ["WarmTask", "select_tasks"]
+__all__ = ["WarmTask", "SkippedKey", "select_tasks"]
+
+
+class SkippedKey(TypedDict):
+    """A recorded key warm does not rebuild, and why."""
+
+    key_hash: str
+    op: str | None  # None when the key names no op
+    reason: str
 
 
 @dataclasses.dataclass
@@ -51,7 +60,7 @@ def select_tasks(
     from_torch: Sequence[str] = (),
     from_device: Sequence[str] = (),
     limit: int | None = None,
-) -> tuple[list[WarmTask], list[dict[str, str]]]:
+) -> tuple[list[WarmTask], list[SkippedKey]]:
     """Distinct recorded GEMMs of ``ops`` (done gemm entries), and the keys skipped.
 
     ``ops`` None: every recorded gemm key; those of ops warm cannot rebuild (not in
@@ -60,10 +69,10 @@ def select_tasks(
     env = admin.EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
                             ops=list(ops or ()), kinds=["gemm"])
     tasks: dict[tuple[str, str, str], WarmTask] = {}
-    skipped: list[dict[str, str]] = []
+    skipped: list[SkippedKey] = []
     after = ""
     while True:
-        page = db.run(lambda c: c.execute(admin.select_done_page(env, after, 1000)).all())
+        page = db.run(functools.partial(admin.done_page, env=env, after=after, limit=1000))
         if not page:
             break
         for row in page:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from .ops import ARITY
 

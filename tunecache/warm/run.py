@@ -8,7 +8,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import tunecache
 

@@ -4,9 +4,8 @@ adapter, coordinate descent, fusion and split-size benchmarks, and their install
 
 from __future__ import annotations
 
-from .install import enable_triton, disable_triton, enable_triton_from_env
-from .keys import (fusion_benchmark_key, triton_config_from_entry, triton_key,
-                   triton_kernel_info)
+from .install import disable_triton, enable_triton, enable_triton_from_env
+from .keys import fusion_benchmark_key, triton_config_from_entry, triton_kernel_info, triton_key
 from .remote import TRITON_LEASE_SECONDS, TritonCache
 
 __all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "enable_triton", "disable_triton",

@@ -32,7 +32,8 @@ When it skips
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..compat import param_names
 from ..state import REGISTRY

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from ..patches import Ledger
 from ..state import REGISTRY
@@ -22,7 +22,8 @@ def _shared_kernel(kernel: Any, ours: type) -> tuple[str, str] | None:
     """(Inductor's key, our key text) of a kernel whose autotune cache is ours, else None."""
     autotune_cache = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
     remote = getattr(autotune_cache, "remote_cache", None)
-    if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
+    if autotune_cache is not None and remote and isinstance(remote, tuple) \
+            and isinstance(remote[0], ours):
         return autotune_cache.remote_cache_full_key, remote[1]
     return None
 

@@ -4,7 +4,8 @@ decide a fusion or a split size is measured once per cluster."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..compat import param_names
 from ..state import REGISTRY

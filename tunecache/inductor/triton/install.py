@@ -8,7 +8,8 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
 from ...settings import Settings
@@ -101,7 +102,7 @@ def ensure_runtime_hooks(ours: type) -> None:
     if state is None or REGISTRY.runtime_hooks_tried:
         return
     th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
-    if getattr(th, "CachingAutotuner", None) is None:
+    if th is None or getattr(th, "CachingAutotuner", None) is None:
         return
     with REGISTRY.runtime_hooks_lock:
         if REGISTRY.runtime_hooks_tried:
@@ -248,10 +249,11 @@ def enable_triton(cache: Callable[[], TuneCache], db_url: str, *, worker: bool =
         patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
         patch(config, "autotune_remote_cache", True)
         ensure_runtime_hooks(ours)
-        if not worker:  # compile workers never benchmark fusions
-            if _install_part(install_fusion_sharing, "fusion benchmark timings are not shared"):
-                _install_part(install_candidate_skip, "fusion candidates with a stored "
-                              "timing are still compiled")
+        # Compile workers never benchmark fusions.
+        if not worker and _install_part(install_fusion_sharing,
+                                        "fusion benchmark timings are not shared"):
+            _install_part(install_candidate_skip, "fusion candidates with a stored "
+                          "timing are still compiled")
         if not worker and config.compile_threads != 1 and not workers_read_cache(db_url):
             patch(config, "compile_threads", 1)
             log.info(

@@ -8,7 +8,8 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..fingerprint import dist_version
 

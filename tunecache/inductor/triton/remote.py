@@ -10,13 +10,20 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
 from ..gemm import to_ms
 from ..state import REGISTRY
-from .keys import (NO_SAVE_HEURISTICS, coordesc_result, fusion_ms_from_entry,
-                   triton_config_from_entry, triton_entry_problem, triton_key)
+from .keys import (
+    NO_SAVE_HEURISTICS,
+    coordesc_result,
+    fusion_ms_from_entry,
+    triton_config_from_entry,
+    triton_entry_problem,
+    triton_key,
+)
 from .signals import released_as
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -314,7 +321,7 @@ class TritonCache:
         # (without one). Hold the first: the second replaces it.
         first_of_two = (
             info.get("coordesc")
-            and info.get("heuristic") not in NO_SAVE_HEURISTICS + ("user_autotune",)
+            and info.get("heuristic") not in (*NO_SAVE_HEURISTICS, "user_autotune")
             and value.get("triton_cache_hash") is not None
         )
         with self._lock:
@@ -395,14 +402,12 @@ def describe_config(config: Any) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def remote_cache_class() -> type:
     """Our ``RemoteAutotuneCache``: Inductor's RemoteCache over a tunecache backend."""
     from torch._inductor import remote_cache as rc
 
-    serde_cls = getattr(rc, "RemoteCachePassthroughSerde", None)
-
-    class TuneCacheAutotuneBackend(rc.RemoteCacheBackend):  # type: ignore[misc, valid-type]
+    class TuneCacheAutotuneBackend(rc.RemoteCacheBackend):
         def __init__(self, cache_id: str) -> None:
             super().__init__()
             self.cache_id = cache_id
@@ -416,10 +421,12 @@ def remote_cache_class() -> type:
             if state is not None:
                 state.put(self.cache_id, key, data)
 
-    class TuneCacheAutotuneCache(rc.RemoteCache):  # type: ignore[misc, valid-type]
+    class TuneCacheAutotuneCache(rc.RemoteCache):
         """Inductor's remote autotune cache, backed by tunecache (tunecache.inductor)."""
 
         def __init__(self, cache_id: str) -> None:
-            super().__init__(TuneCacheAutotuneBackend(cache_id), serde_cls())
+            # Present wherever this class is used: install checks it first.
+            super().__init__(TuneCacheAutotuneBackend(cache_id),
+                             rc.RemoteCachePassthroughSerde())
 
     return TuneCacheAutotuneCache

@@ -3,7 +3,6 @@ claim given back because of one is recorded."""
 
 from __future__ import annotations
 
-
 from ..state import REGISTRY
 
 __all__ = ["PeerMeasuring", "NoLongerWanted", "released_as", "stop_unless_wanted"]

@@ -3,7 +3,8 @@ the candidate values its peers are not measuring."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..state import REGISTRY
 from .keys import fusion_ms_from_entry

@@ -24,7 +24,8 @@ job's, as without tunecache: nothing catches it.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..state import REGISTRY
 from .keys import kernel_config_problem
@@ -52,7 +53,7 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
         best = orig(self, inductor_meta, configs)
         state = REGISTRY.triton
         key = None if best is None or state is None else _our_key(self, ours)
-        if key is None:
+        if key is None or state is None:
             return best
         own = list(configs or ())
         try:

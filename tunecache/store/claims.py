@@ -14,10 +14,10 @@ process, so there it is the host's clock (``tunecache doctor`` reports skew).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -37,11 +37,12 @@ from sqlalchemy.sql.expression import FunctionElement
 
 from ..keys import Key
 from ..settings import IMPLAUSIBLE_LEASE_SECONDS
+from . import columns
 from .engine import Database
 from .notify import Waiter, notify
 from .schema import STATES, entries, usage
 
-__all__ = ["Store", "Entry", "Claim", "StepOutcome", "Publication", "LEASE_PASSED",
+__all__ = ["ClaimStore", "Entry", "Claim", "StepOutcome", "Publication", "LEASE_PASSED",
            "LEASE_RUNNING", "lease_passed"]
 
 # IN lists are chunked below SQLite's default limit on bound parameters (999 before 3.32).
@@ -66,19 +67,6 @@ def _db_now_postgresql(element: Any, compiler: Any, **kw: Any) -> str:
     return "extract(epoch from clock_timestamp())::float8"
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _time(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
 def lease_passed(lease_expires_at: Any, now: float) -> bool:
     """Whether a claim with this lease (as read: None or anything but a finite number
     counts as no lease) is nobody's any more: its
@@ -86,7 +74,7 @@ def lease_passed(lease_expires_at: Any, now: float) -> bool:
     (settings.IMPLAUSIBLE_LEASE_SECONDS), so no owner will renew or finish it and waiting
     for it would only stall every job that needs the key. LEASE_PASSED says the same in
     SQL."""
-    lease = _time(lease_expires_at)
+    lease = columns.time(lease_expires_at)
     return lease is None or lease <= now or lease > now + IMPLAUSIBLE_LEASE_SECONDS
 
 
@@ -112,14 +100,15 @@ class Entry:
     now: float
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> "Entry":
+    def from_row(cls, row: Sequence[Any]) -> Entry:
         (key_hash, state, owner, token, lease, attempts, timings_json, tune_seconds, error,
          now) = row
-        seconds = _time(tune_seconds)
+        seconds = columns.time(tune_seconds)
         return cls(
-            str(key_hash), state if isinstance(state, str) else repr(state), _text(owner),
-            _integer(token), _time(lease), _integer(attempts) or 0, _text(timings_json),
-            seconds if seconds is not None and seconds >= 0 else None, _text(error),
+            str(key_hash), state if isinstance(state, str) else repr(state),
+            columns.text(owner), columns.integer(token), columns.time(lease),
+            columns.integer(attempts) or 0, columns.text(timings_json),
+            seconds if seconds is not None and seconds >= 0 else None, columns.text(error),
             float(now),
         )
 
@@ -218,7 +207,8 @@ _TAKE_OVER = (
     .values(
         state=case((_EXHAUSTED, literal("failed")), else_=literal("claimed")),
         error=case(
-            (_EXHAUSTED, func.coalesce(entries.c.error, literal("the tuning process died or hung"))),
+            (_EXHAUSTED,
+             func.coalesce(entries.c.error, literal("the tuning process died or hung"))),
             else_=entries.c.error,
         ),
         owner=case((_EXHAUSTED, entries.c.owner), else_=bindparam("p_owner")),
@@ -243,7 +233,9 @@ _PUBLISH = (
         last_used_at=_NOW,
     )
 )
-_HEARTBEAT = update(entries).where(_FENCE).values(lease_expires_at=_NOW + bindparam("p_lease_seconds"))
+_HEARTBEAT = (
+    update(entries).where(_FENCE).values(lease_expires_at=_NOW + bindparam("p_lease_seconds"))
+)
 _RELEASE_FAILED = (
     update(entries)
     .where(_FENCE)
@@ -273,7 +265,7 @@ def insert_if_absent(dialect: str, **values: Any) -> Any:
     """INSERT of a new row for a key (its hash, JSON and labels bound as p_*), doing nothing
     if the key exists; RETURNING the token, so no row back means someone was first."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    identity = {name: bindparam(f"p_{name}") for name in (
+    identity: dict[str, Any] = {name: bindparam(f"p_{name}") for name in (
         "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version")}
     return (
         insert(entries)
@@ -307,7 +299,7 @@ def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
         yield items[i : i + _CHUNK]
 
 
-class Store:
+class ClaimStore:
     """Named operations of the claim protocol. Knows nothing of torch or of tuning."""
 
     def __init__(self, db: Database) -> None:

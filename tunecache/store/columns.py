@@ -1,0 +1,57 @@
+"""Readers of untrusted columns: every value read back from the shared database goes
+through one of these before it is used.
+
+SQLite keeps whatever a writer put in a column (text in a REAL column, a blob in an
+INTEGER one), PostgreSQL's floats hold NaN and infinities, and a shared file may have been
+written by anything. A reader returns the value when it is of the column's kind and None
+(or a harmless stand-in) when it is not, so a hostile row costs only itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["text", "integer", "time", "total", "binary", "clip"]
+
+
+def text(value: Any, limit: int | None = None) -> str | None:
+    """A string (of at most ``limit`` characters, when given), or None."""
+    if not isinstance(value, str) or (limit is not None and len(value) > limit):
+        return None
+    return value
+
+
+def integer(value: Any) -> int | None:
+    """A whole number (a bool is none), or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def time(value: Any) -> float | None:
+    """A finite number (seconds), or None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def total(value: Any) -> int:
+    """A SUM read back: PostgreSQL's sum of bigint is numeric (a Decimal); SQLite's is
+    whatever the column held (text in a hostile row sums as 0)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def binary(value: Any) -> bytes | None:
+    """Bytes (from bytes, bytearray or a driver's memoryview), or None."""
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    return bytes(value) if isinstance(value, (bytes, bytearray)) else None
+
+
+def clip(value: Any, n: int = 80) -> str:
+    """A value fit for one line of a message: text as is, anything else as its repr, cut
+    to ``n`` characters."""
+    shown = value if isinstance(value, str) else repr(value)
+    return shown if len(shown) <= n else shown[: n - 1] + "\u2026"
