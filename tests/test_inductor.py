@@ -412,10 +412,10 @@ def _patched_inductor_attributes() -> dict[str, Any]:
 
     selector = get_algorithm_selector_cache()
     owners = {
-        "AutotuneCache": (autotune_cache.AutotuneCache, ("create",)),
+        "AutotuneCache": (autotune_cache.AutotuneCache, ("create", "read_best")),
         "CachingAutotuner": (triton_heuristics.CachingAutotuner,
                              ("coordinate_descent_tuning", "autotune_to_one_config",
-                              "_dynamic_scale_rblock")),
+                              "_dynamic_scale_rblock", "precompile")),
         "CoordescTuner": (CoordescTuner, ("autotune_single_field", "call_func")),
         "TritonScheduling": (TritonScheduling, ("benchmark_codegened_module",)),
         "Scheduler": (Scheduler, ("compile_kernel",)),
