@@ -537,47 +537,48 @@ def _refusing_create(error: type[BaseException]) -> type:
                     {"create": ac.AutotuneCache.__dict__["create"]})
 
 
-def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _autotune_cache_refusing(error: type[BaseException]) -> Any:
+    """Inductor's AutotuneCache, for the duration, one whose ``create`` cannot be set:
+    a real failure half-way through enabling Triton sharing."""
     from torch._inductor.runtime import autotune_cache as ac
 
-    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
-        own = ac.AutotuneCache
-        ac.AutotuneCache = _refusing_create(_Refused)
+    own = ac.AutotuneCache
+    ac.AutotuneCache = _refusing_create(error)
+    try:
+        yield
+    finally:
+        ac.AutotuneCache = own
+
+
+def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, monkeypatch):
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache, _autotune_cache_refusing(_Refused):
+        before = _patched_inductor_attributes()
+        assert tc_inductor.enable(cache)  # GEMM autotuning is shared all the same
         try:
-            before = _patched_inductor_attributes()
-            assert tc_inductor.enable(cache)  # GEMM autotuning is shared all the same
-            try:
-                changed = {n for n in before if _patched_inductor_attributes()[n] is not before[n]}
-                triton = {"remote_cache.RemoteAutotuneCache", "config.autotune_remote_cache",
-                          "config.compile_threads"}
-                assert changed & triton == set()
-                assert "selector.lookup" in changed
-                assert REGISTRY.triton is None
-                assert {name for _, name in REGISTRY.patches.entries()} & {
-                    "RemoteAutotuneCache", "autotune_remote_cache", "compile_threads"} == set()
-            finally:
-                tc_inductor.disable()
-            assert _left_behind(before) == set()
-            _registry_is_empty()
+            changed = {n for n in before if _patched_inductor_attributes()[n] is not before[n]}
+            triton = {"remote_cache.RemoteAutotuneCache", "config.autotune_remote_cache",
+                      "config.compile_threads"}
+            assert changed & triton == set()
+            assert "selector.lookup" in changed
+            assert REGISTRY.triton is None
+            assert {name for _, name in REGISTRY.patches.entries()} & {
+                "RemoteAutotuneCache", "autotune_remote_cache", "compile_threads"} == set()
         finally:
-            ac.AutotuneCache = own
+            tc_inductor.disable()
+        assert _left_behind(before) == set()
+        _registry_is_empty()
 
 
 def test_enable_interrupted_half_way_leaves_nothing_patched(tmp_path, monkeypatch):
-    from torch._inductor.runtime import autotune_cache as ac
-
-    with _flags_enable_changes(tmp_path, monkeypatch) as cache:
-        own = ac.AutotuneCache
-        ac.AutotuneCache = _refusing_create(_Interrupted)
-        try:
-            before = _patched_inductor_attributes()
-            with pytest.raises(_Interrupted):
-                tc_inductor.enable(cache)
-            assert not tc_inductor.is_enabled()
-            assert _left_behind(before) == set()
-            _registry_is_empty()
-        finally:
-            ac.AutotuneCache = own
+    with _flags_enable_changes(tmp_path, monkeypatch) as cache, \
+            _autotune_cache_refusing(_Interrupted):
+        before = _patched_inductor_attributes()
+        with pytest.raises(_Interrupted):
+            tc_inductor.enable(cache)
+        assert not tc_inductor.is_enabled()
+        assert _left_behind(before) == set()
+        _registry_is_empty()
 
 
 def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(sqlite_url):
