@@ -60,9 +60,18 @@ def _victim(tmp_path: Path, prefix: str) -> tuple[Path, list[Path]]:
 # -- prune and symlinks
 
 
+def _payload_outside(shard: str) -> bytes:
+    """Random bytes whose blob does not land in ``shard``, which the test plants itself
+    (a random digest would fall there one time in 256)."""
+    while True:
+        payload = os.urandom(100)
+        if not hashlib.sha256(payload).hexdigest().startswith(shard):
+            return payload
+
+
 def test_prune_never_follows_a_symlinked_shard_out_of_the_blob_directory(sqlite_url, tmp_path):
     store = _store(sqlite_url)
-    store.put("fxgraph", "kept", os.urandom(100), SIG, "2.13.0")
+    store.put("fxgraph", "kept", _payload_outside("ee"), SIG, "2.13.0")
     victim, files = _victim(tmp_path, "ee")
     (_root(sqlite_url) / "ee").symlink_to(victim)
     out = run_json("prune", "--db", sqlite_url, "--max-graph-bytes", "1GB")
@@ -75,7 +84,7 @@ def test_prune_never_follows_a_symlinked_shard_out_of_the_blob_directory(sqlite_
 @pytest.mark.parametrize("where", ["keys", "keys/ee"])
 def test_prune_never_follows_a_symlinked_key_lock_directory(sqlite_url, tmp_path, where):
     store = _store(sqlite_url)
-    store.put("fxgraph", "kept", os.urandom(100), SIG, "2.13.0")
+    store.put("fxgraph", "kept", _payload_outside("ee"), SIG, "2.13.0")
     victim, files = _victim(tmp_path, "ee")
     keys = _root(sqlite_url) / "keys"
     keys.mkdir(exist_ok=True)
@@ -120,19 +129,20 @@ def test_a_database_reached_through_a_symlinked_directory_makes_its_blob_root(tm
 
 def test_prune_touches_only_regular_files_of_the_names_the_store_writes(sqlite_url, tmp_path):
     store = _store(sqlite_url)
-    store.put("fxgraph", "kept", os.urandom(100), SIG, "2.13.0")
-    shard = _root(sqlite_url) / "ee"
+    store.put("fxgraph", "kept", _payload_outside("ee"), SIG, "2.13.0")
+    prefix = "ee"
+    shard = _root(sqlite_url) / prefix
     shard.mkdir()
     strangers = [_old_file(shard / "build.lock"), _old_file(shard / "x.tmp.y"),
                  _old_file(shard / "notes.txt")]
     target = _old_file(tmp_path / "target")
-    link = shard / ("ee" + "0" * 62)  # a blob's name, but a symlink
+    link = shard / (prefix + "0" * 62)  # a blob's name, but a symlink
     link.symlink_to(target)
-    fifo = shard / ("ee" + "1" * 62)
+    fifo = shard / (prefix + "1" * 62)
     os.mkfifo(fifo)
     os.utime(link, (OLD, OLD), follow_symlinks=False)
     os.utime(fifo, (OLD, OLD))
-    ours = _old_file(shard / ("ee" + "2" * 62 + ".tmp.77.0123abcd"))
+    ours = _old_file(shard / (prefix + "2" * 62 + ".tmp.77.0123abcd"))
     run_json("prune", "--db", sqlite_url, "--max-graph-bytes", "1GB")
     assert all(f.exists() for f in strangers) and link.is_symlink() and fifo.exists()
     assert target.read_bytes() == b"precious"
