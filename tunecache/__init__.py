@@ -22,7 +22,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .core import Result, TuneCache
+    from .core import Neighbour, Result, Tuned, TuneCache
     from .settings import Settings
 
 __version__ = "0.1.0"
@@ -34,6 +34,8 @@ __all__ = [
     "is_enabled",
     "TuneCache",
     "Result",
+    "Tuned",
+    "Neighbour",
     "Settings",
     "TuneCacheError",
     "ConfigError",
@@ -47,7 +49,8 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = {"TuneCache": "core", "Result": "core", "Settings": "settings"}
+_LAZY = {"TuneCache": "core", "Result": "core", "Tuned": "core", "Neighbour": "core",
+         "Settings": "settings"}
 
 
 def __getattr__(name: str) -> Any:

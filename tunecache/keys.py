@@ -32,6 +32,9 @@ __all__ = [
     "MAX_CANDIDATES",
     "KINDS",
     "storable",
+    "validate_meta",
+    "meta_to_json",
+    "MAX_META_BYTES",
 ]
 
 # The kinds of entries tunecache itself writes (the key convention's "kind"); the last two
@@ -46,6 +49,10 @@ MAX_TIMINGS_BYTES = 1024 * 1024
 MAX_CANDIDATES = 10_000
 MAX_CANDIDATE_NAME = 1024
 MAX_LABEL = 256
+# An entry's meta object (provenance, the untuned choice's time, regret) is small: a few
+# hundred bytes. A family is a sha256 hex digest.
+MAX_META_BYTES = 64 * 1024
+MAX_FAMILY = 64
 
 
 # Text neither database can store: PostgreSQL's text refuses NUL, and a lone surrogate
@@ -115,20 +122,27 @@ class Key:
     sha256 hash and the labels stats and prune group by. Equal keys have equal hashes.
 
     Build one with :meth:`of`; the mapping is the caller's (a tuner gets it back as is).
+    ``family``: the hash of the key's structure with its sizes left out, given by whoever
+    built the key; stored beside it (not part of its hash) so that a new key can find
+    recorded ones of the same structure (:meth:`tunecache.TuneCache.neighbours`).
     """
 
     hash: str
     json: str = dataclasses.field(repr=False)
     labels: Mapping[str, str | None] = dataclasses.field(compare=False, repr=False)
     mapping: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
+    family: str | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, key: KeyLike) -> Key:
+    def of(cls, key: KeyLike, family: str | None = None) -> Key:
         """The :class:`Key` of a key mapping (a :class:`Key` is returned as it is)."""
         if isinstance(key, Key):
             return key
+        if family is not None and (not isinstance(family, str) or not family
+                                   or len(family) > MAX_FAMILY or not storable(family)):
+            raise ValueError(f"a key's family must be text of 1 to {MAX_FAMILY} characters")
         h, text = key_hash(key)
-        return cls(h, text, key_labels(key), key)
+        return cls(h, text, key_labels(key), key, family)
 
 
 # What the cache's methods accept: a key mapping (the public API) or a Key built before.
@@ -174,6 +188,32 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
             raise InvalidEntryError(key, f"timing of {name[:40]!r} is {ms!r}")
         out[name] = float(ms)
     return out
+
+
+def validate_meta(raw: Any) -> dict[str, Any]:
+    """An entry's meta object as read back: a JSON object under :data:`MAX_META_BYTES`,
+    else empty. Meta only informs (stats, provenance, where transfer starts), so a garbled
+    one costs only itself; whoever uses a field checks its type."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, str) or len(raw) > MAX_META_BYTES:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def meta_to_json(meta: Mapping[str, Any] | None) -> str | None:
+    """An entry's meta object as stored (None for none); refuses what it would not read
+    back."""
+    if not meta:
+        return None
+    text = canonical_json(dict(meta))
+    if len(text) > MAX_META_BYTES or not storable(text) or _JSON_NUL.search(text):
+        raise ValueError(f"an entry's meta must be a JSON object under {MAX_META_BYTES} bytes")
+    return text
 
 
 def timings_to_json(timings: Mapping[str, float]) -> str:

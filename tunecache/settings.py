@@ -142,6 +142,10 @@ class Settings:
     # the warm-start GPU runs of 2026-12-01 (docs/benchmarks.md); TUNECACHE_TRITON_CONFIGS=0
     # opts out.
     triton_configs: bool = True
+    # A key never tuned starts from the recorded keys of its structure nearest in size:
+    # only their best candidates are benchmarked (docs/transfer.md). TUNECACHE_TRANSFER=0
+    # tunes every new key in full, as plain max-autotune does.
+    transfer: bool = True
     # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
@@ -162,6 +166,7 @@ class Settings:
         "lock_timeout": "TUNECACHE_LOCK_TIMEOUT",
         "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
         "triton_configs": "TUNECACHE_TRITON_CONFIGS",
+        "transfer": "TUNECACHE_TRANSFER",
         "signing_key": "TUNECACHE_SIGNING_KEY",
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
@@ -209,6 +214,7 @@ class Settings:
         object.__setattr__(
             self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
         )
+        object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
         self._graph_settings()
 
     def _graph_settings(self) -> None:

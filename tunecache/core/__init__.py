@@ -1,6 +1,6 @@
 """The cache's core: claim, tune, publish, wait for peers, take over, fall back."""
 
 from .cache import TuneCache, Tuner
-from .result import Result, Source
+from .result import Neighbour, Result, Source, Tuned
 
-__all__ = ["TuneCache", "Result", "Source", "Tuner"]
+__all__ = ["TuneCache", "Result", "Source", "Tuner", "Tuned", "Neighbour"]

@@ -15,6 +15,7 @@ serves any autotuner. The guarantees:
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -28,11 +29,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
-from ..keys import Key, KeyLike, best_candidate, timings_to_json, validate_timings
+from ..keys import (
+    MAX_KEY_BYTES,
+    Key,
+    KeyLike,
+    best_candidate,
+    meta_to_json,
+    timings_to_json,
+    validate_meta,
+    validate_timings,
+)
 from ..settings import MAX_LEASE_SECONDS, Settings
 from ..store import Claim, ClaimStore, Database, Entry, Publication, ensure_schema
 from .heartbeat import Heartbeat
-from .result import Result, Source
+from .result import Neighbour, Result, Source
 from .usage import Usage
 
 __all__ = ["TuneCache", "Tuner"]
@@ -141,6 +151,47 @@ class TuneCache:
             self._usage.add([result])
         return result
 
+    def neighbours(self, key: Key, limit: int = 64) -> list[Neighbour]:
+        """Done entries of ``key``'s kind and family (other than ``key``), the most used
+        first, each validated (an invalid one is skipped); empty without a family, or
+        while the store is unavailable. Only reads."""
+        kind = key.labels.get("kind")
+        if key.family is None or kind is None or not self._ensure_available():
+            return []
+        try:
+            rows = self._store.neighbours(kind, key.family, key.hash, limit)
+        except StoreError as e:
+            self._disable(e)
+            return []
+        found = []
+        for key_hash, key_json, timings_json, meta_json in rows:
+            try:
+                if key_json is None or len(key_json) > MAX_KEY_BYTES:
+                    continue
+                mapping = json.loads(key_json)
+                timings = validate_timings(timings_json, key_hash)
+            except (ValueError, RecursionError, InvalidEntryError):
+                continue
+            if isinstance(mapping, dict):
+                found.append(Neighbour(key_hash, mapping, timings, validate_meta(meta_json)))
+        return found
+
+    def update_meta(self, key: KeyLike, **fields: Any) -> bool:
+        """Add ``fields`` to a done entry's meta (its timings never change); False if the
+        key is not done, the mode is not readwrite or the store is unavailable."""
+        k = Key.of(key)
+        if not self._ensure_available() or self.settings.mode != "readwrite":
+            return False
+        try:
+            row = self._store.read([k.hash]).get(k.hash)
+            if row is None or row.state != "done":
+                return False
+            meta = {**validate_meta(row.meta_json), **fields}
+            return self._store.set_meta(k.hash, meta_to_json(meta))
+        except StoreError as e:
+            self._disable(e)
+            return False
+
     def claim(
         self,
         key: KeyLike,
@@ -221,6 +272,7 @@ class TuneCache:
         timings: Mapping[str, float],
         *,
         tune_seconds: float | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Result | None:
         """Publish the timings of a key claimed with :meth:`claim`.
 
@@ -229,8 +281,11 @@ class TuneCache:
         :class:`InvalidEntryError` for timings the cache would refuse to read back.
         """
         clean = validate_timings(dict(timings), claim.key_hash)
+        if meta is None:
+            meta = getattr(timings, "meta", None)
+        meta_json = meta_to_json(meta)
         pub = Publication(claim, timings_to_json(clean), best_candidate(clean),
-                          float(tune_seconds or 0.0))
+                          float(tune_seconds or 0.0), meta_json)
         if not self._ensure_available() or self.settings.mode != "readwrite":
             return None
         try:
@@ -251,7 +306,8 @@ class TuneCache:
                 "peer took it over); the peer's result is the one stored", claim.key_hash[:16]
             )
             return None
-        result = Result(claim.key_hash, clean, pub.best, "tuned", tune_seconds)
+        result = Result(claim.key_hash, clean, pub.best, "tuned", tune_seconds,
+                        meta=validate_meta(meta_json))
         self._usage.add([result])
         self._maybe_flush()
         return result
@@ -437,7 +493,8 @@ class TuneCache:
                     for pub in publications:
                         h = pub.claim.key_hash
                         results[h] = Result(h, validate_timings(pub.timings_json, h), pub.best,
-                                            "local", pub.tune_seconds)
+                                            "local", pub.tune_seconds,
+                                            meta=validate_meta(pub.meta_json))
                     heartbeat.release(pub.claim for pub in publications)
                     raise
                 heartbeat.hold(outcome.claimed)
@@ -447,7 +504,8 @@ class TuneCache:
                     h = pub.claim.key_hash
                     if accepted:
                         results[h] = Result(h, validate_timings(pub.timings_json, h), pub.best,
-                                            "tuned", pub.tune_seconds)
+                                            "tuned", pub.tune_seconds,
+                                            meta=validate_meta(pub.meta_json))
                     else:
                         # Our claim was taken over while we were frozen or slow: the new
                         # owner's result is the one everybody uses, so wait for it.
@@ -574,14 +632,17 @@ class TuneCache:
                 self._warned_keys.add(row.key_hash)
                 logger.warning("tunecache: %s; tuning it locally", e)
             return None
-        return Result(row.key_hash, timings, best_candidate(timings), source, row.tune_seconds)
+        return Result(row.key_hash, timings, best_candidate(timings), source, row.tune_seconds,
+                      meta=validate_meta(row.meta_json))
 
     def _tune_claimed(self, claim: Claim, key: Key, tune: Tuner) -> Publication:
         """Tune a claimed key (its claim stays held until published); if the tuner
         raises, give the claim back as a failed attempt."""
         start = time.perf_counter()
         try:
-            timings = validate_timings(dict(tune(key.mapping)), key.hash)
+            tuned = tune(key.mapping)
+            timings = validate_timings(dict(tuned), key.hash)
+            meta_json = meta_to_json(getattr(tuned, "meta", None))
         except BaseException as e:
             self._heartbeat_thread().release([claim], wait=True)
             try:
@@ -595,16 +656,16 @@ class TuneCache:
             raise
         return Publication(
             claim, timings_to_json(timings), best_candidate(timings),
-            time.perf_counter() - start,
+            time.perf_counter() - start, meta_json,
         )
 
     def _tune_locally(self, key: Key, tune: Tuner) -> Result:
         start = time.perf_counter()
-        timings = dict(tune(key.mapping))
+        tuned = tune(key.mapping)
         clean = {name: (ms if isinstance(ms, (int, float)) and not math.isnan(ms) else math.inf)
-                 for name, ms in timings.items()}
+                 for name, ms in dict(tuned).items()}
         return Result(key.hash, clean, best_candidate(clean), "local",
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, meta=dict(getattr(tuned, "meta", {}) or {}))
 
     def _heartbeat_thread(self) -> Heartbeat:
         if self._heartbeat is None or self._heartbeat.pid != os.getpid():

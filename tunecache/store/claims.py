@@ -97,19 +97,20 @@ class Entry:
     timings_json: str | None  # validated by keys.validate_timings where it is used
     tune_seconds: float | None
     error: str | None
+    meta_json: str | None  # validated by keys.validate_meta where it is used
     now: float
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Entry:
         (key_hash, state, owner, token, lease, attempts, timings_json, tune_seconds, error,
-         now) = row
+         meta_json, now) = row
         seconds = columns.time(tune_seconds)
         return cls(
             str(key_hash), state if isinstance(state, str) else repr(state),
             columns.text(owner), columns.integer(token), columns.time(lease),
             columns.integer(attempts) or 0, columns.text(timings_json),
             seconds if seconds is not None and seconds >= 0 else None, columns.text(error),
-            float(now),
+            columns.text(meta_json), float(now),
         )
 
     @property
@@ -152,6 +153,7 @@ class Publication:
     timings_json: str
     best: str | None  # None when every candidate failed
     tune_seconds: float
+    meta_json: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,7 @@ _ENTRY_COLUMNS = (
     entries.c.timings_json,
     entries.c.tune_seconds,
     entries.c.error,
+    entries.c.meta_json,
 )
 
 
@@ -227,6 +230,7 @@ _PUBLISH = (
         timings_json=bindparam("p_timings_json"),
         best=bindparam("p_best"),
         tune_seconds=bindparam("p_tune_seconds"),
+        meta_json=bindparam("p_meta_json"),
         lease_expires_at=None,
         error=None,
         updated_at=_NOW,
@@ -254,6 +258,23 @@ _GIVE_BACK = (
     .values(lease_expires_at=_NOW, attempts=entries.c.attempts - 1, updated_at=_NOW)
     .returning(entries.c.state)
 )
+# A new key's neighbours: done entries of its kind and family, the most used first (a
+# family can hold thousands of sizes; the caller ranks the ones read by distance).
+_NEIGHBOURS = (
+    select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json,
+           entries.c.meta_json)
+    .where(entries.c.kind == bindparam("p_kind"), entries.c.family == bindparam("p_family"),
+           entries.c.state == "done", entries.c.key_hash != bindparam("p_key_hash"))
+    .order_by(entries.c.hits.desc(), entries.c.updated_at.desc())
+    .limit(bindparam("p_limit"))
+)
+# Meta is the one part of a done row that may change after its publish (timings never
+# do): `tunecache warm --exhaustive` adds the regret it measured.
+_SET_META = (
+    update(entries)
+    .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.state == "done")
+    .values(meta_json=bindparam("p_meta_json"))
+)
 _RECORD_HITS = (
     update(entries)
     .where(entries.c.key_hash == bindparam("p_h"))
@@ -266,7 +287,8 @@ def insert_if_absent(dialect: str, **values: Any) -> Any:
     if the key exists; RETURNING the token, so no row back means someone was first."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     identity: dict[str, Any] = {name: bindparam(f"p_{name}") for name in (
-        "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version")}
+        "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version",
+        "family")}
     return (
         insert(entries)
         .values(**{**identity, "token": 1, "created_at": _NOW, "updated_at": _NOW, "hits": 0,
@@ -320,6 +342,28 @@ class ClaimStore:
             for row in conn.execute(_READ, _params(hashes=list(chunk))):
                 found[row.key_hash] = Entry.from_row(row)
         return found
+
+    def neighbours(self, kind: str, family: str, key_hash: str,
+                   limit: int) -> list[tuple[str, str | None, str | None, str | None]]:
+        """(key hash, key JSON, timings JSON, meta JSON) of up to ``limit`` done entries of
+        ``kind`` and ``family`` other than ``key_hash``; untrusted text, unvalidated."""
+
+        def work(conn: Connection) -> list[tuple[str, str | None, str | None, str | None]]:
+            rows = conn.execute(_NEIGHBOURS, _params(kind=kind, family=family,
+                                                     key_hash=key_hash, limit=limit))
+            return [(str(r.key_hash), columns.text(r.key_json), columns.text(r.timings_json),
+                     columns.text(r.meta_json)) for r in rows]
+
+        return self.db.run(work)
+
+    def set_meta(self, key_hash: str, meta_json: str | None) -> bool:
+        """Replace a done entry's meta; False if it is not done (or not there)."""
+
+        def work(conn: Connection) -> bool:
+            return conn.execute(_SET_META, _params(key_hash=key_hash,
+                                                   meta_json=meta_json)).rowcount == 1
+
+        return self.db.run(work, write=True)
 
     # -- the claim protocol ------------------------------------------------------------
 
@@ -385,8 +429,8 @@ class ClaimStore:
     ) -> Claim | None:
         row = conn.execute(
             _INSERT_CLAIM[self.db.dialect],
-            _params(**key.labels, key_hash=key.hash, key_json=key.json, owner=owner,
-                    lease_seconds=lease_seconds),
+            _params(**key.labels, key_hash=key.hash, key_json=key.json, family=key.family,
+                    owner=owner, lease_seconds=lease_seconds),
         ).first()
         return Claim(key.hash, 1, owner) if row is not None else None
 
@@ -413,7 +457,7 @@ class ClaimStore:
         result = conn.execute(
             _PUBLISH,
             self._fence(pub.claim, timings_json=pub.timings_json, best=pub.best,
-                        tune_seconds=pub.tune_seconds),
+                        tune_seconds=pub.tune_seconds, meta_json=pub.meta_json),
         )
         return result.rowcount == 1
 

@@ -54,6 +54,13 @@ entries = Table(
     Column("updated_at", Float, nullable=False),
     Column("last_used_at", Float),
     Column("hits", Integer, nullable=False),
+    # The hash of the key's structure with its sizes left out (given by whoever built the
+    # key, e.g. tunecache.inductor.transfer): a new key finds recorded keys of its family
+    # to start from (migration 0006). NULL for keys that have none.
+    Column("family", String(64)),
+    # A JSON object beside the timings, validated on every read (keys.validate_meta):
+    # the untuned choice's time, how the entry was found (transfer provenance), regret.
+    Column("meta_json", Text),
     # Claims and failed keys (a few thousand at most) are found by state.
     Index("ix_tunecache_entries_state", "state"),
     # No index on last_used_at: prune filters on coalesce(last_used_at, updated_at),
@@ -62,6 +69,8 @@ entries = Table(
     # Covers `tunecache stats` (migration 0002), so it never reads the wide rows.
     Index("ix_tunecache_entries_stats", "state", "kind", "op", "device", "torch_version",
           "triton_version", "hits", "tune_seconds"),
+    # A new key's neighbours: done entries of one kind and family (migration 0006).
+    Index("ix_tunecache_entries_family", "kind", "family"),
 )
 
 # Usage is counted in memory and written in one row per flush (per compile or job), so a
