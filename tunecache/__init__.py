@@ -22,7 +22,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .core import Neighbour, Result, Tuned, TuneCache
+    from .core import Neighbour, Result, TuneCache, Tuned
     from .settings import Settings
 
 __version__ = "0.1.0"
