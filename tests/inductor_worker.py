@@ -35,6 +35,9 @@ def main() -> int:
     parser.add_argument("--barrier", default=None)  # a directory, with --parties
     parser.add_argument("--parties", type=int, default=0)
     parser.add_argument("--fake-torch-version", default=None)
+    # The GEMMs' token count (bmm's M, linear's batch): another size is a new key of the
+    # same family (transfer).
+    parser.add_argument("--tokens", type=int, default=0)
     parser.add_argument("--activation", choices=["enable", "autoload", "none"], default="enable")
     args = parser.parse_args()
 
@@ -68,7 +71,7 @@ def main() -> int:
     ops = [op for op in args.ops.split(",") if op]
     with torch.no_grad():
         if "bmm" in ops:
-            a = torch.randn(4, 32, 48)
+            a = torch.randn(4, args.tokens or 32, 48)
             b = torch.randn(4, 48, 40)
             fn = torch.compile(lambda x, y: torch.bmm(x, y).relu(),
                                mode="max-autotune-no-cudagraphs")
@@ -78,7 +81,7 @@ def main() -> int:
         if "linear" in ops:
             inductor_config.freezing = True
             model = torch.nn.Linear(64, 32).eval()
-            x = torch.randn(16, 64)
+            x = torch.randn(args.tokens or 16, 64)
             compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
             t0 = time.perf_counter()
             outputs["linear"] = compiled(x).flatten()[:64].tolist()

@@ -37,6 +37,7 @@ from torch._inductor.virtualized import V  # noqa: E402
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache import keys as tc_keys  # noqa: E402
+from tunecache.inductor.transfer import gemm_family  # noqa: E402
 
 NAME = "tunecache_test_mm"
 # Six configs, as a Triton mm heuristic yields them.
@@ -83,13 +84,21 @@ def gemm(tmp_path, monkeypatch):
 
     monkeypatch.setattr(template, "generate", generate)  # this instance only
     device = torch.device("cpu")
-    nodes = [ir.Buffer(name="arg0", layout=ir.FixedLayout(device, torch.float32, [64, 32],
-                                                          [32, 1])),
-             ir.Buffer(name="arg1", layout=ir.FixedLayout(device, torch.float32, [32, 48],
-                                                          [48, 1]))]
+
+    def mm_nodes(m: int) -> list[ir.Buffer]:
+        return [ir.Buffer(name="arg0", layout=ir.FixedLayout(device, torch.float32, [m, 32],
+                                                             [32, 1])),
+                ir.Buffer(name="arg1", layout=ir.FixedLayout(device, torch.float32, [32, 48],
+                                                             [48, 1]))]
+
+    nodes = mm_nodes(64)
     out = ir.FixedLayout(device, torch.float32, [64, 48], [48, 1])
     kernel_inputs = SimpleNamespace(nodes=lambda: nodes, device_type="cpu",
                                     output_layout=lambda flexible=True: out)
+
+    def resize(m: int) -> None:
+        """The same mm at another M: a new key of the same family (transfer.py)."""
+        nodes[:] = mm_nodes(m)
 
     def get_ktc(self, kernel_inputs, tmpl, op_name, kwarg_overrides=None):
         cs = [{}] if tmpl is aten_mm else CONFIGS
@@ -125,12 +134,13 @@ def gemm(tmp_path, monkeypatch):
                 timings[cid] = 0.1 if n == FASTEST else 1.0 + n
         if skip is not None:
             del timings[ids[skip]]
-        cache.get_or_tune(key(), lambda: timings)
+        # with its family, as the lookup hook stores a key it tunes
+        cache.get_or_tune(tc_keys.Key.of(key(), family=gemm_family(key())), lambda: timings)
         return timings
 
     try:
         yield SimpleNamespace(compile=compile, tune=tune, generated=generated, tweak=tweak,
-                              key=key, cache=cache)
+                              key=key, cache=cache, resize=resize)
     finally:
         tc_inductor.disable()
         cache.close()
@@ -227,3 +237,37 @@ def test_disable_restores_inductors_choice_methods(tmp_path):
         cache.close()
     assert (InductorChoices.__dict__["get_template_configs"],
             InductorChoices.__dict__["_finalize_template_configs"]) == own
+
+
+def test_a_miss_next_to_a_recorded_size_generates_only_the_transferred_templates(gemm):
+    gemm.tune(gemm.compile())  # M=64, tuned in full: CONFIGS[FASTEST] fastest, then 0, 1, ...
+    gemm.generated.clear()
+    tc_inductor.stats.reset()
+    gemm.resize(128)  # a new key, one octave away
+    choices = gemm.compile()
+    # the neighbour's four fastest templates (transfer.FROM_NEAREST), and aten
+    assert sorted(map(str, gemm.generated)) == sorted(
+        map(str, [CONFIGS[FASTEST], CONFIGS[0], CONFIGS[1], CONFIGS[2]]))
+    assert len(choices) == 5
+    stats = tc_inductor.stats.as_dict()
+    assert stats["choice_lists_transferred"] == 1
+    assert stats["choice_lists_in_full"] == 0
+
+
+def test_a_miss_without_a_near_size_generates_every_template(gemm):
+    gemm.tune(gemm.compile())
+    gemm.generated.clear()
+    gemm.resize(64 * 16)  # four octaves away: no neighbour
+    gemm.compile()
+    assert len(gemm.generated) == len(CONFIGS)
+    assert tc_inductor.stats.as_dict()["choice_lists_transferred"] == 0
+
+
+def test_with_transfer_off_a_miss_next_to_a_recorded_size_generates_every_template(gemm):
+    gemm.tune(gemm.compile())
+    gemm.generated.clear()
+    with tunecache.open(gemm.cache.settings.db_url, transfer=False) as cache:
+        assert tc_inductor.enable(cache)  # TUNECACHE_TRANSFER=0
+        gemm.resize(128)
+        gemm.compile()
+    assert len(gemm.generated) == len(CONFIGS)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import keys as tc_keys
+from ..core.result import Tuned
 from .gemm import GemmHooks, device_type_of, make_key
 from .state import REGISTRY
 
@@ -41,7 +42,7 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
     from torch._inductor.scheduler import SchedulerNode
 
     hooks.check_distributed_flag()
-    keys: list[dict[str, Any]] = []
+    keys: list[tc_keys.Key] = []
     owners: dict[str, Any] = {}  # key hash -> first buffer with that key
     unknown = 0
     for node in nodes:
@@ -56,13 +57,12 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
             unknown += 1  # not lowered through our hook; lookup handles it lazily
             continue
         op, inputs_key = info.op, info.inputs_key
-        key = make_key(op, inputs_key, None, device_type_of(choices, inputs_key))
-        key_hash, _ = tc_keys.key_hash(key)
+        key = hooks.gemm_key(make_key(op, inputs_key, None, device_type_of(choices, inputs_key)))
         with hooks.lock:
-            if key_hash in hooks.memo:
+            if key.hash in hooks.memo:
                 continue
-        if key_hash not in owners:
-            owners[key_hash] = buf
+        if key.hash not in owners:
+            owners[key.hash] = buf
             keys.append(key)
     if unknown:
         # Expected never; if a torch version stops passing the same list to
@@ -72,7 +72,7 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
     if not keys:
         return
 
-    def tune(key: Mapping[str, Any]) -> Mapping[str, float]:
+    def tune(key: Mapping[str, Any]) -> Tuned:
         key_hash, _ = tc_keys.key_hash(key)
         slot: dict[str, float] = {}
         with hooks.lock:
@@ -84,21 +84,21 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
         finally:
             with hooks.lock:
                 hooks.tuning.pop(key_hash, None)
+                meta = hooks.tuning_meta.pop(key_hash, {})
         if not slot:
             raise RuntimeError("Inductor produced no timings for this key")
-        return slot
+        return Tuned(slot, meta)
 
     t0 = time.perf_counter()
     results = hooks.cache().get_or_tune_many(keys, tune)
-    with hooks.lock:
-        for result in results:
-            # A "failed" key (its tuner failed too often) has no usable timings:
-            # lookup() then asks the core again, gets KeyFailedError, and leaves the
-            # op to Inductor's own lookup.
-            if result.source != "failed" and result.timings:
-                hooks.memo[result.key_hash] = dict(result.timings)
+    for result in results:
+        # A "failed" key (its tuner failed too often) has no usable timings: lookup()
+        # then asks the core again, gets KeyFailedError, and leaves the op to
+        # Inductor's own lookup.
+        if result.source != "failed" and result.timings:
+            hooks.note_result(result.key_hash, result.timings, result.meta)
     for key, result in zip(keys, results):
-        event = {"op": key["op"], "key_hash": result.key_hash, "best": result.best,
+        event = {"op": key.mapping["op"], "key_hash": result.key_hash, "best": result.best,
                  "candidates": len(owners[result.key_hash].choices)}
         REGISTRY.stats.record(result.source, event)
     log.info(

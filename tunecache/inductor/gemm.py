@@ -89,8 +89,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import tunecache
 
 from .. import keys as tc_keys
+from ..core.result import Tuned
 from .fingerprint import environment
 from .state import REGISTRY
+from .transfer import Plan, baseline_meta, gemm_family, plan_transfer, transfer_id
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
@@ -204,6 +206,15 @@ class GemmHooks:
         # key hashes this process is tuning inside get_or_tune_many right now -> timings
         # collected by lookup; shared by all threads (Inductor may benchmark in a pool).
         self.tuning: dict[str, dict[str, float]] = {}
+        # ... and the meta of what they measured (transfer provenance, baseline)
+        self.tuning_meta: dict[str, dict[str, Any]] = {}
+        # key hashes whose entry was transferred (meta "transfer"): its timings cover only
+        # the transferred candidates, which is the whole answer while transfer is on
+        self.transferred: set[str] = set()
+        # key hash -> the transfer plan for a key this process found no entry for
+        self.plans: dict[str, Plan | None] = {}
+        # key hash -> templates narrowing did not generate for it (transfer.py)
+        self.not_generated: dict[str, int] = {}
         # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
         self.pending: weakref.WeakKeyDictionary[Any, Lowered] = weakref.WeakKeyDictionary()
         self._dist_warned = False
@@ -237,6 +248,33 @@ class GemmHooks:
                     self.broken = True
                     raise
             return self._cache
+
+    def transfer_on(self) -> bool:
+        return not self.count_only and self.cache().settings.transfer
+
+    def gemm_key(self, key: Mapping[str, Any]) -> tc_keys.Key:
+        """The Key of a GEMM key mapping, with its family (transfer.py)."""
+        return tc_keys.Key.of(key, family=gemm_family(key))
+
+    def transfer_plan(self, key: tc_keys.Key) -> Plan | None:
+        """What transfer keeps for a key with no entry (None: tune it in full); asked of
+        the database once per key and process."""
+        with self.lock:
+            if key.hash in self.plans:
+                return self.plans[key.hash]
+        plan = None
+        if key.family is not None and self.transfer_on():
+            plan = plan_transfer(key.mapping, self.cache().neighbours(key))
+        with self.lock:
+            self.plans[key.hash] = plan
+        return plan
+
+    def note_result(self, key_hash: str, timings: Mapping[str, float],
+                    meta: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.memo[key_hash] = dict(timings)
+            if "transfer" in meta:
+                self.transferred.add(key_hash)
 
     def counted(
         self, benchmark: Callable[[Any], Any], key_hash: str | None = None
@@ -327,8 +365,8 @@ class GemmHooks:
         taken: dict[Any, float],
     ) -> dict[Any, float]:
         ids = candidate_ids(choices)
-        key = make_key(op, inputs, hint_override, device_type_of(choices, inputs))
-        key_hash, _ = tc_keys.key_hash(key)
+        key = self.gemm_key(make_key(op, inputs, hint_override, device_type_of(choices, inputs)))
+        key_hash = key.hash
 
         def bench(subset: list[Any], measured_key: str) -> dict[str, float]:
             """Run Inductor's benchmark on some choices; timings by candidate id."""
@@ -352,14 +390,39 @@ class GemmHooks:
             # make_precompile_fn's probe: answer only with a full hit, never claim or wait.
             known = self._probe(key, key_hash, ids)
             if known is not None:
-                return {c: known[i] for c, i in zip(choices, ids)}
+                return {c: known.get(i, math.inf) for c, i in zip(choices, ids)}
             return {}
 
-        def tune() -> dict[str, float]:
-            """Timings of this lookup's candidates, and ``inf`` for those of its lowering
-            that failed to compile (see :meth:`not_compiled`)."""
+        def tune() -> Tuned:
+            """Timings of this lookup's candidates (only the transferred ones where
+            transfer applies), ``inf`` for those of its lowering that failed to compile
+            (see :meth:`not_compiled`), and the entry's meta."""
             failed = self.not_compiled(choices, op, inputs)
-            return {**bench(choices, key_hash), **{i: math.inf for i in failed}}
+            plan = self.transfer_plan(key)
+            kept = [c for c, i in zip(choices, ids) if plan is not None and plan.keeps(i)]
+            matched = plan is not None and any(
+                transfer_id(i) is not None for c, i in zip(choices, ids) if plan.keeps(i))
+            subset = kept if matched else choices
+            measured = {**bench(subset, key_hash), **{i: math.inf for i in failed}}
+            if matched and len(subset) < len(choices):
+                in_subset = {id(c) for c in subset}
+                kept_templates = [i for c, i in zip(choices, ids)
+                                  if id(c) in in_subset and transfer_id(i) is not None]
+                if not any(math.isfinite(measured[i]) for i in kept_templates):
+                    log.warning("tunecache: no transferred candidate of this %s ran; tuning "
+                                "it in full", op)
+                    rest = [c for c in choices if id(c) not in in_subset]
+                    measured.update(bench(rest, key_hash))
+                    matched = False
+            meta = baseline_meta(measured)
+            if matched and plan is not None:
+                with self.lock:
+                    skipped = self.not_generated.get(key_hash, 0)
+                generated = len(choices) + len(failed) + skipped
+                meta.update(plan.meta(len(subset), generated))
+                REGISTRY.stats.add(transferred_keys=1,
+                                   transfer_skipped=generated - len(subset) - len(failed))
+            return Tuned(measured, meta)
 
         with self.lock:
             in_tune = self.tuning.get(key_hash)
@@ -369,15 +432,26 @@ class GemmHooks:
             measured = tune()
             with self.lock:
                 in_tune.update(measured)
+                self.tuning_meta[key_hash] = measured.meta
             # counted by tune_deferred, which learns the result's source from the core
-            return {c: measured[i] for c, i in zip(choices, ids)}
+            return {c: measured.get(i, math.inf) for c, i in zip(choices, ids)}
 
         timings, source = self._get_or_tune(key, key_hash, tune)
         missing = [c for c, i in zip(choices, ids) if i not in timings]
         missing_ids: list[str] = []
+        with self.lock:
+            transferred = key_hash in self.transferred
+        if missing and transferred and self.transfer_on():
+            # The transfer left them out on purpose; merged only once an exhaustive
+            # top-up exists (warm --exhaustive, or a job with TUNECACHE_TRANSFER=0).
+            extra_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
+            topped_up = self.cache().lookup({**key.mapping, "extra_candidates": extra_ids})
+            if topped_up is not None and topped_up.source != "failed":
+                timings = {**timings, **topped_up.timings}
+            missing = []
         if missing:
             missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
-            extra_key = {**key, "extra_candidates": missing_ids}
+            extra_key = {**key.mapping, "extra_candidates": missing_ids}
             extra_hash, _ = tc_keys.key_hash(extra_key)
             extra, _ = self._get_or_tune(extra_key, extra_hash,
                                          lambda: bench(missing, extra_hash))
@@ -394,7 +468,7 @@ class GemmHooks:
         return {c: answer[i] for c, i in zip(choices, ids)}
 
     def _probe(
-        self, key: Mapping[str, Any], key_hash: str, ids: list[str]
+        self, key: tc_keys.Key, key_hash: str, ids: list[str]
     ) -> dict[str, float] | None:
         with self.lock:
             timings = self.memo.get(key_hash)
@@ -403,16 +477,20 @@ class GemmHooks:
             if result is None:
                 return None
             timings = dict(result.timings)
-            with self.lock:
-                self.memo[key_hash] = timings
-        if not all(i in timings for i in ids) or (
+            self.note_result(key_hash, timings, result.meta)
+        with self.lock:
+            transferred = key_hash in self.transferred
+        if transferred and self.transfer_on():
+            # What the transfer left out is not benchmarked: no need to precompile it.
+            ids = [i for i in ids if i in timings]
+        if not ids or not all(i in timings for i in ids) or (
             tc_keys.best_candidate({i: timings[i] for i in ids}) is None
         ):
             return None
         return timings
 
     def _get_or_tune(
-        self, key: Mapping[str, Any], key_hash: str, tune: Callable[[], Mapping[str, float]]
+        self, key: tc_keys.KeyLike, key_hash: str, tune: Callable[[], Mapping[str, float]]
     ) -> tuple[dict[str, float], str]:
         with self.lock:
             timings = self.memo.get(key_hash)
@@ -420,8 +498,7 @@ class GemmHooks:
             return timings, "memo"  # this process already read or wrote the entry
         result = self.cache().get_or_tune(key, tune)
         timings = dict(result.timings)
-        with self.lock:
-            self.memo[key_hash] = timings
+        self.note_result(key_hash, timings, result.meta)
         return timings, result.source
 
     # -- make_precompile_fn

@@ -60,13 +60,14 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
 from .compat import param_names
 from .gemm import candidate_id, make_key
 from .state import REGISTRY
+from .transfer import Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .gemm import GemmHooks
@@ -128,9 +129,9 @@ def _keep_count(has_extern: bool) -> int:
     return n if has_extern else max(2, n)
 
 
-def _stored(hooks: GemmHooks, key: Mapping[str, Any]) -> dict[str, float] | None:
+def _stored(hooks: GemmHooks, key: tc_keys.KeyLike) -> dict[str, float] | None:
     """Stored timings of ``key`` (memo first), a plain read; None if there are none."""
-    key_hash, _ = tc_keys.key_hash(key)
+    key_hash = tc_keys.Key.of(key).hash
     with hooks.lock:
         timings = hooks.memo.get(key_hash)
     if timings is not None:
@@ -138,24 +139,31 @@ def _stored(hooks: GemmHooks, key: Mapping[str, Any]) -> dict[str, float] | None
     result = hooks.cache().lookup(key)
     if result is None or result.source == "failed":
         return None
-    timings = dict(result.timings)
-    with hooks.lock:
-        hooks.memo[key_hash] = timings
-    return timings
+    hooks.note_result(key_hash, result.timings, result.meta)
+    return dict(result.timings)
 
 
-def narrow(ktcs: list[Any], stored: Callable[[list[str]], dict[str, float] | None],
+def narrow(ktcs: list[Any],
+           stored: Callable[[list[str]], tuple[dict[str, float], bool] | None],
            ) -> tuple[tuple[list[Any], list[str]] | None, int]:
     """(plan, templates): the plan is the choices to generate and the predicted ids of
     the kept templates, or None to generate all; templates: how many choices were
     predictable templates. ``stored(template ids)``: the stored timings covering those
-    ids, or None."""
+    ids and whether they are a transferred entry's (which covers only the templates the
+    transfer kept: the others are not generated), or None."""
     predicted = [(i, ktc, predicted_id(ktc)) for i, ktc in enumerate(ktcs)]
     templates = [(i, pid) for i, _, pid in predicted if pid is not None]
     if len(templates) < 2:
         return None, len(templates)  # nothing to save
-    timings = stored([pid for _, pid in templates])
-    if timings is None or any(pid not in timings for _, pid in templates):
+    found = stored([pid for _, pid in templates])
+    if found is None:
+        return None, len(templates)
+    timings, transferred = found
+    if transferred:
+        templates = [(i, pid) for i, pid in templates if pid in timings]
+        if not templates:
+            return None, len(templates)
+    elif any(pid not in timings for _, pid in templates):
         return None, len(templates)
     from torch._inductor.select_algorithm import ExternKernelChoice
 
@@ -170,24 +178,44 @@ def narrow(ktcs: list[Any], stored: Callable[[list[str]], dict[str, float] | Non
             [pid for _, pid in keep]), len(templates)
 
 
-def _stored_for(hooks: GemmHooks, op_name: str, kernel_inputs: Any,
-                ) -> Callable[[list[str]], dict[str, float] | None]:
-    def stored(ids: list[str]) -> dict[str, float] | None:
-        from torch._inductor.select_algorithm import create_inputs_key
+def transfer_narrow(ktcs: list[Any], plan: Plan) -> tuple[list[Any], list[str]] | None:
+    """The choices to generate for a key with no entry, by its transfer plan: every
+    choice but the predictable templates the plan does not keep; None (generate all)
+    where none of the predictable templates is kept or nothing would be left out."""
+    predicted = [(ktc, predicted_id(ktc)) for ktc in ktcs]
+    kept = [(ktc, pid) for ktc, pid in predicted if pid is None or plan.keeps(pid)]
+    expected = [pid for _, pid in kept if pid is not None]
+    if not expected or len(kept) == len(ktcs):
+        return None
+    return [ktc for ktc, _ in kept], expected
 
-        inputs = create_inputs_key(kernel_inputs.nodes())
-        key = make_key(op_name, inputs, None, _device_type(kernel_inputs, inputs))
+
+def _gemm_key(hooks: GemmHooks, op_name: str, kernel_inputs: Any) -> tc_keys.Key:
+    """The key the selector's lookup will build for this call (gemm.py)."""
+    from torch._inductor.select_algorithm import create_inputs_key
+
+    inputs = create_inputs_key(kernel_inputs.nodes())
+    return hooks.gemm_key(make_key(op_name, inputs, None, _device_type(kernel_inputs, inputs)))
+
+
+def _stored_for(hooks: GemmHooks, key: tc_keys.Key,
+                ) -> Callable[[list[str]], tuple[dict[str, float], bool] | None]:
+    def stored(ids: list[str]) -> tuple[dict[str, float], bool] | None:
         timings = _stored(hooks, key)
         if timings is None:
             return None
+        with hooks.lock:
+            transferred = key.hash in hooks.transferred
         missing = sorted(i for i in ids if i not in timings)
         if missing:
             # The lookup's top-up entry for exactly these candidates (gemm.py).
-            extra = _stored(hooks, {**key, "extra_candidates": missing})
-            if extra is None:
+            extra = _stored(hooks, {**key.mapping, "extra_candidates": missing})
+            if extra is not None:
+                return {**timings, **extra}, False
+            if not (transferred and hooks.transfer_on()):
                 return None
-            timings = {**timings, **extra}
-        return timings
+            return timings, True
+        return timings, False
 
     return stored
 
@@ -216,7 +244,17 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
             if getattr(config, "multi_kernel_hints", None):
                 return ktcs
             ktcs = list(ktcs)
-            planned, templates = narrow(ktcs, _stored_for(hooks, op_name, kernel_inputs))
+            key = _gemm_key(hooks, op_name, kernel_inputs)
+            planned, templates = narrow(ktcs, _stored_for(hooks, key))
+            with hooks.lock:
+                miss = key.hash not in hooks.memo  # _stored keeps every entry it finds
+            if planned is None and templates >= 2 and miss:
+                plan = hooks.transfer_plan(key)
+                planned = None if plan is None else transfer_narrow(ktcs, plan)
+                if planned is not None:
+                    with hooks.lock:
+                        hooks.not_generated[key.hash] = len(ktcs) - len(planned[0])
+                    REGISTRY.stats.add(choice_lists_transferred=1)
         except Exception as e:  # noqa: BLE001 - generate every choice, as without us
             hooks.warn_once(f"narrowing the {op_name} choices", e)
             return ktcs

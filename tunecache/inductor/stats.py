@@ -68,6 +68,11 @@ class Stats(Counters):
     choices_not_generated: int = 0
     choice_lists_in_full: int = 0
     narrowing_mismatches: int = 0
+    # Keys tuned from their neighbours' best candidates (transfer.py), and the candidates
+    # that transfer therefore never benchmarked (generated or not).
+    transferred_keys: int = 0
+    choice_lists_transferred: int = 0  # cut before generation by a transfer plan
+    transfer_skipped: int = 0
     # one dict per lookup that wanted timings: op, key hash, source, best, benchmarked
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     _lock: threading.Lock = dataclasses.field(

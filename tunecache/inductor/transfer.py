@@ -1,0 +1,201 @@
+"""Transfer: a GEMM key nobody has tuned starts from the recorded keys of its structure
+nearest in size, and benchmarks only the candidates that won there.
+
+Family and size
+    A GEMM key's family is the hash of everything in it but its sizes: the kind, op and
+    environment (device, torch, triton, CUDA, Inductor flags), the float32 matmul
+    precision, and for each input the device type, dtype, rank, the order of its strides
+    and which of them are 0 or 1, and whether its offset is 0 (so a transposed operand or
+    a broadcast batch is another family). Its sizes are the inputs' sizes, in Inductor's
+    ``inputs_key`` order. Two keys of one family differ only in sizes; their distance is
+    the sum over sizes of ``|log2 a - log2 b|``, and a key more than
+    :data:`MAX_OCTAVES` away in any one size is no neighbour.
+
+What is transferred
+    The candidate lists of the nearest neighbours (:data:`NEIGHBOURS`), each ranked by its
+    stored timings: the :data:`FROM_NEAREST` fastest templates of the nearest, then the
+    :data:`FROM_OTHERS` fastest of each of the others, at most :data:`MAX_TEMPLATES` in all.
+    A template is matched by its identity without what depends on the shape
+    (:func:`transfer_id`): a Triton template's name and config less ``EVEN_K`` and
+    ``ALLOW_TF32``; a C++ template's category (it picks its blocking for the shape
+    itself). Extern kernels (ATen) and candidates of kinds we cannot match are always
+    benchmarked: they are the untuned baseline, and cheap.
+
+Where it applies
+    On a GPU, before generation (tunecache.inductor.narrow): templates not transferred are
+    never generated, compiled or benchmarked. Everywhere, at the lookup: only the kept
+    candidates are benchmarked, and the entry stores their timings, with ``meta
+    ["transfer"]`` saying from which keys and how many of how many. Inductor gets ``inf``
+    for the others in this compile. A later job finds the entry and narrows to it as to
+    any stored entry, and does not top it up while transfer is on; with
+    ``TUNECACHE_TRANSFER=0`` (and in ``tunecache warm --exhaustive``) a compile tops up the
+    candidates the transfer left out under the usual ``extra_candidates`` key, which
+    later jobs then merge.
+
+Never wrong, at worst slower
+    Transfer only picks among the candidates Inductor generated for this key. No
+    neighbour, or no transferred template among this key's: tuned in full, as today. If
+    every kept template fails to run, the key is tuned in full with one warning.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import keys as tc_keys
+
+__all__ = ["MAX_OCTAVES", "NEIGHBOURS", "MAX_TEMPLATES", "Plan", "gemm_family",
+           "gemm_sizes", "transfer_id", "plan_transfer", "baseline_meta"]
+
+# A neighbour more than this many octaves away in any size is not one: its winners were
+# chosen for another regime (tile counts, waves, split-K).
+MAX_OCTAVES = 3.0
+NEIGHBOURS = 3
+FROM_NEAREST = 4
+FROM_OTHERS = 2
+MAX_TEMPLATES = 6
+# Fields of a Triton template's config that follow from the shape, not the choice
+# (mm_options, torch 2.11-2.14): K divisible by BLOCK_K, and TF32 allowed for it.
+_SHAPE_FIELDS = re.compile(r"(?:^|, )(?:EVEN_K|ALLOW_TF32)=[^,]*")
+
+
+def _parse_inputs(inputs: Any) -> list[tuple[Any, ...]] | None:
+    """Inductor's ``inputs_key`` (a repr of ``[(device, dtype, *sizes, *strides,
+    offset), ...]``, select_algorithm.key_of, 2.11-2.14) as tuples, or None."""
+    if not isinstance(inputs, str) or len(inputs) > 8192:
+        return None
+    try:
+        parsed = ast.literal_eval(inputs)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(parsed, (list, tuple)) or not parsed:
+        return None
+    out = []
+    for item in parsed:
+        if not isinstance(item, tuple) or len(item) < 3 or (len(item) - 3) % 2:
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in item[2:]):
+            return None
+        out.append(item)
+    return out
+
+
+def _structure(item: tuple[Any, ...]) -> list[Any]:
+    n = (len(item) - 3) // 2
+    strides = item[2 + n: 2 + 2 * n]
+    order = sorted(range(n), key=lambda d: (strides[d], d))
+    return [str(item[0]), str(item[1]), n, order,
+            [d for d in range(n) if strides[d] == 0],
+            [d for d in range(n) if strides[d] == 1], item[-1] == 0]
+
+
+def gemm_family(key: Mapping[str, Any]) -> str | None:
+    """The family of a GEMM key (this module's docstring), or None if it has no sizes we
+    can read (it then has no neighbours, and is never one)."""
+    items = _parse_inputs(key.get("inputs"))
+    if items is None or key.get("kind") != "gemm" or "extra_candidates" in key:
+        return None
+    shape_free = {k: v for k, v in key.items() if k != "inputs"}
+    shape_free["inputs"] = [_structure(item) for item in items]
+    return hashlib.sha256(tc_keys.canonical_json(shape_free).encode()).hexdigest()
+
+
+def gemm_sizes(key: Mapping[str, Any]) -> list[int] | None:
+    items = _parse_inputs(key.get("inputs"))
+    if items is None:
+        return None
+    return [v for item in items for v in item[2: 2 + (len(item) - 3) // 2]]
+
+
+def distance(a: Sequence[int], b: Sequence[int]) -> float | None:
+    """Octaves between two size lists of one family, or None past MAX_OCTAVES."""
+    if len(a) != len(b):
+        return None
+    total = 0.0
+    for x, y in zip(a, b):
+        d = abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))
+        if d > MAX_OCTAVES:
+            return None
+        total += d
+    return total
+
+
+def transfer_id(candidate: str) -> str | None:
+    """A candidate's identity across shapes, or None for one that is always benchmarked
+    (extern kernels, and kinds we cannot match). ``#n`` suffixes (gemm.candidate_ids)
+    stay: the n-th copy of a kernel is matched to the n-th."""
+    base, sep, dup = candidate.partition("#")
+    if base.startswith("triton:"):
+        head, _, description = base.rpartition(":")
+        shape_free = _SHAPE_FIELDS.sub("", description).lstrip(", ")
+        return f"{head}:{shape_free}{sep}{dup}"
+    if base.startswith("CppTemplateCaller:"):
+        # "<category>-<hash of the generated source>": the category is the choice.
+        return base.rsplit("-", 1)[0] + sep + dup
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What transfer keeps for one key: template identities (transfer_id) and the
+    neighbours they came from."""
+
+    ids: frozenset[str]
+    sources: tuple[str, ...]
+
+    def keeps(self, candidate: str) -> bool:
+        tid = transfer_id(candidate)
+        return tid is None or tid in self.ids
+
+    def meta(self, benchmarked: int, generated: int) -> dict[str, Any]:
+        return {"transfer": {"from": list(self.sources), "benchmarked": benchmarked,
+                             "generated": generated}}
+
+
+def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any]) -> Plan | None:
+    """The plan for ``key`` from its family's recorded entries (``Neighbour`` objects),
+    or None: no neighbour near enough, or none with a runnable template."""
+    sizes = gemm_sizes(key)
+    if sizes is None:
+        return None
+    ranked = []
+    for n in neighbours:
+        their = gemm_sizes(n.key)
+        d = None if their is None else distance(sizes, their)
+        if d is not None:
+            # Entries tuned in full before transferred ones at the same distance.
+            ranked.append((d, "transfer" in n.meta, n.key_hash, n))
+    ranked.sort(key=lambda r: r[:3])
+    ids: list[str] = []
+    sources = []
+    for i, (_, _, key_hash, n) in enumerate(ranked[:NEIGHBOURS]):
+        take = FROM_NEAREST if i == 0 else FROM_OTHERS
+        best = sorted((ms, c) for c, ms in n.timings.items() if math.isfinite(ms))
+        templates = [tid for _, c in best if (tid := transfer_id(c)) is not None]
+        new = [t for t in templates[:take] if t not in ids][: MAX_TEMPLATES - len(ids)]
+        if new:
+            ids += new
+            sources.append(key_hash)
+    if not ids:
+        return None
+    return Plan(frozenset(ids), tuple(sources))
+
+
+def baseline_meta(timings: Mapping[str, float]) -> dict[str, Any]:
+    """What tuning bought: the fastest extern kernel's time (the choice Inductor makes
+    without max-autotune) and the winner's."""
+    externs = sorted((ms, c) for c, ms in timings.items()
+                     if c.startswith("extern:") and math.isfinite(ms))
+    finite = [ms for ms in timings.values() if math.isfinite(ms)]
+    meta: dict[str, Any] = {}
+    if externs:
+        meta["baseline"] = {"candidate": externs[0][1], "ms": externs[0][0]}
+    if finite:
+        meta["best_ms"] = min(finite)
+    return meta
