@@ -363,6 +363,14 @@ def main() -> int:
                 "triton_saves": sum(r["triton_autotune"]["puts"] for r in everyone),
                 "triton_deferred": sum(r["triton_autotune"].get("deferred", 0) for r in everyone),
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
+                # coordinate descents settled by transfer (neighbours' configs benchmarked,
+                # no descent) and full descents run (triton/coordesc.py)
+                "triton_coordesc_transferred": sum(
+                    r["triton_autotune"].get("coordesc_transferred", 0) for r in everyone),
+                "triton_coordesc_full": sum(
+                    r["triton_autotune"].get("coordesc_full", 0) for r in everyone),
+                "triton_transfer_benchmarks": sum(
+                    r["triton_autotune"].get("transfer_benchmarks", 0) for r in everyone),
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
                 # fusion candidates compiled only to be benchmarked, and those skipped

@@ -124,6 +124,14 @@ class TritonStats(Counters):
     peer_wait_seconds: float = 0.0  # waiting for a peer's result (kernel or fusion timing)
     kept_untuned: int = 0  # deferred kernels whose later run a CUDA graph recorded
     configs_benchmark_skipped: int = 0  # autotune_to_one_config left to a peer's result
+    # Coordinate descents this process ran for a key it claimed: settled by transfer
+    # (the nearest neighbours' configs benchmarked against the starting config, no
+    # descent), or Inductor's full descent; the configs transfer benchmarked (the
+    # starting one included), and neighbours' configs that failed to compile or run.
+    coordesc_transferred: int = 0
+    coordesc_full: int = 0
+    transfer_benchmarks: int = 0
+    transfer_failed: int = 0
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
     # fusion candidates compile_kernel sent to Triton's compile (no stored timing), and

@@ -4,15 +4,20 @@ and tunes the kernel, or runs it untuned while a peer tunes it (and the hooks of
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..patches import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
 from .stored import FirstLaunch, load_fn
+
+log = logging.getLogger("tunecache")
 
 __all__ = ["DEFERRED_CHECK_SECONDS", "sharing_coordesc", "sharing_one_config",
            "keeping_hit_configs", "end_deferrals"]
@@ -220,13 +225,21 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             setattr(self, _DEFERRED, (deferred[0], time.monotonic() + DEFERRED_CHECK_SECONDS))
             return launcher
         _end_deferral(self)
+        if action == "tune":
+            transferred = _transfer(self, launcher, kernel, args, kwargs)
+            if transferred is not None:
+                return transferred
         # Normally the save inside publishes it; if not (it raised, or saved nothing),
         # the key is given back now rather than make peers wait out the lease.
         try:
-            winner = orig(self, launcher, *args, **kwargs)
+            with _recording_baseline(self, kernel):
+                winner = orig(self, launcher, *args, **kwargs)
         except BaseException as e:
             state.release_claim(*kernel, e)
             raise
+        finally:
+            state.drop_meta(*kernel)
+        REGISTRY.triton_stats.add(coordesc_full=1)
         state.release_claim(*kernel, "coordinate descent published no result")
         try:
             stored = state.stored_instead(*kernel)
@@ -239,6 +252,155 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
         return winner
 
     return coordinate_descent_tuning
+
+
+def _finite_ms(value: Any) -> float | None:
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        return None
+    return ms if math.isfinite(ms) and ms >= 0 else None
+
+
+@contextlib.contextmanager
+def _recording_baseline(kernel: Any, key: tuple[str, str]) -> Iterator[None]:
+    """Inductor's coordinate descent of ``kernel``, noting for its entry the time of the
+    config it starts from (meta "baseline") and of the one it finds ("best_ms"): the
+    CoordescTuner's own timings, read as its ``autotune`` returns (2.11-2.14: it is
+    called with the launcher's config and no baseline timing, measures that first and
+    caches every timing), before the save that publishes the entry."""
+    state = REGISTRY.triton
+    tuner = getattr(kernel, "coordesc_tuner", None)
+    autotune = getattr(tuner, "autotune", None)
+    lookup = getattr(tuner, "lookup_in_cache", None)
+    if state is None or not callable(autotune) or not callable(lookup):
+        yield
+        return
+
+    def recording(func: Any, baseline_config: Any, baseline_timing: Any = None,
+                  *args: Any, **kwargs: Any) -> Any:
+        best = autotune(func, baseline_config, baseline_timing, *args, **kwargs)
+        try:
+            base = _finite_ms(baseline_timing if baseline_timing is not None
+                              else lookup(baseline_config))
+            best_ms = _finite_ms(lookup(best))
+            fields: dict[str, Any] = {}
+            if base is not None:
+                fields["baseline"] = {"candidate": "heuristic", "ms": base}
+            if best_ms is not None:
+                fields["best_ms"] = best_ms
+            if fields:
+                state.note_meta(*key, **fields)
+        except Exception as e:  # noqa: BLE001 - meta only informs
+            log.debug("tunecache: no baseline for a Triton kernel's entry: %r", e)
+        return best
+
+    with Ledger() as scoped:  # this call's own: undone when it returns
+        scoped.patch(tuner, "autotune", recording)
+        yield
+
+
+def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any | None:
+    """The launcher of this kernel's coordinate-descent result found by transfer, or
+    None: run Inductor's full descent.
+
+    With ``Settings.transfer`` on, the stored results of the kernel's nearest
+    neighbours (the same kernel at other sizes, :meth:`TritonCache.transfer_sources`)
+    that this kernel can have are benchmarked with the config the descent would
+    start from, the way Inductor's descent benchmarks a config (compile the config,
+    ``bench`` it on this run's arguments); the fastest is saved as the descent's
+    result, which publishes it under this process's claim. A neighbour config that
+    fails to compile or run is skipped (one warning); where none could be run, or
+    anything here fails, the full descent runs.
+    """
+    state = REGISTRY.triton
+    if state is None:
+        return None
+    try:
+        if not state.cache().settings.transfer:
+            return None
+        sources = state.transfer_sources(*key)
+        candidates = _neighbour_configs(kernel, launcher, sources)
+        if not candidates:
+            return None
+        return _benchmark_and_save(kernel, launcher, key, candidates, args, kwargs)
+    except Exception as e:  # noqa: BLE001 - the full descent, as without transfer
+        state.warn_once("starting a Triton kernel's tuning from its neighbours", e)
+        state.drop_meta(*key)
+        return None
+
+
+def _neighbour_configs(kernel: Any, launcher: Any, sources: list[tuple[str, dict[str, Any]]]
+                       ) -> list[tuple[str, Any]]:
+    """(key hash, triton.Config) of each neighbour's stored config this kernel can have,
+    other than the one it starts from."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    autotune_cache = kernel.save_cache_hook.__self__
+    out: list[tuple[str, Any]] = []
+    for key_hash, best in sources:
+        # Inductor's own reading of a saved config (as _adopt); the neighbour's configs
+        # hash is its own list's, which differs at other sizes.
+        config = ac._load_cached_autotuning(
+            {**best, "configs_hash": autotune_cache.configs_hash},
+            autotune_cache.configs_hash, kernel.configs, kernel.inductor_meta)
+        if config is None or _same_config(config, launcher.config) or any(
+                _same_config(config, c) for _, c in out):
+            continue
+        if kernel_config_problem(config, [launcher.config]) is None:
+            out.append((key_hash, config))
+    return out
+
+
+def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
+                        candidates: list[tuple[str, Any]], args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any | None:
+    state = REGISTRY.triton
+    assert state is not None
+    t0 = time.time_ns()
+    load_fn(kernel)  # what Inductor's coordinate descent does first
+    base_ms = kernel.bench(launcher, *args, **kwargs)
+    timed: list[tuple[float, Any]] = [(base_ms, launcher)]
+    used: list[str] = []
+    for key_hash, config in candidates:
+        try:
+            with kernel.lock:  # as Inductor's coordinate descent compiles a config
+                candidate = kernel._precompile_config(config).make_launcher()
+            ms = kernel.bench(candidate, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - this neighbour's config does not run here
+            state.transfer_config_failed(*key, e)
+            continue
+        timed.append((ms, candidate))
+        used.append(key_hash)
+    REGISTRY.triton_stats.add(transfer_benchmarks=len(timed))
+    if not used:
+        return None
+    ms, winner = min(timed, key=lambda t: t[0])
+    if _finite_ms(ms) is None:
+        return None  # nothing measured (spills): the descent decides
+    winner.config.found_by_coordesc = True
+    fields: dict[str, Any] = {
+        "best_ms": float(ms),
+        "transfer": {"from": used, "benchmarked": len(timed),
+                     "generated": len(candidates) + 1},
+    }
+    if _finite_ms(base_ms) is not None:
+        fields["baseline"] = {"candidate": "heuristic", "ms": float(base_ms)}
+    state.note_meta(*key, **fields)
+    if kernel.save_cache_hook:
+        elapsed = int(getattr(kernel, "autotune_time_taken_ns", 0) or 0) + time.time_ns() - t0
+        kernel.save_cache_hook(winner.config, elapsed, found_by_coordesc=True)
+    state.drop_meta(*key)
+    try:
+        from torch._inductor.triton_bundler import TritonBundler
+
+        if hasattr(TritonBundler, "put_winner"):  # 2.13+: the FX cache bundles winners
+            TritonBundler.put_winner(winner.cache_hash)
+    except ImportError:
+        pass
+    REGISTRY.triton_stats.add(coordesc_transferred=1)
+    return winner
 
 
 def sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:

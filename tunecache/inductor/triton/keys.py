@@ -11,12 +11,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ... import keys as tc_keys
 from ..fingerprint import dist_version
 
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
            "fusion_benchmark_key", "fusion_ms_from_entry", "triton_config_from_entry",
            "triton_entry_problem", "triton_config_problem", "kernel_config_problem",
-           "coordesc_result"]
+           "coordesc_result", "kernel_family_text", "kernel_sizes", "size_distance",
+           "MAX_OCTAVES"]
 
 
 FUSION_KIND = "fusion_benchmark"
@@ -70,7 +72,7 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
         # less kernel earlier in the graph renumbers identical kernels.
         normalized = re.sub(rf"\b{re.escape(name)}\b", "KERNEL_NAME", normalized)
     heuristic = _DECORATOR.search(source)
-    return {
+    info = {
         "kernel": hashlib.sha256(normalized.encode()).hexdigest(),
         "name": name,
         "device_type": "cuda" if device_type == "hip" else device_type,
@@ -79,6 +81,103 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
         "heuristic": heuristic.group(1) if heuristic else "unknown",
         "coordesc": bool(inductor_meta.get("coordinate_descent_tuning")),
         "tag": str(getattr(compiler_config, "cache_key_tag", "")),
+    }
+    # Beside the key, not in it (triton_key drops them): the family of this kernel at
+    # every size, and its sizes, for transfer (coordesc.py).
+    info[FAMILY_FIELD] = hashlib.sha256(tc_keys.canonical_json({
+        "source": kernel_family_text(normalized),
+        "env": _env(str(info["device"]), str(info["device_type"])),
+        **{k: info[k] for k in ("heuristic", "coordesc", "tag")},
+    }).encode()).hexdigest()
+    info[SIZES_FIELD] = kernel_sizes(source)
+    return info
+
+
+# The fields triton_kernel_info adds for transfer that are not part of the key.
+FAMILY_FIELD = "family"
+SIZES_FIELD = "sizes"
+
+# What Inductor writes that depends on the sizes of a kernel and not on what it computes
+# (2.11's sources of one llama block at 1000, 1024, 2048 and 4096 tokens,
+# tests/data/triton_kernels): the numel assignments of the body, the size_hints, the
+# metadata derived from sizes (tiling_scores, kernel_num_gb, kernel_flop,
+# add_persistent_rblock: set once the reduction is small enough), and the divisibility
+# hints of the arguments (a numel divisible by 16 or not). In index arithmetic, a stride
+# that spans a token dimension (``262144*(x0 // 128)``) changes with it.
+_SIZE_LITERALS = (
+    (re.compile(r"^(\s*(?:x|y|z|r0_|r1_|r)numel = )\d+$", re.M), r"\1N"),
+    (re.compile(r"^(\s*[XYZR]\d*_?BLOCK: tl\.constexpr = )\d+$", re.M), r"\1N"),
+    (re.compile(r"size_hints=\{[^}]*\}"), "size_hints={}"),
+    (re.compile(r"'tiling_scores': \{[^}]*\}"), "'tiling_scores': {}"),
+    (re.compile(r"'(kernel_num_gb|kernel_flop)': [0-9.e+-]+"), r"'\1': N"),
+    (re.compile(r"'add_persistent_rblock': \w+, "), ""),
+    (re.compile(r"'configs': \[\{.*?\}\]"), "'configs': []"),
+)
+# An index expression: the pointer argument of tl.load / tl.store (up to its first
+# top-level comma, which Inductor's codegen never nests), or the right-hand side of an
+# index variable (x0 = ..., r0_1 = ..., xindex = ...): not the tmpN values.
+_LOAD_STORE_INDEX = re.compile(r"(tl\.(?:load|store)\([a-z_]+\d* \+ )([^,]*)")
+_INDEX_ASSIGN = re.compile(r"^(\s*(?:[xyzr]\d*_?\d*|[xyzr]0?_?(?:index|offset|base)) = )(.*)$",
+                           re.M)
+_INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
+
+
+def kernel_family_text(normalized: str) -> str:
+    """A kernel's source (device index and name already blanked) with its size-dependent
+    literals blanked: the same kernel at another token count gives the same text.
+    Constants of the computation (``tl.full([1], 64, tl.int64)``, floats) stay: blanking
+    them could group kernels that compute different things."""
+    text = normalized
+    for pattern, blank in _SIZE_LITERALS:
+        text = pattern.sub(blank, text)
+    text = _LOAD_STORE_INDEX.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
+    return _INDEX_ASSIGN.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
+
+
+_SIZE_HINT = re.compile(r"'(\w+)': (\d+)")
+
+
+def kernel_sizes(source: str) -> dict[str, int]:
+    """The kernel's ``size_hints`` ({"x": 8388608, "r0_": 4096}): what Inductor sizes its
+    configs by, powers of two; {} where the source has none."""
+    hints = re.search(r"size_hints=\{([^}]*)\}", source)
+    if not hints:
+        return {}
+    return {k: int(v) for k, v in _SIZE_HINT.findall(hints.group(1))}
+
+
+# How far (octaves of each size) a recorded kernel of the same family may be for its
+# config to be a starting point worth a benchmark.
+MAX_OCTAVES = 2.0
+
+
+def size_distance(ours: Mapping[str, Any], theirs: Any) -> float | None:
+    """The log2 distance of two kernels' sizes (the sum over dimensions), or None where
+    ``theirs`` (read from a shared database: anything) is not sizes of the same
+    dimensions, or one dimension is more than :data:`MAX_OCTAVES` away."""
+    if not isinstance(theirs, Mapping) or set(theirs) != set(ours) or not ours:
+        return None
+    total = 0.0
+    for k, v in ours.items():
+        t = theirs[k]
+        if not _int(t) or t <= 0 or not _int(v) or v <= 0:
+            return None
+        d = abs(math.log2(t) - math.log2(v))
+        if d > MAX_OCTAVES:
+            return None
+        total += d
+    return total
+
+
+def _env(device: str, device_type: str) -> dict[str, str]:
+    import torch
+
+    return {
+        "device": device or device_type or "cuda",
+        "torch": str(torch.__version__),
+        "triton": dist_version("triton", "pytorch-triton", "pytorch-triton-rocm"),
+        "cuda": str(torch.version.cuda or "none"),
+        "hip": str(getattr(torch.version, "hip", None) or "none"),
     }
 
 
@@ -95,19 +194,14 @@ def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
     change a kernel's configs are in its source (inductor_meta) and its configs_hash; the
     settings made in code in the compiling process never reach the workers.
     """
-    import torch
-
     info = dict(info)
+    # Transfer's, not the key's: the hash of every key stays what it was without them.
+    info.pop(FAMILY_FIELD, None)
+    info.pop(SIZES_FIELD, None)
     # The kernel's name without its per-graph counter: a label for `tunecache stats`,
     # and part of the hash like every key field, so it must not carry the counter.
     name = re.sub(r"_\d+$", "", str(info.pop("name", None) or "")) or "triton_kernel"
-    env = {
-        "device": str(info.pop("device", None) or info.get("device_type") or "cuda"),
-        "torch": str(torch.__version__),
-        "triton": dist_version("triton", "pytorch-triton", "pytorch-triton-rocm"),
-        "cuda": str(torch.version.cuda or "none"),
-        "hip": str(getattr(torch.version, "hip", None) or "none"),
-    }
+    env = _env(str(info.pop("device", None) or ""), str(info.get("device_type") or ""))
     return {
         "kind": "triton_config",
         "op": name,

@@ -17,9 +17,12 @@ from ... import keys as tc_keys
 from ..gemm import to_ms
 from ..state import REGISTRY
 from .keys import (
+    FAMILY_FIELD,
     NO_SAVE_HEURISTICS,
+    SIZES_FIELD,
     coordesc_result,
     fusion_ms_from_entry,
+    size_distance,
     triton_config_from_entry,
     triton_entry_problem,
     triton_key,
@@ -62,7 +65,11 @@ class TritonCache:
         self.cache = cache
         self.worker = worker
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+        # key hash -> (thread, key, the saved dict, the entry's meta)
+        self._held: dict[str, tuple[int, tc_keys.Key, dict[str, Any], dict[str, Any]]] = {}
+        # key hash -> meta for the entry this process is about to publish (coordesc.py:
+        # the baseline, the winner's time, where a transfer came from)
+        self._meta: dict[str, dict[str, Any]] = {}
         self._claims: dict[str, Any] = {}  # key hash -> Claim, from plan_coordesc to put
         # thread -> key hash of a claim plan_coordesc(ahead=True) took for the coordinate
         # descent that follows on that thread
@@ -92,6 +99,76 @@ class TritonCache:
         info = self._info(key_text)
         key = triton_key(inductor_key, info)
         return info, key, tc_keys.key_hash(key)[0]
+
+    @staticmethod
+    def _keyed(info: Mapping[str, Any], key: Mapping[str, Any]) -> tc_keys.Key:
+        """The Key of ``key`` with the kernel's family, where its key text has one (a
+        kernel keyed before transfer, or by Inductor's own key, has none)."""
+        family = info.get(FAMILY_FIELD)
+        valid = isinstance(family, str) and 0 < len(family) <= tc_keys.MAX_FAMILY \
+            and family.isalnum()
+        return tc_keys.Key.of(key, family=family if valid else None)
+
+    def note_meta(self, inductor_key: str, key_text: str, **fields: Any) -> None:
+        """Meta for the coordinate-descent result of this kernel that this process is
+        about to save (coordesc.py): :meth:`_publish` stores it with the entry."""
+        key_hash = self._key(inductor_key, key_text)[2]
+        with self._lock:
+            self._meta.setdefault(key_hash, {}).update(fields)
+
+    def drop_meta(self, inductor_key: str, key_text: str) -> None:
+        """Forget :meth:`note_meta`'s fields of a kernel whose save did not follow."""
+        key_hash = self._key(inductor_key, key_text)[2]
+        with self._lock:
+            self._meta.pop(key_hash, None)
+
+    def transfer_config_failed(self, inductor_key: str, key_text: str,
+                               error: BaseException) -> None:
+        """A neighbour's config that raised when compiled or benchmarked for this kernel
+        (coordesc.py): skipped; one warning per process."""
+        _, key, _ = self._key(inductor_key, key_text)
+        REGISTRY.triton_stats.add(transfer_failed=1)
+        level = logging.WARNING if self._once("transfer failed") else logging.DEBUG
+        log.log(level, "tunecache: a neighbour's Triton config failed for kernel %s (%s: %s); "
+                "it is skipped (further failures are logged at debug level)",
+                key["op"], type(error).__name__, str(error)[:300])
+
+    def transfer_sources(self, inductor_key: str, key_text: str,
+                         limit: int = 2) -> list[tuple[str, dict[str, Any]]]:
+        """The stored coordinate-descent results of this kernel's nearest neighbours:
+        (their key hash, their best-config dict), nearest first, at most ``limit`` and
+        no two the same config. Neighbours are the done entries of the kernel's family
+        (the same kernel at other sizes, same device and versions) whose sizes
+        (meta "sizes") are within :data:`.keys.MAX_OCTAVES` in every dimension. Whatever
+        a neighbour holds is checked (:func:`.keys.coordesc_result`); one that does not
+        pass is skipped."""
+        info, key, _ = self._key(inductor_key, key_text)
+        keyed = self._keyed(info, key)
+        sizes = _valid_sizes(info.get(SIZES_FIELD))
+        if keyed.family is None or not sizes:
+            return []
+        ranked = []
+        with self._lock:
+            refused = set(self._refused)
+        for n in self.cache().neighbours(keyed):
+            distance = size_distance(sizes, n.meta.get("sizes"))
+            if distance is None or n.key_hash in refused:
+                continue
+            best = coordesc_result(n.timings)
+            if best is not None:
+                ranked.append((distance, n.key_hash, best))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        chosen: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for _, key_hash, best in ranked:
+            config = tc_keys.canonical_json({k: v for k, v in best.items()
+                                             if k not in ("configs_hash", "time_taken_ms")})
+            if config not in seen:
+                seen.add(config)
+                chosen.append((key_hash, best))
+            if len(chosen) >= limit:
+                break
+        return chosen
 
     def _stored_best(self, key: Mapping[str, Any]
                      ) -> tuple[bool, dict[str, Any] | None, str | None, str]:
@@ -183,11 +260,11 @@ class TritonCache:
     def flush(self, thread: int | None = None) -> None:
         """Publish held results (of one thread, or all)."""
         with self._lock:
-            ready = [h for h, (t, _, _) in self._held.items() if thread is None or t == thread]
+            ready = [h for h, (t, *_) in self._held.items() if thread is None or t == thread]
             items = [self._held.pop(h) for h in ready]
-        for _, key, value in items:
+        for _, key, value, meta in items:
             try:
-                self._publish(key, value)
+                self._publish(key, value, meta)
             except Exception as e:  # noqa: BLE001 - see put()
                 self.warn_once("publishing a Triton kernel's best config", e)
 
@@ -230,7 +307,7 @@ class TritonCache:
         kernel be planned on this thread first (a caller that tunes no further), the
         claim is given back then.
         """
-        _, key, key_hash = self._key(inductor_key, key_text)
+        info, key, key_hash = self._key(inductor_key, key_text)
         thread = threading.get_ident()
         with self._lock:
             # The autotune_to_one_config save held for this key: coordinate descent
@@ -245,7 +322,7 @@ class TritonCache:
         with self._lock:
             if key_hash in self._refused:  # tuned here, as without the entry
                 return "local", None
-        state, value = self._claim_step(key, waits, coordesc_result)
+        state, value = self._claim_step(self._keyed(info, key), waits, coordesc_result)
         if state == "claimed":
             with self._lock:
                 self._claims[key_hash] = value
@@ -255,7 +332,7 @@ class TritonCache:
         return {"done": "adopt", "busy": "defer"}.get(state, "local"), value
 
     def _claim_step(
-        self, key: Mapping[str, Any], waits: bool, read: Callable[[Mapping[str, float]], Any],
+        self, key: tc_keys.KeyLike, waits: bool, read: Callable[[Mapping[str, float]], Any],
         *, again: bool = True,
     ) -> tuple[str, Any]:
         """Where ``key`` stands, claiming it if it is free: ``("done", read(timings))``
@@ -315,6 +392,9 @@ class TritonCache:
             return
         info, key, key_hash = self._key(inductor_key, key_text)
         REGISTRY.triton_stats.saved(str(key["op"]))
+        keyed = self._keyed(info, key)
+        sizes = _valid_sizes(info.get(SIZES_FIELD))
+        meta: dict[str, Any] = {"sizes": sizes} if sizes else {}
         thread = threading.get_ident()
         # With coordinate descent on, autotune_to_one_config saves first (it passes the
         # winner's triton_cache_hash), then coordinate descent saves the final config
@@ -329,14 +409,15 @@ class TritonCache:
         self.flush(thread)  # this thread has moved on from any other kernel it held
         if first_of_two:
             with self._lock:
-                self._held[key_hash] = (thread, key, dict(value))
+                self._held[key_hash] = (thread, keyed, dict(value), meta)
             return
-        self._publish(key, value)
+        self._publish(keyed, value, meta)
 
-    def _publish(self, key: dict[str, Any], value: Mapping[str, Any]) -> None:
+    def _publish(self, key: tc_keys.Key, value: Mapping[str, Any],
+                 meta: Mapping[str, Any] | None = None) -> None:
         from tunecache import Result  # lazy: the core imports SQLAlchemy
 
-        key_hash, _ = tc_keys.key_hash(key)
+        key_hash = key.hash
         entry = {k: v for k, v in value.items() if k != "time_taken_ms"}
         ms = to_ms(value.get("time_taken_ms", 0))
         timings = {tc_keys.canonical_json(entry): 0.0 if ms == math.inf else ms}
@@ -347,6 +428,9 @@ class TritonCache:
         cache = self.cache()
         with self._lock:
             claim: Any = self._claims.pop(key_hash, None)  # taken by plan_coordesc
+            noted = self._meta.pop(key_hash, None)
+        if value.get("found_by_coordesc") and noted:
+            meta = {**(meta or {}), **noted}
         planned = claim is not None
         if claim is None:
             claim = cache.claim(key, lease_seconds=TRITON_LEASE_SECONDS, wait=0.0)
@@ -355,7 +439,8 @@ class TritonCache:
             # peer is publishing it right now, or the store is unavailable or readonly.
             REGISTRY.triton_stats.add(unpublished=1)
             return
-        stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000)
+        stored = cache.publish(claim, timings, tune_seconds=timings[next(iter(timings))] / 1000,
+                               meta=meta or None)
         REGISTRY.triton_stats.add(**{"published" if stored is not None else "unpublished": 1})
         if planned and stored is None:
             with self._lock:
@@ -390,6 +475,16 @@ class TritonCache:
         answer = self.cache().lookup(key)
         return None if answer is None or answer.source == "failed" \
             else coordesc_result(answer.timings)
+
+
+def _valid_sizes(sizes: Any) -> dict[str, int]:
+    """A kernel's sizes as its key text carries them, or {} if they are not sizes."""
+    if not isinstance(sizes, dict) or not sizes or len(sizes) > 8:
+        return {}
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+               and v > 0 for k, v in sizes.items()):
+        return {}
+    return dict(sizes)
 
 
 def describe_config(config: Any) -> str:

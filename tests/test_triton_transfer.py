@@ -1,0 +1,318 @@
+"""Transfer for Triton kernels: a kernel whose coordinate descent this process is to run
+starts from the stored results of the same kernel at other sizes (its family), benchmarks
+them against the config the descent would start from and keeps the fastest, without the
+descent.
+
+Inductor's own ``CachingAutotuner.run`` -> ``autotune_to_one_config`` ->
+``coordinate_descent_tuning`` (and its CoordescTuner) run here on the CPU, with Triton's
+compile, launch and ``bench`` faked (tests/triton_fake_autotuner.py), on kernel modules
+Inductor 2.11 generated for one llama-style block on an H200 at 1000, 1024, 2048 and 4096
+tokens (tests/data/triton_kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._inductor.runtime import autotune_cache as ac  # noqa: E402
+from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
+from triton_fakes import FakeConfig, TritonConfig, meta  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.inductor.triton.keys import (  # noqa: E402
+    size_distance,
+    triton_kernel_info,
+    triton_key,
+)
+from tunecache.keys import Key, key_hash  # noqa: E402
+
+KERNELS = Path(__file__).resolve().parent / "data" / "triton_kernels"
+SILU = "triton_poi_fused_mul_silu_3"
+TRANSPOSE = "triton_poi_fused__unsafe_view_add_clone_transpose_4"
+SOFTMAX = "triton_red_fused__softmax__to_copy_amax_mul_sub_2"
+
+
+def source(name: str, tokens: int, index: int = 0) -> str:
+    """A kernel module Inductor generated, as it is on GPU ``index``."""
+    text = (KERNELS / f"{name}_{tokens}.txt").read_text()
+    return text.replace("index=0,", f"index={index},")
+
+
+# ------------------------------------------------------------------- the family
+
+
+@pytest.mark.parametrize("name, sizes", [
+    (SILU, (1000, 1024, 2048, 4096)),
+    (TRANSPOSE, (1000, 1024, 2048, 4096)),  # a stride spans the tokens: 131072*(x0 // 128)
+    ("triton_poi_fused_add_cat_mul_slice_sub_view_1", (1000, 1024, 2048, 4096)),
+    (SOFTMAX, (2048, 4096)),  # add_persistent_rblock appears at 4096
+])
+def test_the_same_kernel_at_other_token_counts_is_one_family(name, sizes):
+    infos = [triton_kernel_info(source(name, t, index=i % 2), {}) for i, t in enumerate(sizes)]
+    assert len({i["family"] for i in infos}) == 1
+    assert len({i["kernel"] for i in infos}) == len(sizes)  # each size its own key
+
+
+def test_different_kernels_are_different_families():
+    families = {triton_kernel_info(source(name, 2048), {})["family"]
+                for name in (SILU, TRANSPOSE, SOFTMAX,
+                             "triton_poi_fused_add_cat_mul_slice_sub_view_1")}
+    assert len(families) == 4
+    # A computation constant is not a size: relu's 0 and a clamp at 1 stay apart.
+    base = source(SILU, 2048)
+    assert "tl.full([1], 1.0, tl.float32)" in base
+    other = base.replace("tl.full([1], 1.0, tl.float32)", "tl.full([1], 2.0, tl.float32)")
+    assert triton_kernel_info(other, {})["family"] != triton_kernel_info(base, {})["family"]
+
+
+def test_a_masked_kernel_is_not_the_family_of_its_unmasked_size():
+    # 1000 tokens: the softmax rows need masks that 1024 does not; the code differs.
+    a = triton_kernel_info(source("triton_per_fused__softmax__to_copy_amax_mul_sub_2", 1000), {})
+    b = triton_kernel_info(source("triton_per_fused__softmax__to_copy_amax_mul_sub_2", 1024), {})
+    assert a["family"] != b["family"]
+
+
+def test_family_and_sizes_leave_the_key_hash_as_it_was():
+    info = triton_kernel_info(source(SILU, 2048), {})
+    assert info["sizes"] == {"x": 8388608}
+    without = {k: v for k, v in info.items() if k not in ("family", "sizes")}
+    assert key_hash(triton_key("ik", info)) == key_hash(triton_key("ik", without))
+    assert "family" not in triton_key("ik", info) and "sizes" not in triton_key("ik", info)
+
+
+def test_sizes_more_than_two_octaves_away_are_not_neighbours():
+    assert size_distance({"x": 1024}, {"x": 4096}) == 2.0
+    assert size_distance({"x": 1024}, {"x": 8192}) is None
+    assert size_distance({"x": 1024, "r0_": 64}, {"x": 1024}) is None
+    for hostile in (None, [], {"x": "1024"}, {"x": -1}, {"x": True}, {"x": 1e300}):
+        assert size_distance({"x": 1024}, hostile) is None
+
+
+# ------------------------------------------------------ transfer at the first run
+
+# Where the faked benchmark is fastest: each octave away from it costs 1 ms, each octave
+# of num_warps away from 4 costs 0.25 ms.
+BEST_XBLOCK = 256
+
+
+def fake_ms(cfg: Any) -> float:
+    return 1.0 + abs(math.log2(cfg.kwargs["XBLOCK"] / BEST_XBLOCK)) \
+        + 0.25 * abs(math.log2(cfg.num_warps / 4))
+
+
+class Timed:
+    """The faked ``bench``: records what it measured."""
+
+    def __init__(self) -> None:
+        self.benched: list[Any] = []
+
+    def __call__(self, kernel: Any, launcher: Any, *args: Any, **kwargs: Any) -> float:
+        self.benched.append(launcher.config)
+        return fake_ms(launcher.config)
+
+
+def _configs(tokens: int) -> list[FakeConfig]:
+    # The heuristic's configs differ by size (so does their hash): XBLOCK capped by it.
+    top = 1024 if tokens >= 2048 else 512
+    return [FakeConfig(4, XBLOCK=64), FakeConfig(8, XBLOCK=top)]
+
+
+@pytest.fixture
+def transfer(tmp_path, monkeypatch, request):
+    """tunecache enabled (on ``db_url`` where a test asks for it), and a loader of real
+    kernel modules onto a CachingAutotuner whose Triton is faked."""
+    import triton_fake_autotuner as fa
+
+    monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
+    monkeypatch.setattr(fa, "FAILS_TO_COMPILE", [])
+    monkeypatch.setattr(fa, "FAILS_TO_LAUNCH", [])
+    timed = Timed()
+    monkeypatch.setattr(fa.FakeAutotuner, "bench", lambda self, launcher, *a, **k:
+                        timed(self, launcher, *a, **k), raising=False)
+    descents: list[Any] = []
+    from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
+
+    inductors_autotune = CoordescTuner.autotune
+
+    def autotune(self, *args, **kwargs):
+        descents.append(self)
+        return inductors_autotune(self, *args, **kwargs)
+
+    monkeypatch.setattr(CoordescTuner, "autotune", autotune)
+    db = request.getfixturevalue("db_url") if "db_url" in request.fixturenames \
+        else str(tmp_path / "tune.db")
+    cache = tunecache.open(db, triton_configs=True)
+    assert tc_inductor.enable(cache)
+    tc_inductor.triton_stats.reset()
+
+    def load(name: str, tokens: int, index: int = 0) -> Any:
+        path = tmp_path / f"{name}-{tokens}-{index}" / "kernel.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source(name, tokens, index))
+        return _load_autotuner(fa, str(path), _configs(tokens))
+
+    def key(kernel: Any) -> Any:
+        autotune_cache = kernel.save_cache_hook.__self__
+        return tc_inductor.triton_key(autotune_cache.remote_cache_full_key,
+                                      json.loads(autotune_cache.remote_cache[1]))
+
+    def first_run(kernel: Any) -> Any:
+        """AsyncCompile's precompile, then run(): autotune_to_one_config and coordinate
+        descent; what the run launched."""
+        kernel.precompile()
+        timed.benched.clear()
+        descents.clear()
+        kernel.run("arg", stream=0)
+        return kernel.launched[-1]
+
+    try:
+        yield SimpleNamespace(cache=cache, load=load, key=key, first_run=first_run,
+                              timed=timed, descents=descents, fa=fa)
+    finally:
+        tc_inductor.disable()
+        cache.close()
+
+
+def _load_autotuner(fa: Any, filename: str, configs: list[FakeConfig]) -> Any:
+    """fa.load_autotuner with coordinate descent on and a kernel function Inductor's
+    descent can log (``fn.src``)."""
+    from torch._inductor.runtime.hints import DeviceProperties, HeuristicType
+
+    def kernel(in_out_ptr0: Any, in_ptr0: Any, xnumel: Any, XBLOCK: Any) -> None:
+        pass
+
+    fn = SimpleNamespace(fn=kernel, __name__="triton_poi_fused_mul_silu_3", src="src")
+    triton_meta = {"device": DeviceProperties.create(torch.device("cpu")), "signature": {}}
+    m = {**meta(coordesc=True, name=fn.__name__)}
+    return th.cached_autotune({"x": 1024}, configs, triton_meta, HeuristicType.POINTWISE,
+                              filename=filename, inductor_meta=m,
+                              caching_autotuner_cls=fa.FakeAutotuner)(fn)
+
+
+def _entry(cache: Any, key: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored best config, the entry's meta)."""
+    answer = cache.lookup(key)
+    assert answer is not None
+    (best,) = answer.timings
+    return json.loads(best), dict(answer.meta)
+
+
+def _record(transfer: Any, tokens: int = 1024) -> Any:
+    """The silu kernel at ``tokens``, tuned by Inductor's full descent and stored."""
+    k = transfer.load(SILU, tokens)
+    ran = transfer.first_run(k)
+    assert ran.kwargs["XBLOCK"] == BEST_XBLOCK and transfer.descents
+    return k
+
+
+def test_a_new_kernel_next_to_a_recorded_one_starts_from_its_config_without_descent(
+        transfer, db_url):
+    recorded = _record(transfer, 1024)
+    best, _ = _entry(transfer.cache, transfer.key(recorded))
+    tc_inductor.triton_stats.reset()
+    k = transfer.load(SILU, 2048, index=1)  # another size, another GPU
+    ran = transfer.first_run(k)
+    assert (ran.kwargs, ran.num_warps) == ({"XBLOCK": best["XBLOCK"]}, best["num_warps"])
+    assert transfer.descents == []  # no coordinate descent
+    # The starting config and the neighbour's: two benchmarks, nothing else.
+    assert len(transfer.timed.benched) == 2
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
+        1, 0, 2)
+    stored, entry_meta = _entry(transfer.cache, transfer.key(k))
+    assert stored["found_by_coordesc"] is True and stored["XBLOCK"] == BEST_XBLOCK
+    assert entry_meta["transfer"] == {"from": [key_hash(transfer.key(recorded))[0]],
+                                      "benchmarked": 2, "generated": 2}
+    assert entry_meta["best_ms"] == fake_ms(ran)
+    assert entry_meta["baseline"]["candidate"] == "heuristic"
+    assert entry_meta["baseline"]["ms"] >= entry_meta["best_ms"]
+    assert entry_meta["sizes"] == {"x": 8388608}
+    # Later loads adopt it exactly as a descent's result: a hit, no tuning.
+    again = transfer.load(SILU, 2048, index=0)
+    assert again.autotune_cache_info["autotune_cache_state"] == "hit"
+
+
+def test_a_kernel_with_no_recorded_neighbour_runs_the_full_descent(transfer, db_url):
+    k = transfer.load(SILU, 2048)
+    transfer.first_run(k)
+    assert len(transfer.descents) == 1
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_transferred, stats.coordesc_full) == (0, 1)
+
+
+def test_a_neighbour_more_than_two_octaves_away_is_not_used(transfer):
+    _record(transfer, 1000)  # x = 4194304
+    tc_inductor.triton_stats.reset()
+    transfer.first_run(transfer.load(SILU, 4096))  # x = 16777216: 2 octaves, used
+    assert transfer.descents == []
+    assert tc_inductor.triton_stats.coordesc_transferred == 1
+
+
+def test_a_different_kernel_is_not_a_neighbour(transfer):
+    _record(transfer, 1024)
+    tc_inductor.triton_stats.reset()
+    k = transfer.load(TRANSPOSE, 2048)  # another family (same configs, same sizes)
+    transfer.first_run(k)
+    assert len(transfer.descents) == 1
+    assert tc_inductor.triton_stats.coordesc_transferred == 0
+
+
+def test_a_neighbour_config_that_fails_to_compile_falls_back_with_one_warning(
+        transfer, caplog):
+    _record(transfer, 1024)
+    transfer.fa.FAILS_TO_COMPILE.append(lambda cfg: cfg.kwargs.get("XBLOCK") == BEST_XBLOCK)
+    tc_inductor.triton_stats.reset()
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        k = transfer.load(SILU, 2048)
+        ran = transfer.first_run(k)
+    # Nothing of the neighbours' could run: the full descent, which cannot have 256 here.
+    assert len(transfer.descents) == 1 and ran.kwargs["XBLOCK"] != BEST_XBLOCK
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "tunecache" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "neighbour" in warnings[0], warnings
+    stats = tc_inductor.triton_stats
+    assert (stats.transfer_failed, stats.coordesc_full, stats.coordesc_transferred) == (1, 1, 0)
+
+
+def test_transfer_off_runs_the_full_descent(transfer, monkeypatch):
+    _record(transfer, 1024)
+    tc_inductor.disable()
+    transfer.cache.close()
+    monkeypatch.setenv("TUNECACHE_TRANSFER", "0")
+    transfer.cache = tunecache.open(transfer.cache.settings.db_url, triton_configs=True)
+    assert transfer.cache.settings.transfer is False
+    assert tc_inductor.enable(transfer.cache)
+    tc_inductor.triton_stats.reset()
+    k = transfer.load(SILU, 2048)
+    transfer.first_run(k)
+    assert len(transfer.descents) == 1
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
+        0, 1, 0)
+
+
+def test_a_full_descent_entry_records_its_baseline_and_best_time(transfer, db_url):
+    k = _record(transfer, 1024)
+    stored, entry_meta = _entry(transfer.cache, transfer.key(k))
+    start = _configs(1024)[-1]  # the faked configs' benchmark picks the last
+    assert entry_meta["baseline"] == {"candidate": "heuristic", "ms": fake_ms(start)}
+    assert entry_meta["best_ms"] == 1.0 and stored["XBLOCK"] == BEST_XBLOCK
+    assert entry_meta["sizes"] == {"x": 4194304} and "transfer" not in entry_meta
+
+
+def test_the_family_is_stored_with_the_claim(transfer):
+    k = _record(transfer, 1024)
+    other = transfer.load(SILU, 2048)
+    family = triton_kernel_info(source(SILU, 2048), {"coordinate_descent_tuning": True})["family"]
+    found = transfer.cache.neighbours(Key.of(transfer.key(other), family=family))
+    assert [n.key_hash for n in found] == [key_hash(transfer.key(k))[0]]
