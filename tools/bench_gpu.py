@@ -10,7 +10,9 @@
 The model (``--model block``) is a 2-layer llama-like block (hidden 4096, MLP 14336, 32
 query heads and 8 KV heads of 128, i.e. KV dim 1024; 8192 tokens; bf16), forward +
 backward: about ten distinct GEMM keys. ``--model mlp`` is a structure without norms or
-attention: ``--layers`` residual MLPs ``x + down(gelu(up(x)))``. Modes:
+attention: ``--layers`` residual MLPs ``x + down(gelu(up(x)))``. ``--model gpt`` is a
+GPT-2-style layer of another structure: LayerNorm with bias, one fused QKV projection with
+bias (addmm), multi-head causal SDPA without grouped KV, and a GELU MLP with biases. Modes:
 
 ``default``               torch.compile without max-autotune
 ``plain``                 max-autotune (every rank benchmarks every GEMM)
@@ -38,6 +40,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -55,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (CPU smoke test)")
-    p.add_argument("--model", choices=("block", "mlp"), default="block")
+    p.add_argument("--model", choices=("block", "mlp", "gpt"), default="block")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=4096)
@@ -118,6 +121,27 @@ def build_model(args: argparse.Namespace, torch: Any) -> Any:
 
     head_dim = args.hidden // args.heads
     kv_dim = args.kv_heads * head_dim
+    if args.model == "gpt":
+        class GPTLayer(Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ln1 = nn.LayerNorm(args.hidden)
+                self.qkv = nn.Linear(args.hidden, 3 * args.hidden)
+                self.proj = nn.Linear(args.hidden, args.hidden)
+                self.ln2 = nn.LayerNorm(args.hidden)
+                self.fc = nn.Linear(args.hidden, args.mlp)
+                self.out = nn.Linear(args.mlp, args.hidden)
+
+            def forward(self, x: Any) -> Any:
+                t = x.shape[0]
+                q, k, v = self.qkv(self.ln1(x)).view(t, 3, args.heads, head_dim).unbind(1)
+                a = F.scaled_dot_product_attention(q.transpose(0, 1)[None],
+                                                   k.transpose(0, 1)[None],
+                                                   v.transpose(0, 1)[None], is_causal=True)[0]
+                x = x + self.proj(a.transpose(0, 1).reshape(t, args.hidden))
+                return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+        return nn.Sequential(*[GPTLayer() for _ in range(args.layers)])
 
     class RMSNorm(Module):
         def __init__(self, dim: int) -> None:
@@ -280,15 +304,17 @@ def main() -> int:
     # peer tuned them (tunecache's split of Triton coordinate descent) waits for and
     # compiles the peer's configs. It is part of what a cold job pays.
     second_step_seconds = step_ms = None
+    step_times: list[float] = []
     if args.steps > 0:
         t1 = time.perf_counter()
         step()
         second_step_seconds = time.perf_counter() - t1
-    if args.steps > 1:
+    for _ in range(args.steps - 1):
         t1 = time.perf_counter()
-        for _ in range(args.steps - 1):
-            step()
-        step_ms = (time.perf_counter() - t1) * 1000 / (args.steps - 1)
+        step()
+        step_times.append((time.perf_counter() - t1) * 1000)
+    if step_times:
+        step_ms = statistics.median(step_times)
 
     stats = tc_inductor.stats.as_dict()
     sources: dict[str, int] = {}
@@ -314,7 +340,10 @@ def main() -> int:
         "compile_seconds": round(compile_seconds, 3),
         "second_step_seconds": (None if second_step_seconds is None
                                 else round(second_step_seconds, 3)),
+        # median of the steps after the second (each synchronised)
         "step_ms": None if step_ms is None else round(step_ms, 3),
+        "steps_timed": len(step_times),
+        "tokens": args.tokens,
         "gemm_benchmarks": stats["benchmarks"],
         "gemm_candidates_benchmarked": stats["candidates_benchmarked"],
         "gemm_benchmark_seconds": round(stats["benchmark_seconds"], 3),
@@ -325,6 +354,11 @@ def main() -> int:
         "gemm_choices_not_generated": stats.get("choices_not_generated", 0),
         "gemm_choice_lists_in_full": stats.get("choice_lists_in_full", 0),
         "gemm_narrowing_mismatches": stats.get("narrowing_mismatches", 0),
+        # New keys tuned from their neighbours (transfer.py): keys, candidates left out,
+        # choice lists cut before generation.
+        "gemm_transferred_keys": stats.get("transferred_keys", 0),
+        "gemm_transfer_skipped": stats.get("transfer_skipped", 0),
+        "gemm_choice_lists_transferred": stats.get("choice_lists_transferred", 0),
         "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
         # Benchmark calls by the key they measured (a top-up of new candidates is a key
         # of its own): how many distinct keys were measured, and was any measured twice?
@@ -383,6 +417,12 @@ def main() -> int:
                                                   for r in everyone),
                 "gemm_narrowing_mismatches": sum(r["gemm_narrowing_mismatches"]
                                                  for r in everyone),
+                "gemm_candidates_benchmarked": sum(r["gemm_candidates_benchmarked"]
+                                                   for r in everyone),
+                "gemm_transferred_keys": sum(r["gemm_transferred_keys"] for r in everyone),
+                "gemm_transfer_skipped": sum(r["gemm_transfer_skipped"] for r in everyone),
+                "tokens": args.tokens,
+                "coordesc_seconds_max": max(_coordesc_seconds(r) for r in everyone),
                 "model": args.model,
                 "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
@@ -396,6 +436,15 @@ def main() -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _coordesc_seconds(rank_line: dict[str, Any]) -> float:
+    """Seconds in Triton coordinate descent (Inductor's dynamo_timed phase), and in
+    tunecache's transfer where that replaced it."""
+    times = rank_line.get("compile_times")
+    descent = sum(v for k, v in times.items() if "coordinate_descent" in k) \
+        if isinstance(times, dict) else 0.0
+    return round(descent + rank_line["triton_autotune"].get("transfer_seconds", 0.0), 3)
 
 
 def _summed(counts: Any) -> dict[str, int]:

@@ -132,6 +132,7 @@ class TritonStats(Counters):
     coordesc_full: int = 0
     transfer_benchmarks: int = 0
     transfer_failed: int = 0
+    transfer_seconds: float = 0.0  # in transfer (outside Inductor's timed descent)
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
     # fusion candidates compile_kernel sent to Triton's compile (no stored timing), and

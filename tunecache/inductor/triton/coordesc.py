@@ -226,7 +226,9 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             return launcher
         _end_deferral(self)
         if action == "tune":
+            t0 = time.perf_counter()
             transferred = _transfer(self, launcher, kernel, args, kwargs)
+            REGISTRY.triton_stats.add(transfer_seconds=time.perf_counter() - t0)
             if transferred is not None:
                 return transferred
         # Normally the save inside publishes it; if not (it raised, or saved nothing),

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Cold start with transfer, side by side with plain max-autotune, in one session:
+#
+#   tools/bench_transfer.sh OUTDIR
+#
+# 1. (unless RECORDED names a database to start from) record: tunecache on an empty
+#    database at RECORD_TOKENS tokens (default 8192), the cluster's earlier job;
+# 2. for each of TOKENS (default "4096 16384"), every key new:
+#      plain-N     max-autotune, every GEMM and kernel tuned in full
+#      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
+#    and, with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0.
+# A throwaway default-mode job runs first (the first job on a fresh machine is slower).
+# Environment: ARGS (tools/bench_gpu.py arguments: --model, --layers ...), STEPS (timed
+# steps, default 21: the median of the last 20 is step_ms), NPROC (default 1), DEADLINE_S
+# (stop starting jobs past this many seconds, default 560). Each job appends its JSON
+# lines to OUTDIR/bench.jsonl and its log to OUTDIR/TAG.log.
+set -u
+out=$1
+mkdir -p "$out"
+nproc=${NPROC:-1}
+deadline=$(( $(date +%s) + ${DEADLINE_S:-560} ))
+steps=${STEPS:-21}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+here=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
+{
+    date -u +%FT%TZ; hostname; nvidia-smi -L 2>/dev/null
+    python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+} >>"$out/env.txt" 2>&1
+
+bench() {  # tag, then tools/bench_gpu.py arguments
+    local tag=$1; shift
+    local left=$(( deadline - $(date +%s) ))
+    if (( left < 30 )); then echo "skip $tag: past the deadline" | tee -a "$out/$tag.log"; return; fi
+    echo "== $tag (limit ${left}s)"
+    timeout "$left" torchrun --standalone --nproc-per-node "$nproc" "$here/tools/bench_gpu.py" \
+        --out "$out/bench.jsonl" --tag "$tag" --steps "$steps" ${ARGS:-} "$@" >>"$out/$tag.log" 2>&1
+    echo "   rc=$? $(grep -h '"kind": "job"' "$out/$tag.log" | tail -1)"
+}
+
+bench warmup --mode default --tiny --steps 1
+recorded=${RECORDED:-}
+if [[ -z $recorded ]]; then
+    recorded=$out/recorded.db
+    rm -f "$recorded"
+    TUNECACHE_DB=$recorded bench "record-${RECORD_TOKENS:-8192}" --mode tunecache \
+        --tokens "${RECORD_TOKENS:-8192}"
+fi
+for tokens in ${TOKENS:-4096 16384}; do
+    bench "plain-$tokens" --mode plain --tokens "$tokens"
+    cp "$recorded" "$out/transfer-$tokens.db"
+    TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache --tokens "$tokens"
+    if [[ ${OFF:-0} == 1 ]]; then
+        cp "$recorded" "$out/off-$tokens.db"
+        TUNECACHE_TRANSFER=0 TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \
+            --mode tunecache --tokens "$tokens"
+    fi
+done
