@@ -19,6 +19,8 @@ __all__ = ["stats", "ls", "show", "doctor"]
 
 # Rows of `stats`' "by op" table in human output (--json has them all).
 BY_OP_SHOWN = 20
+# Ops shown in stats' "what tuning bought" table, those that save the most first.
+GAINS_OPS_SHOWN = 10
 
 
 @click.command()
@@ -65,6 +67,7 @@ def stats(inv: Invocation, gains_rows: int) -> None:
                    + (f" ({kinds})" if kinds else "") + f", {graphs['hits']} loads"
                    + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
                       "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
+        _human_gains(data["gains"], data["transferred"])
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
@@ -85,7 +88,6 @@ def stats(inv: Invocation, gains_rows: int) -> None:
             if len(data["by_op"]) > len(shown):
                 click.echo(f"  ... and {len(data['by_op']) - len(shown)} more ops "
                            "(--json lists all)")
-        _human_gains(data["gains"], data["transferred"])
         if graphs["groups"]:
             click.echo("compiled graphs by kind and torch:")
             fmt.table(("kind", "torch", "graphs", "size", "loads", "last used"),
@@ -125,24 +127,6 @@ def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
                    f"{_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
                    f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} saved), found in "
                    f"{fmt.dur(t['tune_seconds'])} of tuning{sample}")
-        rows = [("kind", r["kind"], "") for r in gains["by_kind"]] + \
-            [("op", r["kind"], r["op"]) for r in gains["by_op"][:BY_OP_SHOWN]]
-        click.echo("what tuning bought (per call, by kind, then by op):")
-        table = gains["by_kind"] + gains["by_op"][:BY_OP_SHOWN]
-        fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "saved",
-                   "tuning"),
-                  [(*label, r["entries"], _ms(r["baseline_ms"]), _ms(r["best_ms"]),
-                    _x(r["speedup"]), _ms(r["ms_saved_per_call"]), fmt.dur(r["tune_seconds"]))
-                   for label, r in zip(rows, table)])
-        if len(gains["by_op"]) > BY_OP_SHOWN:
-            click.echo(f"  ... and {len(gains['by_op']) - BY_OP_SHOWN} more ops "
-                       "(--json lists all)")
-        click.echo("top keys by time saved per call:")
-        fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "saved", "tuning",
-                   "hits"),
-                  [(k["key_hash"][:12], k["kind"], k["op"], _ms(k["baseline_ms"]),
-                    _ms(k["best_ms"]), _x(k["speedup"]), _ms(k["ms_saved_per_call"]),
-                    fmt.dur(k["tune_seconds"]), k["hits"]) for k in gains["top_keys"]])
     moved = transferred["by_kind"]
     if moved:
         parts = []
@@ -153,6 +137,25 @@ def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
                          f"{r['generated']} candidates benchmarked; {r['regret_measured']} "
                          f"re-tuned in full, {regret})")
         click.echo("transfer  " + "; ".join(parts))
+    if t["entries"]:
+        rows = [("kind", r["kind"], "") for r in gains["by_kind"]] + \
+            [("op", r["kind"], r["op"]) for r in gains["by_op"][:GAINS_OPS_SHOWN]]
+        click.echo("what tuning bought (per call, by kind, then by op):")
+        table = gains["by_kind"] + gains["by_op"][:GAINS_OPS_SHOWN]
+        fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "saved",
+                   "tuning"),
+                  [(*label, r["entries"], _ms(r["baseline_ms"]), _ms(r["best_ms"]),
+                    _x(r["speedup"]), _ms(r["ms_saved_per_call"]), fmt.dur(r["tune_seconds"]))
+                   for label, r in zip(rows, table)])
+        if len(gains["by_op"]) > GAINS_OPS_SHOWN:
+            click.echo(f"  ... and {len(gains['by_op']) - GAINS_OPS_SHOWN} more ops "
+                       "(--json lists all)")
+        click.echo("top keys by time saved per call:")
+        fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "saved", "tuning",
+                   "hits"),
+                  [(k["key_hash"][:12], k["kind"], k["op"], _ms(k["baseline_ms"]),
+                    _ms(k["best_ms"]), _x(k["speedup"]), _ms(k["ms_saved_per_call"]),
+                    fmt.dur(k["tune_seconds"]), k["hits"]) for k in gains["top_keys"]])
 
 
 @click.command("ls")
