@@ -24,19 +24,20 @@ GAINS_OPS_SHOWN = 10
 
 
 @click.command()
-@click.option("--gains-rows", type=click.IntRange(0, None), default=200_000,
-              show_default=True,
+@click.option("--gains-rows", type=click.IntRange(0, None), default=None,
               help="Read at most this many done entries for \"what tuning bought\" and "
-                   "\"transferred\" (0: all); past it they are a uniform sample (key hash "
-                   "order), and say so.")
+                   "\"transferred\" (default 50000; 0: all); past it they are a uniform "
+                   "sample (key hash order), and say so.")
 @common
-def stats(inv: Invocation, gains_rows: int) -> None:
+def stats(inv: Invocation, gains_rows: int | None) -> None:
     """Entries by state, environment and op; size; hits; time saved; claims; failures;
     what tuning bought (untuned vs tuned time); transferred entries and their regret."""
     from .. import ops
 
     with opened(inv, read_only=True) as db:
-        data = ops.stats(db, gains_rows=gains_rows or None)
+        # None: the library's bound (ops.statistics.GAINS_ROWS); 0: no bound.
+        data = (ops.stats(db) if gains_rows is None
+                else ops.stats(db, gains_rows=gains_rows or None))
 
     def human() -> None:
         size = data["size"]
