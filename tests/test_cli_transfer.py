@@ -299,3 +299,19 @@ def test_import_refuses_an_entry_whose_family_or_meta_is_malformed(db_url, tmp_p
     assert reasons[3:5] == ['"meta" is not a JSON object'] * 2
     assert all(r.startswith('"meta" is not a JSON object tunecache stores') for r in reasons[5:])
     assert _provenance(db_url, gemm_key("mm", 7)) == (FAMILY, META)
+
+
+def test_merge_and_export_drop_a_garbled_meta_or_family_but_keep_the_entry(sqlite_url,
+                                                                           tmp_path):
+    import sqlite3
+
+    key = gemm_key("mm", 1)
+    _publish_with_provenance(sqlite_url, key)
+    with sqlite3.connect(sqlite_url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE tunecache_entries SET meta_json = '{not json', family = ?",
+                     ("x" * 300,))
+    _, lines, _ = _export(sqlite_url)
+    assert "meta" not in lines[0] and "family" not in lines[0]
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    assert run_json("merge", sqlite_url, "--into", merged)["inserted"] == 1
+    assert _provenance(merged, key) == (None, {})
