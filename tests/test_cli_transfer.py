@@ -217,3 +217,101 @@ def test_export_to_a_missing_directory_is_a_one_line_error_and_writes_nothing(db
     assert line.startswith(f"Error: {target}: cannot write the export") and "No such file" in line
     assert result.stdout == ""
     assert not (tmp_path / "missing").exists()
+
+
+# -- provenance: family and meta (migration 0006) ----------------------------------------
+
+FAMILY = "f" * 64
+META = {"transfer": {"from": ["a" * 64], "benchmarked": 2, "generated": 40},
+        "baseline": {"candidate": "extern:aten", "ms": 3.0}, "best_ms": 1.0}
+
+
+def _publish_with_provenance(url, key, family=FAMILY, meta=META):
+    from tunecache.keys import Key
+
+    with tunecache.open(url) as cache:
+        claim = cache.claim(Key.of(key, family=family))
+        assert cache.publish(claim, {"aten": 3.0, "triton": 1.0}, meta=meta) is not None
+
+
+def _provenance(url, key):
+    """(family, meta) of a stored entry, as its neighbours see them."""
+    from tunecache.keys import Key
+
+    with tunecache.open(url) as cache:
+        meta = cache.lookup(key).meta
+        probe = Key.of({**key, "inputs": "probe"}, family=FAMILY)
+        family = FAMILY if any(n.key == key for n in cache.neighbours(probe)) else None
+    return family, dict(meta)
+
+
+def test_export_import_and_merge_keep_an_entrys_family_and_meta(db_url, tmp_path):
+    key = gemm_key("mm", 1)
+    _publish_with_provenance(db_url, key)
+    _, lines, _ = _export(db_url)
+    assert (lines[0]["family"], lines[0]["meta"]) == (FAMILY, META)
+    path = tmp_path / "x.jsonl"
+    run("export", "--db", db_url, "-o", str(path))
+
+    imported = f"sqlite:///{tmp_path / 'imported.db'}"
+    assert run_json("import", str(path), "--db", imported)["inserted"] == 1
+    assert _provenance(imported, key) == (FAMILY, META)
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    assert run_json("merge", db_url, "--into", merged)["inserted"] == 1
+    assert _provenance(merged, key) == (FAMILY, META)
+
+
+def test_import_replace_overwrites_the_meta_with_the_incoming_entrys(db_url, tmp_path):
+    key = gemm_key("mm", 1)
+    _publish_with_provenance(db_url, key, meta={"regret": 2.0})
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join([HEADER, _entry(key, {"aten": 0.5}, meta=META,
+                                              family=FAMILY)]) + "\n")
+    assert run_json("import", str(path), "--db", db_url, "--on-conflict",
+                    "replace")["replaced"] == 1
+    assert _provenance(db_url, key) == (FAMILY, META)
+
+
+def test_an_export_file_without_family_or_meta_still_imports(db_url, tmp_path):
+    key = gemm_key("mm", 1)
+    path = tmp_path / "old.jsonl"
+    path.write_text("\n".join([HEADER, _entry(key, {"aten": 0.5})]) + "\n")
+    assert run_json("import", str(path), "--db", db_url)["inserted"] == 1
+    assert _provenance(db_url, key) == (None, {})
+
+
+def test_import_refuses_an_entry_whose_family_or_meta_is_malformed(db_url, tmp_path):
+    lines = [HEADER,
+             _entry(gemm_key("mm", 0), {"aten": 1.0}, family="x" * 65),
+             _entry(gemm_key("mm", 1), {"aten": 1.0}, family=7),
+             _entry(gemm_key("mm", 2), {"aten": 1.0}, family="a\x00b"),
+             _entry(gemm_key("mm", 3), {"aten": 1.0}, meta="fast"),
+             _entry(gemm_key("mm", 4), {"aten": 1.0}, meta=[1]),
+             _entry(gemm_key("mm", 5), {"aten": 1.0}, meta={"note": "x" * 70000}),
+             _entry(gemm_key("mm", 6), {"aten": 1.0}, meta={"note": "\ud800"}),
+             _entry(gemm_key("mm", 7), {"aten": 1.0}, meta=META, family=FAMILY)]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    data = json.loads(run("import", str(path), "--db", db_url, "--json").stdout)
+    assert (data["inserted"], data["invalid"]) == (1, 7)
+    reasons = [b["reason"] for b in data["bad"]]
+    assert reasons[:3] == ['"family" is not text of 1 to 64 characters'] * 3
+    assert reasons[3:5] == ['"meta" is not a JSON object'] * 2
+    assert all(r.startswith('"meta" is not a JSON object tunecache stores') for r in reasons[5:])
+    assert _provenance(db_url, gemm_key("mm", 7)) == (FAMILY, META)
+
+
+def test_merge_and_export_drop_a_garbled_meta_or_family_but_keep_the_entry(sqlite_url,
+                                                                           tmp_path):
+    import sqlite3
+
+    key = gemm_key("mm", 1)
+    _publish_with_provenance(sqlite_url, key)
+    with sqlite3.connect(sqlite_url[len("sqlite:///"):]) as conn:
+        conn.execute("UPDATE tunecache_entries SET meta_json = '{not json', family = ?",
+                     ("x" * 300,))
+    _, lines, _ = _export(sqlite_url)
+    assert "meta" not in lines[0] and "family" not in lines[0]
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    assert run_json("merge", sqlite_url, "--into", merged)["inserted"] == 1
+    assert _provenance(merged, key) == (None, {})

@@ -7,6 +7,7 @@ SQLAlchemy, and ``tunecache --help`` starts without it).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -18,16 +19,25 @@ __all__ = ["stats", "ls", "show", "doctor"]
 
 # Rows of `stats`' "by op" table in human output (--json has them all).
 BY_OP_SHOWN = 20
+# Ops shown in stats' "what tuning bought" table, those that save the most first.
+GAINS_OPS_SHOWN = 10
 
 
 @click.command()
+@click.option("--gains-rows", type=click.IntRange(0, None), default=None,
+              help="Read at most this many done entries for \"what tuning bought\" and "
+                   "\"transferred\" (default 50000; 0: all); past it they are a uniform "
+                   "sample (key hash order), and say so.")
 @common
-def stats(inv: Invocation) -> None:
-    """Entries by state, environment and op; size; hits; time saved; claims; failures."""
+def stats(inv: Invocation, gains_rows: int | None) -> None:
+    """Entries by state, environment and op; size; hits; time saved; claims; failures;
+    what tuning bought (untuned vs tuned time); transferred entries and their regret."""
     from .. import ops
 
     with opened(inv, read_only=True) as db:
-        data = ops.stats(db)
+        # None: the library's bound (ops.statistics.GAINS_ROWS); 0: no bound.
+        data = (ops.stats(db) if gains_rows is None
+                else ops.stats(db, gains_rows=gains_rows or None))
 
     def human() -> None:
         size = data["size"]
@@ -58,6 +68,7 @@ def stats(inv: Invocation) -> None:
                    + (f" ({kinds})" if kinds else "") + f", {graphs['hits']} loads"
                    + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
                       "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
+        _human_gains(data["gains"], data["transferred"])
         if data["by_kind"]:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
@@ -96,6 +107,56 @@ def stats(inv: Invocation) -> None:
 
     inv.emit(data, human)
 
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g} ms"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}x"
+
+
+def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
+    """stats' "what tuning bought" and "transferred" lines (--json has every op)."""
+    sample = "" if gains["complete"] else (f" (a sample: the first {gains['rows_read']} "
+                                           "done entries by key hash; --gains-rows 0 reads all)")
+    t = gains["total"]
+    if not t["entries"]:
+        click.echo(f"bought    no entry records an untuned baseline{sample}")
+    else:
+        click.echo(f"bought    {t['entries']} entries with a baseline: one call of each "
+                   f"{_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
+                   f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} saved), found in "
+                   f"{fmt.dur(t['tune_seconds'])} of tuning{sample}")
+    moved = transferred["by_kind"]
+    if moved:
+        parts = []
+        for r in moved:
+            regret = (f"regret mean {r['regret_mean']:.3g}, max {r['regret_max']:.3g}"
+                      if r["regret_measured"] else "no regret measured yet")
+            parts.append(f"{fmt.safe(r['kind'])} {r['entries']} ({r['benchmarked']} of "
+                         f"{r['generated']} candidates benchmarked; {r['regret_measured']} "
+                         f"re-tuned in full, {regret})")
+        click.echo("transfer  " + "; ".join(parts))
+    if t["entries"]:
+        rows = [("kind", r["kind"], "") for r in gains["by_kind"]] + \
+            [("op", r["kind"], r["op"]) for r in gains["by_op"][:GAINS_OPS_SHOWN]]
+        click.echo("what tuning bought (per call, by kind, then by op):")
+        table = gains["by_kind"] + gains["by_op"][:GAINS_OPS_SHOWN]
+        fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "saved",
+                   "tuning"),
+                  [(*label, r["entries"], _ms(r["baseline_ms"]), _ms(r["best_ms"]),
+                    _x(r["speedup"]), _ms(r["ms_saved_per_call"]), fmt.dur(r["tune_seconds"]))
+                   for label, r in zip(rows, table)])
+        if len(gains["by_op"]) > GAINS_OPS_SHOWN:
+            click.echo(f"  ... and {len(gains['by_op']) - GAINS_OPS_SHOWN} more ops "
+                       "(--json lists all)")
+        click.echo("top keys by time saved per call:")
+        fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "saved", "tuning",
+                   "hits"),
+                  [(k["key_hash"][:12], k["kind"], k["op"], _ms(k["baseline_ms"]),
+                    _ms(k["best_ms"]), _x(k["speedup"]), _ms(k["ms_saved_per_call"]),
+                    fmt.dur(k["tune_seconds"]), k["hits"]) for k in gains["top_keys"]])
 
 
 @click.command("ls")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from . import format as fmt
+from .app import BadArgument
 from .options import Invocation, LibraryChoice, common, opened
 
 __all__ = ["warm"]
@@ -25,10 +26,17 @@ __all__ = ["warm"]
 @click.option("--limit", type=click.IntRange(1, None), default=None,
               help="At most this many distinct GEMMs.")
 @click.option("--dry-run", is_flag=True, help="List what would be tuned; compile nothing.")
+@click.option("--exhaustive", is_flag=True,
+              help="Instead: re-tune in full the GEMM entries that were transferred (tuned "
+                   "from neighbours' best candidates only) and record each one's regret "
+                   "(its winner's time / the best of all candidates) in its meta.")
+@click.option("--again", is_flag=True,
+              help="With --exhaustive: also entries whose regret was measured before.")
 @common
 @click.pass_context
 def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: tuple[str, ...],
-         from_device: tuple[str, ...], limit: int | None, dry_run: bool) -> None:
+         from_device: tuple[str, ...], limit: int | None, dry_run: bool, exhaustive: bool,
+         again: bool) -> None:
     """Re-tune, on this machine, the GEMM keys earlier jobs recorded, so the next job starts
     warm (after a torch/triton upgrade, or on a new GPU type).
 
@@ -38,6 +46,11 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     """
     from .. import warm as warm_mod
 
+    if again and not exhaustive:
+        raise BadArgument("--again only applies to --exhaustive")
+    if exhaustive:
+        _exhaustive(ctx, inv, op, from_torch, from_device, limit, dry_run, again)
+        return
     with opened(inv, read_only=dry_run) as db:
         tasks, skipped = warm_mod.select_tasks(db, op or None,
                                                from_torch=from_torch, from_device=from_device,
@@ -81,3 +94,75 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     inv.emit(report, human)
     if report["error"]:
         ctx.exit(1)
+
+
+def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],
+                from_torch: tuple[str, ...], from_device: tuple[str, ...], limit: int | None,
+                dry_run: bool, again: bool) -> None:
+    """`warm --exhaustive`: re-tune transferred GEMM entries in full, record regret."""
+    from .. import warm as warm_mod
+
+    with opened(inv, read_only=dry_run) as db:
+        tasks, skipped = warm_mod.select_transferred(
+            db, op or None, from_torch=from_torch, from_device=from_device, again=again,
+            limit=limit)
+        if dry_run:
+            data = {"database": db.display_url, "dry_run": True, "exhaustive": True,
+                    "keys": len(tasks), "tasks": [t.as_dict() for t in tasks],
+                    "skipped": skipped}
+
+            def human_dry() -> None:
+                click.echo(f"would re-tune {len(tasks)} transferred GEMM entries in full "
+                           "(dry run)")
+                fmt.table(("key", "op", "precision", "inputs", "benchmarked", "winner"),
+                          [(t.key_hash[:12], t.task.op, t.task.precision,
+                            fmt.clip(t.task.inputs, 60),
+                            f"{t.transfer.get('benchmarked', '?')} of "
+                            f"{t.transfer.get('generated', '?')}", _ms(t.winner_ms))
+                           for t in tasks])
+                for s in skipped:
+                    click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: "
+                               f"{fmt.safe(s['reason'])}", err=True)
+
+            inv.emit(data, human_dry)
+            return
+        with fmt.progress("re-tuning in full", not inv.as_json) as (total, step):
+            total(len(tasks))
+            report = warm_mod.exhaustive(inv.settings, db, tasks, progress=step)
+        report["skipped"] = skipped
+
+    def human() -> None:
+        regrets = ("" if report["regret_mean"] is None else
+                   f" (regret mean {report['regret_mean']:.3g}, max "
+                   f"{report['regret_max']:.3g})")
+        click.echo(f"re-tuned {report['keys']} transferred GEMM entries in full in "
+                   f"{fmt.dur(report['seconds'])}: {report['measured']} regrets recorded"
+                   f"{regrets}, {report['other_environment']} of another environment, "
+                   f"{report['not_autotuned']} not autotuned, {report['error']} failed "
+                   f"(rank {report['rank']} of {report['world_size']}); {len(skipped)} "
+                   "skipped")
+        measured = [t for t in report["tasks"] if t["outcome"] == "measured"]
+        if measured:
+            fmt.table(("key", "op", "candidates", "transferred", "exhaustive", "regret"),
+                      [(t["key_hash"][:12], t["op"],
+                        f"{t['candidates']} -> {t['candidates_after']}",
+                        _ms(t["winner_ms"]), _ms(t["exhaustive_ms"]),
+                        f"{t['regret']:.3g}") for t in measured])
+        for t in report["tasks"]:
+            if t["outcome"] == "error":
+                click.echo(f"failed: {fmt.safe(t['key_hash'][:16])} {fmt.safe(t['op'])}: "
+                           f"{fmt.safe(t['error'])}", err=True)
+            elif t["outcome"] != "measured":
+                click.echo(f"{t['outcome']}: {fmt.safe(t['key_hash'][:16])}: "
+                           f"{fmt.safe(t.get('reason'))}", err=True)
+        for s in skipped:
+            click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
+                       err=True)
+
+    inv.emit(report, human)
+    if report["error"]:
+        ctx.exit(1)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g} ms"

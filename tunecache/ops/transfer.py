@@ -21,7 +21,17 @@ from sqlalchemy import Connection
 
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
-from ..keys import MAX_KEY_BYTES, best_candidate, key_hash, key_labels, storable, timings_to_json
+from ..keys import (
+    MAX_FAMILY,
+    MAX_KEY_BYTES,
+    best_candidate,
+    key_hash,
+    key_labels,
+    meta_to_json,
+    storable,
+    timings_to_json,
+    validate_meta,
+)
 from ..store import ArtifactStore, Database, admin, columns
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import (
@@ -141,6 +151,14 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
                 "updated_at": row.updated_at,
                 "last_used_at": row.last_used_at,
             }
+            # Provenance, where the entry has one; a garbled meta column is left out (meta
+            # only informs), never shipped.
+            family = columns.text(row.family)
+            if family is not None and _family_error(family) is None:
+                line["family"] = family
+            meta = validate_meta(columns.text(row.meta_json))
+            if meta:
+                line["meta"] = meta
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
                                  allow_nan=False) + "\n")
             written += 1
@@ -182,6 +200,37 @@ class _Incoming:
     best: str
     tune_seconds: float | None
     times: dict[str, float | None]
+    family: str | None = None
+    meta_json: str | None = None
+
+
+def _family_error(family: Any) -> str | None:
+    """Why ``family`` is no family a key can have (keys.Key.of), or None."""
+    if not isinstance(family, str) or not family or len(family) > MAX_FAMILY \
+            or not storable(family):
+        return f'"family" is not text of 1 to {MAX_FAMILY} characters'
+    return None
+
+
+def _provenance(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The entry's family and meta JSON as given (None where absent; files written
+    before they existed have neither); ValueError(reason) when either is malformed."""
+    family = record.get("family")
+    if family is not None:
+        why = _family_error(family)
+        if why is not None:
+            raise ValueError(why)
+    meta = record.get("meta")
+    if meta is None:
+        return family, None
+    if not isinstance(meta, dict):
+        raise ValueError('"meta" is not a JSON object')
+    try:
+        meta_json = meta_to_json(meta)
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError('"meta" is not a JSON object tunecache stores (too large, or '
+                         'holding NUL or lone surrogates)') from None
+    return family, meta_json
 
 
 def _times(record: Mapping[str, Any]) -> dict[str, float | None]:
@@ -229,9 +278,9 @@ def _validated(where: str, record: Any) -> _Incoming:
     # All-null timings are a result too ("no candidate runs here"); stored with an empty
     # winner, as the core publishes them.
     best = best_candidate(timings) or ""
+    family, meta_json = _provenance(record)
     return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
-                     best, seconds,
-                     _times(record))
+                     best, seconds, _times(record), family, meta_json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +421,7 @@ def import_records(
             for inc in batch:
                 entry = admin.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
                                             inc.timings_json, inc.best, inc.tune_seconds,
-                                            inc.times)
+                                            inc.times, inc.family, inc.meta_json)
                 row = existing.get(inc.key_hash)
                 if row is None:
                     inserts.append(entry)
@@ -475,6 +524,14 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
                           "timings": stored_timings(row.timings_json, row.key_hash),
                           "tune_seconds": row.tune_seconds,
                           **{name: getattr(row, name) for name in _TIMES}}
+                # Provenance travels as an export line carries it: a garbled meta or
+                # family column of the source is dropped, not a reason to lose the entry.
+                family = columns.text(row.family)
+                if family is not None and _family_error(family) is None:
+                    record["family"] = family
+                meta = validate_meta(columns.text(row.meta_json))
+                if meta:
+                    record["meta"] = meta
             except InvalidEntryError as e:
                 yield where, ValueError(e.reason)
                 continue

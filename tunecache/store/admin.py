@@ -28,11 +28,13 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    case,
     column,
     delete,
     false,
     func,
     not_,
+    null,
     or_,
     select,
     text,
@@ -67,6 +69,7 @@ __all__ = [
     "delete_pruned_range",
     "select_done_page",
     "done_page",
+    "select_transferred_page",
     "select_done_timings_page",
     "delete_invalid",
     "count_done",
@@ -74,6 +77,7 @@ __all__ = [
     "select_by_prefix",
     "read_for_import",
     "stats_groups",
+    "select_gains_page",
     "stored_labels",
     "usage_totals",
     "live_claims",
@@ -153,6 +157,25 @@ FAILED_KEYS = (
     .order_by(entries.c.updated_at.desc())
     .limit(bindparam("p_limit"))
 )
+
+
+
+def select_gains_page(after: str, limit: int) -> Select[Any]:
+    """A page (keyset by key_hash) of the done entries stats' "what tuning bought" reads:
+    GEMM entries (a baseline is derivable from their timings) and any other with a meta
+    object; their timings only for GEMM (no other kind's baseline comes from them), so
+    Triton entries' candidate lists are never read."""
+    is_gemm = entries.c.kind == "gemm"
+    return (
+        select(entries.c.key_hash, entries.c.kind, entries.c.op, entries.c.hits,
+               entries.c.tune_seconds, entries.c.meta_json,
+               case((is_gemm, entries.c.timings_json), else_=null()).label("timings_json"))
+        .where(entries.c.state == "done", entries.c.key_hash > after,
+               or_(is_gemm, entries.c.meta_json.is_not(None)))
+        .order_by(entries.c.key_hash)
+        .limit(limit)
+    )
+
 
 PG_DATABASE_SIZE = select(func.pg_database_size(func.current_database()))
 # PRAGMAs have no Core spelling; these are fixed texts, nothing is formatted into them.
@@ -390,6 +413,9 @@ _EXPORT_COLUMNS = (
     entries.c.created_at,
     entries.c.updated_at,
     entries.c.last_used_at,
+    # Provenance (migration 0006): an exported entry keeps how it was found.
+    entries.c.family,
+    entries.c.meta_json,
 )
 
 
@@ -400,6 +426,21 @@ def select_done_page(env: EntryFilter | None, after: str, limit: int) -> Select[
     return (
         select(*_EXPORT_COLUMNS)
         .where(entries.c.state == "done", entries.c.key_hash > after, cond)
+        .order_by(entries.c.key_hash)
+        .limit(limit)
+    )
+
+
+def select_transferred_page(env: EntryFilter | None, after: str, limit: int) -> Select[Any]:
+    """A page of done GEMM entries whose meta mentions "transfer" (tuned from neighbours'
+    candidates), for `warm --exhaustive`; the caller validates the meta (LIKE only
+    narrows the read: '_' and '%' do not occur in the pattern)."""
+    cond = env.condition() if env else true()
+    return (
+        select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json,
+               entries.c.meta_json)
+        .where(entries.c.state == "done", entries.c.kind == "gemm",
+               entries.c.meta_json.like('%"transfer"%'), entries.c.key_hash > after, cond)
         .order_by(entries.c.key_hash)
         .limit(limit)
     )
@@ -459,6 +500,7 @@ def insert_done(dialect: str, owner: str) -> Any:
         timings_json=bindparam("p_timings_json"),
         best=bindparam("p_best"),
         tune_seconds=bindparam("p_tune_seconds"),
+        meta_json=bindparam("p_meta_json"),
         # The source's times, where it gave them: an imported entry is as old, and was
         # last used as long ago, as where it came from (prune --older-than reads them).
         created_at=func.coalesce(bindparam("p_created_at", type_=Float), NOW),
@@ -482,6 +524,9 @@ OVERWRITE_DONE = (
         timings_json=bindparam("p_timings_json"),
         best=bindparam("p_best"),
         tune_seconds=bindparam("p_tune_seconds"),
+        # The incoming entry's provenance replaces the old one's with its timings.
+        family=bindparam("p_family"),
+        meta_json=bindparam("p_meta_json"),
         updated_at=NOW,
     )
 )
@@ -610,10 +655,13 @@ class ImportedEntry:
     best: str
     tune_seconds: float | None
     times: Mapping[str, float | None]  # created_at, updated_at, last_used_at
+    family: str | None = None
+    meta_json: str | None = None
 
     def _result(self) -> dict[str, Any]:
         return {"p_key_hash": self.key_hash, "p_timings_json": self.timings_json,
-                "p_best": self.best, "p_tune_seconds": self.tune_seconds}
+                "p_best": self.best, "p_tune_seconds": self.tune_seconds,
+                "p_family": self.family, "p_meta_json": self.meta_json}
 
 
 def insert_done_rows(conn: Connection, owner: str, incoming: Sequence[ImportedEntry]) -> int:

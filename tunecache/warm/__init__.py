@@ -18,7 +18,8 @@ lowering, and with it every autotune lookup).
 
 Rooms: ``ops`` (what warm can rebuild), ``inputs`` (the recorded inputs key),
 ``choose`` (recorded keys to warm; no torch), ``build`` (tensors and the function to
-compile), ``run`` (compile them, tunecache enabled). torch is imported lazily:
+compile), ``run`` (compile them, tunecache enabled), ``exhaustive`` (``--exhaustive``:
+re-tune transferred entries in full and record their regret). torch is imported lazily:
 importing this package (or tunecache.cli) never imports torch.
 """
 
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 from .build import build_call
 from .choose import WarmTask, select_tasks
+from .exhaustive import ExhaustiveTask, exhaustive, select_transferred
 from .inputs import check_inputs, parse_inputs
 from .ops import NOT_WARMED, WARM_OPS
 from .run import classify, warm
 
 __all__ = ["WARM_OPS", "NOT_WARMED", "WarmTask", "select_tasks", "warm", "parse_inputs",
-           "check_inputs", "build_call", "classify"]
+           "check_inputs", "build_call", "classify", "ExhaustiveTask", "select_transferred",
+           "exhaustive"]
 
 

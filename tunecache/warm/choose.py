@@ -13,7 +13,7 @@ from ..store import Database, admin
 from .inputs import check_inputs, parse_inputs
 from .ops import WARM_OPS, not_warmed_reason
 
-__all__ = ["WarmTask", "SkippedKey", "select_tasks"]
+__all__ = ["WarmTask", "SkippedKey", "select_tasks", "task_of"]
 
 
 class SkippedKey(TypedDict):
@@ -53,6 +53,31 @@ def _missing_field_reason(field: str) -> str:
     return f'the recorded key has no "{field}"' + (f" ({use})" if use else "")
 
 
+def task_of(key_hash: str, key_json: Any) -> tuple[WarmTask | None, SkippedKey | None]:
+    """The task that compiles a recorded key, or why not (a top-up entry gives neither:
+    its base key is warmed anyway)."""
+    op = None
+    try:
+        key = json.loads(key_json)
+        op = str(key["op"])
+        if op not in WARM_OPS:
+            raise ValueError(not_warmed_reason(op))
+        inputs = key["inputs"]
+        check_inputs(op, parse_inputs(inputs))
+        if key.get("hint_override") is not None:
+            raise ValueError("recorded with a hint override (dynamic shapes)")
+        if key.get("extra_candidates"):
+            return None, None  # a top-up entry of a base key that is warmed anyway
+        task_env = {k: str(v) for k, v in (key.get("env") or {}).items()}
+        return WarmTask(op, inputs, str(key.get("precision", "highest")), task_env), None
+    except KeyError as e:
+        # str(KeyError) is the bare quoted name; say what is missing instead.
+        return None, {"key_hash": key_hash, "op": op,
+                      "reason": _missing_field_reason(str(e.args[0]))}
+    except (ValueError, TypeError, RecursionError) as e:
+        return None, {"key_hash": key_hash, "op": op, "reason": str(e)}
+
+
 def select_tasks(
     db: Database,
     ops: Sequence[str] | None = None,
@@ -76,28 +101,12 @@ def select_tasks(
         if not page:
             break
         for row in page:
-            op = None
-            try:
-                key = json.loads(row.key_json)
-                op = str(key["op"])
-                if op not in WARM_OPS:
-                    raise ValueError(not_warmed_reason(op))
-                inputs = key["inputs"]
-                check_inputs(op, parse_inputs(inputs))
-                if key.get("hint_override") is not None:
-                    raise ValueError("recorded with a hint override (dynamic shapes)")
-                if key.get("extra_candidates"):
-                    continue  # a top-up entry of a base key that is warmed anyway
-                task_env = {k: str(v) for k, v in (key.get("env") or {}).items()}
-                task = WarmTask(op, inputs, str(key.get("precision", "highest")), task_env)
-            except KeyError as e:
-                # str(KeyError) is the bare quoted name; say what is missing instead.
-                skipped.append({"key_hash": row.key_hash, "op": op,
-                                "reason": _missing_field_reason(str(e.args[0]))})
+            task, skip = task_of(row.key_hash, row.key_json)
+            if skip is not None:
+                skipped.append(skip)
+            if task is None:
                 continue
-            except (ValueError, TypeError) as e:
-                skipped.append({"key_hash": row.key_hash, "op": op, "reason": str(e)})
-                continue
+            task_env = task.env
             got = tasks.setdefault(task.ident, task)
             where = {"device": task_env.get("device"), "torch": task_env.get("torch"),
                      "triton": task_env.get("triton")}

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import tunecache
 
@@ -25,6 +25,8 @@ __all__ = ["warm", "classify"]
 
 log = logging.getLogger("tunecache")
 
+T = TypeVar("T")
+
 
 def _rank() -> tuple[int, int, int]:
     def env_int(name: str, default: int) -> int:
@@ -36,7 +38,7 @@ def _rank() -> tuple[int, int, int]:
     return env_int("RANK", 0), max(1, env_int("WORLD_SIZE", 1)), env_int("LOCAL_RANK", 0)
 
 
-def _my_order(tasks: Sequence[WarmTask], rank: int, world: int) -> list[WarmTask]:
+def _my_order(tasks: Sequence[T], rank: int, world: int) -> list[T]:
     """Rank r starts at its share of the list (r/world of the way in): the ranks claim
     disjoint keys first and meet their peers' finished keys at the end."""
     if world <= 1 or not tasks:
