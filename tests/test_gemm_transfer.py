@@ -274,3 +274,24 @@ def _keys(cache: Any) -> list[str]:
 
     return cache.store.db.run(lambda c: [r[0] for r in c.execute(
         select(entries.c.key_json).where(entries.c.kind == "gemm"))])
+
+
+def test_a_process_looks_for_a_transferred_entrys_top_up_once(hooked, monkeypatch):
+    calls: list[list[str]] = []
+    record_neighbour(calls)
+    rehook(hooked)
+    bench = fakes.fake_benchmark(calls, times([2, 5, 0, 7, 3]))
+    fakes.lookup(choices(), "mm", inputs_key(2048), bench)
+    rehook(hooked)
+    asked: list[Any] = []
+    real = tunecache.TuneCache.lookup
+
+    def counting(self: Any, key: Any) -> Any:
+        asked.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(tunecache.TuneCache, "lookup", counting)
+    for _ in range(3):  # the same GEMM lowered three times in one process
+        fakes.lookup(choices(), "mm", inputs_key(2048), bench)
+    top_ups = [k for k in asked if "extra_candidates" in k]
+    assert len(top_ups) == 1 and len(calls) == 2

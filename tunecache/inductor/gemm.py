@@ -215,6 +215,8 @@ class GemmHooks:
         self.plans: dict[str, Plan | None] = {}
         # key hash -> templates narrowing did not generate for it (transfer.py)
         self.not_generated: dict[str, int] = {}
+        # (key hash, candidate ids) of transferred entries whose top-up was looked for
+        self.top_ups_read: set[tuple[str, tuple[str, ...]]] = set()
         # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
         self.pending: weakref.WeakKeyDictionary[Any, Lowered] = weakref.WeakKeyDictionary()
         self._dist_warned = False
@@ -444,10 +446,18 @@ class GemmHooks:
         if missing and transferred and self.transfer_on():
             # The transfer left them out on purpose; merged only once an exhaustive
             # top-up exists (warm --exhaustive, or a job with TUNECACHE_TRANSFER=0).
+            # Read once per process: the memo then answers, so every later lookup of the
+            # key in this compile sees the same timings.
             extra_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
-            topped_up = self.cache().lookup({**key.mapping, "extra_candidates": extra_ids})
-            if topped_up is not None and topped_up.source != "failed":
-                timings = {**timings, **topped_up.timings}
+            with self.lock:
+                looked = (key_hash, tuple(extra_ids)) in self.top_ups_read
+                self.top_ups_read.add((key_hash, tuple(extra_ids)))
+            if not looked:
+                topped_up = self.cache().lookup({**key.mapping, "extra_candidates": extra_ids})
+                if topped_up is not None and topped_up.source != "failed":
+                    timings = {**timings, **topped_up.timings}
+                    with self.lock:
+                        self.memo[key_hash] = timings
             missing = []
         if missing:
             missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
