@@ -170,6 +170,24 @@ def test_new_node_loads_the_graphs_another_node_published_on_postgresql(pg_url, 
     assert _warnings(first) == _warnings(job) == []
 
 
+def test_a_restart_whose_graphs_hit_locally_reads_nothing_from_the_database(keys, tmp_path):
+    """A job restarted on the same node (same Inductor cache directory) loads its graphs
+    from Inductor's local caches and never asks the database for one: no remote get, no
+    graph bytes read (torch 2.13 on the CPU; issue 21 saw a 2.11 GPU restart fetch them)."""
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
+    first = _job(tmp_path, "first", url, **signing)
+    _assert_published_everything(first, url)
+    again = _job(tmp_path, "again", url, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-first"),
+                 **signing)
+    assert again["inductor"].get("fxgraph_cache_hit", 0) == 2, again
+    assert again["aot_autograd"].get("autograd_cache_hit", 0) == 1, again
+    ours = {name: stats for name, stats in again["remote"].items() if "TuneCache" in name}
+    assert all(s == {"hit": 0, "miss": 0, "put": 0, "exception": 0} for s in ours.values()), ours
+    assert not again["graphs"], again["graphs"]  # nothing loaded, looked up or published
+    assert again["outputs"] == first["outputs"]
+
+
 def test_two_nodes_compiling_one_graph_at_once_publish_it_once(sqlite_url, keys, tmp_path):
     """Every (kind, key) is published by exactly one of them: the other finds it there
     (or loads it, if it arrives after), whatever the timing."""
