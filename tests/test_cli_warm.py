@@ -19,6 +19,9 @@ from cli_helpers import populate, run, run_json
 
 pytest.importorskip("torch")
 
+import tunecache
+from tunecache import inductor as tc_inductor
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 TUNECACHE = Path(sys.executable).with_name("tunecache")
@@ -97,6 +100,19 @@ def test_warm_then_a_fresh_job_benchmarks_nothing(sqlite_url, tmp_path):
 
     again = _finish(_warm(tmp_path, sqlite_url))  # nothing left to do: no compile at all
     assert (again["hit"], again["tuned"]) == (1, 0)
+
+
+def test_warm_tunes_every_key_in_full_even_next_to_one_it_just_tuned(sqlite_url, tmp_path):
+    # Two bmm keys of one family (docs/transfer.md): in a job the second would be tuned
+    # from the first; warm is the offline job whose full results transfer starts from.
+    populate(sqlite_url, [old_key(WORKER_BMM), old_key(SMALL_BMM)])
+    report = _finish(_warm(tmp_path, sqlite_url))
+    assert (report["keys"], report["tuned"], report["error"]) == (2, 2, 0), report
+    with tunecache.open(sqlite_url) as cache:
+        metas = [dict(r.meta) for r in (
+            cache.lookup(tc_inductor.make_key("bmm", inputs, None, "cpu"))
+            for inputs in (WORKER_BMM, SMALL_BMM)) if r is not None]
+    assert len(metas) == 2 and not any("transfer" in m for m in metas), metas
 
 
 def test_warm_splits_work_across_ranks(pg_url, tmp_path):

@@ -3,6 +3,7 @@ classify each compile's outcome from the hooks' lookup events."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -62,7 +63,9 @@ def warm(
 
     progress = progress or (lambda _n: None)
     rank, world, local_rank = _rank()
-    cache = tunecache.TuneCache(settings)
+    # In full, never by transfer: warm is the offline job whose results transfer starts
+    # from (docs/transfer.md).
+    cache = tunecache.TuneCache(dataclasses.replace(settings, transfer=False))
     if not tc_inductor.enable(cache):
         cache.close()
         raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
