@@ -112,6 +112,12 @@ def test_import_refuses_a_file_without_header(db_url, tmp_path):
     path.write_text(json.dumps({"format": "tunecache-export", "version": 99}) + "\n")
     result = run("import", str(path), "--db", db_url)
     assert result.exit_code == 1 and "version 99 is not supported" in result.stderr
+    for empty in ("", "\n  \n"):  # no line to point at: the file says nothing
+        path.write_text(empty)
+        result = run("import", str(path), "--db", db_url)
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"Error: {path}: the file is empty, not a tunecache "
+                                        "export; expected"), result.stderr
 
 
 def test_conflict_policies(db_url, tmp_path):

@@ -346,17 +346,20 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
     it = iter(lines)
     number = 0
     header: Any = None
+    seen = False  # a line that is not blank
     for raw in it:
         number += 1
         if raw.strip():
+            seen = True
             try:
                 header = loads(raw)
             except ValueError:
                 header = None
             break
     if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
-        raise ExportFormatError(source, f"line {number} is not a tunecache export header",
-                                EXPORT_FORMAT, EXPORT_VERSION)
+        what = (f"line {number} is not a tunecache export header" if seen
+                else "the file is empty, not a tunecache export")
+        raise ExportFormatError(source, what, EXPORT_FORMAT, EXPORT_VERSION)
     if header.get("version") not in READABLE_VERSIONS:
         raise ExportFormatError(
             source, f"export format version {header.get('version')!r} is not supported "
