@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from cli_helpers import claim_key, fail_key, gemm_key, populate, run, run_json
 
 import tunecache
@@ -321,3 +323,26 @@ def test_merge_and_export_drop_a_garbled_meta_or_family_but_keep_the_entry(sqlit
     merged = f"sqlite:///{tmp_path / 'merged.db'}"
     assert run_json("merge", sqlite_url, "--into", merged)["inserted"] == 1
     assert _provenance(merged, key) == (None, {})
+
+
+def test_an_export_that_fails_leaves_no_partial_file_and_an_earlier_one_as_it_was(tmp_path):
+    from tunecache.cli.transferring import _output_file
+
+    path = tmp_path / "cache.jsonl"
+    path.write_text("the export of yesterday\n")
+    with pytest.raises(KeyboardInterrupt), _output_file(str(path)) as f:
+        f.write('{"format": "tunecache-export", "version": 1}\n{"key": ')
+        raise KeyboardInterrupt  # Ctrl-C, or a database error, half-way
+    assert path.read_text() == "the export of yesterday\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.jsonl"]
+    with _output_file(str(path)) as f:
+        f.write("whole\n")
+    assert path.read_text() == "whole\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.jsonl"]
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO, TypeVar
 
 import click
@@ -66,14 +68,39 @@ def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
                        err=True)
 
 
-def _output_file(path: str) -> TextIO:
-    """The export's output file, opened for writing; a path that cannot be written (a
-    missing directory, no permission) is a one-line error (exit 1), not a traceback."""
+@contextlib.contextmanager
+def _output_file(path: str) -> Iterator[TextIO]:
+    """The export's output file, written whole or not at all: into a temporary file beside
+    it, renamed over ``path`` once the export has finished, so an export that fails or is
+    interrupted leaves no partial file for an import to take (and an earlier file at
+    ``path`` as it was). A path that is not a regular file (a pipe, /dev/stdout) is written
+    directly. A path that cannot be written (a missing directory, no permission) is a
+    one-line error (exit 1), not a traceback."""
     try:
-        return open(path, "w", encoding="utf-8")
+        if os.path.exists(path) and not os.path.isfile(path):
+            with open(path, "w", encoding="utf-8") as direct:
+                yield direct
+            return
+        folder, name = os.path.split(os.path.abspath(path))
+        fd, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
     except OSError as e:
         raise click.ClickException(f"{path}: cannot write the export there "
                                    f"({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        os.chmod(partial, 0o666 & ~_umask())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 _CONFLICT_HELP = (
