@@ -216,3 +216,18 @@ def test_text_that_is_not_utf8_does_not_stop_the_operator_commands(sqlite_url):
     assert {r["triton"] for r in run_json("ls", "--db", sqlite_url)} >= {"\ufffd\ufffdA"}
     assert run_json("prune", "--db", sqlite_url, "--older-than", "0s")["deleted"] == 2
     assert run_json("ls", "--db", sqlite_url) == []
+
+
+def test_warm_escapes_the_recorded_keys_it_skips_and_lists(db_url):
+    env = {"device": "Old CPU", "device_type": "cpu", "torch": "2.12.0+cpu", "triton": "none"}
+    inputs = "[('cpu', 'torch.float32', 2, 16, 24, 384, 24, 1, 0), " \
+             "('cpu', 'torch.float32', 2, 24, 8, 192, 8, 1, 0)]"
+    populate(db_url, [{"kind": "gemm", "op": HOSTILE, "inputs": inputs, "env": env},
+                      {"kind": "gemm", "op": "bmm", "inputs": inputs + HOSTILE, "env": env},
+                      {"kind": "gemm", "op": "bmm", "inputs": inputs, "precision": HOSTILE,
+                       "env": env}])
+    result = run("warm", "--dry-run", "--db", db_url)
+    assert result.exit_code == 0, result.output
+    _assert_clean(result.stdout)
+    _assert_clean(result.stderr)
+    assert "\\x1b[31m" in result.stderr

@@ -66,7 +66,8 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
                             ", ".join(f"{s['device']}/torch {s['torch']}" for s in t.seen_in))
                            for t in tasks])
                 for s in skipped:
-                    click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+                    click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: "
+                               f"{fmt.safe(s['reason'])}", err=True)
 
             inv.emit(data, human_dry)
             return
@@ -84,12 +85,14 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
                    f"{len(skipped)} recorded keys skipped")
         for t in report["tasks"]:
             if t["outcome"] == "error":
-                click.echo(f"failed: {t['op']} {t['inputs']}: {t['error']}", err=True)
+                click.echo(f"failed: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
+                           f"{fmt.safe(t['error'])}", err=True)
             elif t.get("reason"):
-                click.echo(f"{t['outcome']}: {t['op']} {t['inputs']}: {t['reason']}",
-                           err=True)
+                click.echo(f"{t['outcome']}: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
+                           f"{fmt.safe(t['reason'])}", err=True)
         for s in skipped:
-            click.echo(f"skipped {s['key_hash'][:16]}: {s['reason']}", err=True)
+            click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
+                       err=True)
 
     inv.emit(report, human)
     if report["error"]:
