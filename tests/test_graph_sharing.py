@@ -173,7 +173,8 @@ def test_new_node_loads_the_graphs_another_node_published_on_postgresql(pg_url, 
 def test_a_restart_whose_graphs_hit_locally_reads_nothing_from_the_database(keys, tmp_path):
     """A job restarted on the same node (same Inductor cache directory) loads its graphs
     from Inductor's local caches and never asks the database for one: no remote get, no
-    graph bytes read (torch 2.13 on the CPU; issue 21 saw a 2.11 GPU restart fetch them)."""
+    graph bytes read (torch 2.13 on the CPU; a torch 2.11 restart on a GPU was profiled
+    fetching them)."""
     url = f"sqlite:///{tmp_path / 'tune.db'}"
     signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
     first = _job(tmp_path, "first", url, **signing)
