@@ -4,6 +4,9 @@ compiles)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import click
 
 from . import format as fmt
@@ -65,9 +68,7 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
                           [(t.op, t.precision, t.inputs,
                             ", ".join(f"{s['device']}/torch {s['torch']}" for s in t.seen_in))
                            for t in tasks])
-                for s in skipped:
-                    click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: "
-                               f"{fmt.safe(s['reason'])}", err=True)
+                _echo_skipped(skipped)
 
             inv.emit(data, human_dry)
             return
@@ -90,9 +91,7 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
             elif t.get("reason"):
                 click.echo(f"{t['outcome']}: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
                            f"{fmt.safe(t['reason'])}", err=True)
-        for s in skipped:
-            click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
-                       err=True)
+        _echo_skipped(skipped)
 
     inv.emit(report, human)
     if report["error"]:
@@ -123,9 +122,7 @@ def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],
                             f"{t.transfer.get('benchmarked', '?')} of "
                             f"{t.transfer.get('generated', '?')}", _ms(t.winner_ms))
                            for t in tasks])
-                for s in skipped:
-                    click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: "
-                               f"{fmt.safe(s['reason'])}", err=True)
+                _echo_skipped(skipped)
 
             inv.emit(data, human_dry)
             return
@@ -158,9 +155,7 @@ def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],
             elif t["outcome"] != "measured":
                 click.echo(f"{t['outcome']}: {fmt.safe(t['key_hash'][:16])}: "
                            f"{fmt.safe(t.get('reason'))}", err=True)
-        for s in skipped:
-            click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
-                       err=True)
+        _echo_skipped(skipped)
 
     inv.emit(report, human)
     if report["error"]:
@@ -169,3 +164,11 @@ def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g} ms"
+
+
+def _echo_skipped(skipped: Sequence[Mapping[str, Any]]) -> None:
+    """The recorded keys warm left out, each with its reason, to stderr (escaped: both
+    come from the database)."""
+    for s in skipped:
+        click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
+                   err=True)

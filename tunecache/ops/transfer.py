@@ -151,14 +151,7 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
                 "updated_at": row.updated_at,
                 "last_used_at": row.last_used_at,
             }
-            # Provenance, where the entry has one; a garbled meta column is left out (meta
-            # only informs), never shipped.
-            family = columns.text(row.family)
-            if family is not None and _family_error(family) is None:
-                line["family"] = family
-            meta = validate_meta(columns.text(row.meta_json))
-            if meta:
-                line["meta"] = meta
+            line.update(_stored_provenance(row))
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
                                  allow_nan=False) + "\n")
             written += 1
@@ -202,6 +195,19 @@ class _Incoming:
     times: dict[str, float | None]
     family: str | None = None
     meta_json: str | None = None
+
+
+def _stored_provenance(row: Any) -> dict[str, Any]:
+    """An entry's family and meta as an export line carries them. A garbled column of the
+    source is left out (both only inform), never a reason to lose the entry."""
+    out: dict[str, Any] = {}
+    family = columns.text(row.family)
+    if family is not None and _family_error(family) is None:
+        out["family"] = family
+    meta = validate_meta(columns.text(row.meta_json))
+    if meta:
+        out["meta"] = meta
+    return out
 
 
 def _family_error(family: Any) -> str | None:
@@ -527,14 +533,7 @@ def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
                           "timings": stored_timings(row.timings_json, row.key_hash),
                           "tune_seconds": row.tune_seconds,
                           **{name: getattr(row, name) for name in _TIMES}}
-                # Provenance travels as an export line carries it: a garbled meta or
-                # family column of the source is dropped, not a reason to lose the entry.
-                family = columns.text(row.family)
-                if family is not None and _family_error(family) is None:
-                    record["family"] = family
-                meta = validate_meta(columns.text(row.meta_json))
-                if meta:
-                    record["meta"] = meta
+                record.update(_stored_provenance(row))
             except InvalidEntryError as e:
                 yield where, ValueError(e.reason)
                 continue

@@ -20,8 +20,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,7 +34,7 @@ from ..store import Database, admin, columns
 from .build import build_call, device_for
 from .choose import SkippedKey, WarmTask, task_of
 from .inputs import parse_inputs
-from .run import _my_order, _rank, _this_key_hash, classify
+from .run import _my_order, _rank, _this_key_hash, classify, compile_session
 
 __all__ = ["ExhaustiveTask", "select_transferred", "exhaustive"]
 
@@ -151,38 +149,18 @@ def exhaustive(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Compile every task's GEMM with transfer off and record each entry's regret."""
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    import torch
-    import torch._dynamo
-
     progress = progress or (lambda _n: None)
     rank, world, local_rank = _rank()
-    cache = _TopUps(dataclasses.replace(settings, transfer=False))
-    if not tc_inductor.enable(cache):
-        cache.close()
-        raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
     counts = {"measured": 0, "other_environment": 0, "not_autotuned": 0, "error": 0}
     outcomes: list[dict[str, Any]] = []
-    scratch = tempfile.mkdtemp(prefix="tunecache-exhaustive-")
-    old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     started = time.perf_counter()
-    ordered = _my_order(tasks, rank, world)
-    try:
-        with tc_inductor.local_caches_off():
-            for i, task in enumerate(ordered):
-                outcome = _measure_one(task, i, scratch, local_rank, torch, cache)
-                counts[outcome["outcome"]] += 1
-                outcomes.append(outcome)
-                progress(1)
-    finally:
-        tc_inductor.disable()
-        cache.close()
-        if old_dir is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
-        shutil.rmtree(scratch, ignore_errors=True)
+    cache = _TopUps(dataclasses.replace(settings, transfer=False))
+    with compile_session(cache, "tunecache-exhaustive-") as (scratch, torch):
+        for i, task in enumerate(_my_order(tasks, rank, world)):
+            outcome = _measure_one(task, i, scratch, local_rank, torch, cache)
+            counts[outcome["outcome"]] += 1
+            outcomes.append(outcome)
+            progress(1)
     regrets = [o["regret"] for o in outcomes if o["outcome"] == "measured"]
     return {"database": db.display_url, "exhaustive": True, "rank": rank,
             "world_size": world, "keys": len(tasks), **counts,

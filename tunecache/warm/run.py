@@ -3,13 +3,14 @@ classify each compile's outcome from the hooks' lookup events."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import tunecache
@@ -48,39 +49,24 @@ def _my_order(tasks: Sequence[T], rank: int, world: int) -> list[T]:
     return list(tasks[start:]) + list(tasks[:start])
 
 
-def warm(
-    settings: Settings,
-    db: Database,
-    tasks: Sequence[WarmTask],
-    *,
-    progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
-    """Compile every task with tunecache enabled; returns counts and per-task outcomes."""
+@contextlib.contextmanager
+def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[str, Any]]:
+    """Compiles of the GEMMs of recorded keys with ``cache`` enabled: Inductor's local
+    caches off and a scratch cache directory (an FX graph hit would skip the lookup), and
+    everything put back afterwards, ``cache`` closed. Yields (scratch directory, torch)."""
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     import torch
     import torch._dynamo
 
-    progress = progress or (lambda _n: None)
-    rank, world, local_rank = _rank()
-    # In full, never by transfer: warm is the offline job whose results transfer starts
-    # from (docs/transfer.md).
-    cache = tunecache.TuneCache(dataclasses.replace(settings, transfer=False))
     if not tc_inductor.enable(cache):
         cache.close()
         raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
-    counts = {"tuned": 0, "hit": 0, "peer": 0, "local": 0, "not_autotuned": 0, "error": 0}
-    outcomes: list[dict[str, Any]] = []
-    scratch = tempfile.mkdtemp(prefix="tunecache-warm-")
+    scratch = tempfile.mkdtemp(prefix=prefix)
     old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    started = time.perf_counter()
     try:
         with tc_inductor.local_caches_off():
-            for i, task in enumerate(_my_order(tasks, rank, world)):
-                outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
-                counts[outcome["outcome"]] += 1
-                outcomes.append(outcome)
-                progress(1)
+            yield scratch, torch
     finally:
         tc_inductor.disable()
         cache.close()
@@ -89,6 +75,30 @@ def warm(
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def warm(
+    settings: Settings,
+    db: Database,
+    tasks: Sequence[WarmTask],
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Compile every task with tunecache enabled; returns counts and per-task outcomes."""
+    progress = progress or (lambda _n: None)
+    rank, world, local_rank = _rank()
+    counts = {"tuned": 0, "hit": 0, "peer": 0, "local": 0, "not_autotuned": 0, "error": 0}
+    outcomes: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    # In full, never by transfer: warm is the offline job whose results transfer starts
+    # from (docs/transfer.md).
+    cache = tunecache.TuneCache(dataclasses.replace(settings, transfer=False))
+    with compile_session(cache, "tunecache-warm-") as (scratch, torch):
+        for i, task in enumerate(_my_order(tasks, rank, world)):
+            outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
+            counts[outcome["outcome"]] += 1
+            outcomes.append(outcome)
+            progress(1)
     return {"database": db.display_url, "rank": rank, "world_size": world, "keys": len(tasks),
             **counts, "seconds": time.perf_counter() - started, "tasks": outcomes}
 

@@ -98,6 +98,18 @@ def _same_config(a: Any, b: Any) -> bool:
             == (b.num_warps, b.num_stages, dict(b.kwargs)))
 
 
+def _bundle_winner(launcher: Any) -> None:
+    """Tell Inductor's FX graph cache which compiled config of a kernel won (2.13+ bundles
+    only winners into the graph's entry; earlier torch bundles every config)."""
+    try:
+        from torch._inductor.triton_bundler import TritonBundler
+
+        if hasattr(TritonBundler, "put_winner"):
+            TritonBundler.put_winner(launcher.cache_hash)
+    except ImportError:
+        pass
+
+
 def _adopt(kernel: Any, launcher: Any, best: dict[str, Any], key: tuple[str, str],
            instead: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Any | None:
     """The launcher of the stored coordinate-descent config ``best`` of ``kernel``, or
@@ -135,13 +147,7 @@ def _adopt(kernel: Any, launcher: Any, best: dict[str, Any], key: tuple[str, str
             state.stored_config_failed(*key, "compiling", e)
         return None
     adopted.config.found_by_coordesc = True
-    try:
-        from torch._inductor.triton_bundler import TritonBundler
-
-        if hasattr(TritonBundler, "put_winner"):  # 2.13+: the FX cache bundles winners
-            TritonBundler.put_winner(adopted.cache_hash)
-    except ImportError:
-        pass
+    _bundle_winner(adopted)
     REGISTRY.triton_stats.add(adopted=1)
 
     def launch_instead(error: BaseException, args: tuple[Any, ...],
@@ -394,13 +400,7 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
         elapsed = int(getattr(kernel, "autotune_time_taken_ns", 0) or 0) + time.time_ns() - t0
         kernel.save_cache_hook(winner.config, elapsed, found_by_coordesc=True)
     state.drop_meta(*key)
-    try:
-        from torch._inductor.triton_bundler import TritonBundler
-
-        if hasattr(TritonBundler, "put_winner"):  # 2.13+: the FX cache bundles winners
-            TritonBundler.put_winner(winner.cache_hash)
-    except ImportError:
-        pass
+    _bundle_winner(winner)
     REGISTRY.triton_stats.add(coordesc_transferred=1)
     return winner
 
