@@ -101,6 +101,17 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
         # the autoload never raises: a bad value is reported when the cache is opened
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "maybe"},
          Activation(hook=True, count_only=False, triton=False)),
+        # kernels are shared where graphs are: with a key, unless either switch is off
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k"},
+         Activation(hook=True, count_only=False, triton=True, kernels=True)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_VERIFY_KEY": "/k.pub"},
+         Activation(hook=True, count_only=False, triton=True, kernels=True)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k", "TUNECACHE_KERNELS": "0"},
+         Activation(hook=True, count_only=False, triton=True, kernels=False)),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k", "TUNECACHE_GRAPHS": "off"},
+         Activation(hook=True, count_only=False, triton=True, kernels=False)),
+        ({"TUNECACHE_SIGNING_KEY": "/k"}, Activation(hook=False, count_only=False,
+                                                     triton=False, kernels=False)),
     ],
 )
 def test_autoload_activation_is_read_from_the_environment(env, expected):

@@ -206,6 +206,29 @@ def graph_counts() -> dict[str, int]:
     return dict(share.counts) if share is not None else {}
 
 
+def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
+    """Compiled Triton kernels in TUNECACHE_DB (tunecache.kernels): how many, and their
+    loads by jobs; None without tunecache. Rank 0 reads it before the compile and after
+    the steps: the difference is what this job published, and loaded from the store."""
+    if args.mode != "tunecache" or not os.environ.get("TUNECACHE_DB"):
+        return None
+    import tunecache
+    from tunecache import ops
+
+    cache = tunecache.open()  # the job creates the database if it is new; so may this
+    try:
+        db = cache.database()
+        if db is None:
+            return None
+        kernels = [k for k in ops.graph_stats(db)["by_kind"] if k["kind"] == "kernel"]
+    except Exception as e:  # noqa: BLE001 - a database not created yet
+        print(f"kernel counts not read: {e!r}", file=sys.stderr)
+        return {"count": 0, "hits": 0}
+    finally:
+        cache.close()
+    return {"count": sum(k["count"] for k in kernels), "hits": sum(k["hits"] for k in kernels)}
+
+
 def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
     """all_gather of a JSON-able object without numpy (dist.all_gather_object needs it:
     torch/distributed/distributed_c10d.py _tensor_to_object calls Tensor.numpy())."""
@@ -280,6 +303,7 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    kernels_before = kernel_store(args) if rank == 0 else None
     if world > 1:
         dist.barrier()
     profiler = None
@@ -316,6 +340,7 @@ def main() -> int:
     if step_times:
         step_ms = statistics.median(step_times)
 
+    kernels_after = kernel_store(args) if rank == 0 else None
     stats = tc_inductor.stats.as_dict()
     sources: dict[str, int] = {}
     for event in stats["events"]:
@@ -373,6 +398,18 @@ def main() -> int:
         # Compiled graphs through the database (tunecache.core.graphs): loaded, published,
         # present (another rank or job published it first), absent, refused.
         "graphs": graph_counts(),
+        # Compiled Triton kernels in the database, rank 0's reading before and after
+        # (tunecache.kernels: every process of the job, compile workers included, publishes
+        # what it compiled and loads what a peer or an earlier job compiled).
+        "kernels_published": (None if kernels_after is None or kernels_before is None
+                              else kernels_after["count"] - kernels_before["count"]),
+        "kernels_loaded": (None if kernels_after is None or kernels_before is None
+                           else kernels_after["hits"] - kernels_before["hits"]),
+        # Kernels in this rank's local Triton cache after the job (each compiled here, or
+        # loaded from the store or from a compiled graph's bundle).
+        "triton_kernels_local": sum(1 for _ in Path(
+            os.environ.get("TRITON_CACHE_DIR") or Path(cache_dir) / "triton"
+        ).rglob("__grp__*.json")),
         "compile_times": compile_time_breakdown(torch),
     }
 
@@ -427,6 +464,12 @@ def main() -> int:
                 "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
                 "graphs": _summed(r["graphs"] for r in everyone),
+                # the settings a job of tools/bench_kernels.sh varies
+                "tunecache_env": {k: v for k, v in os.environ.items()
+                                  if k in ("TUNECACHE_MODE", "TUNECACHE_KERNELS")},
+                "kernels_published": everyone[0]["kernels_published"],
+                "kernels_loaded": everyone[0]["kernels_loaded"],
+                "triton_kernels_local": sum(r["triton_kernels_local"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))

@@ -3,7 +3,7 @@
 #
 #   tools/bench_gpu_suite.sh OUTDIR STEP [STEP ...]
 #
-# STEP is one of the names below, optionally followed by
+# STEP is one of the names below, optionally followed by either or both (in this order) of
 #   :changed               add $CHANGED_ARGS (e.g. "--layers 3": the same GEMM keys in a new
 #                          graph)
 #   :profile               add --profile-compile 40 (cProfile of the compile step, in the log)
@@ -15,8 +15,9 @@
 #   tunecache-warm         the same database, fresh Inductor caches: a new node, a later job
 #   plain-node             plain, with Inductor's FX graph and AOTAutograd caches on in one
 #                          cache directory per suite: name it twice for a restart on one node
-#   tunecache-node         the same with tunecache on its own database ($out/node.db)
-#   tunecache-newnode      tunecache on $out/node.db with Inductor's caches on but empty
+#   tunecache-node         the same with tunecache on its own database ($NODE_DB, default
+#                          $out/node.db)
+#   tunecache-newnode      tunecache on $NODE_DB with Inductor's caches on but empty
 #                          (a fresh cache directory): another node of the cluster, whose
 #                          compiled graphs and tunings come from the database alone
 #   age-db                 $DB becomes a copy of $AGE_FROM with its GEMM keys recorded
@@ -62,8 +63,10 @@ for spec in "$@"; do
     tag=${spec//:/-}
     extra=()
     case $spec in
-        *:changed) read -r -a extra <<<"${CHANGED_ARGS:?CHANGED_ARGS names the changed graph}" ;;
-        *:profile) extra=(--profile-compile 40) ;;
+        *:changed*) read -r -a extra <<<"${CHANGED_ARGS:?CHANGED_ARGS names the changed graph}" ;;
+    esac
+    case $spec in
+        *:profile*) extra+=(--profile-compile 40) ;;
     esac
     case $step in
         plain|inductor-distributed|default) bench "$tag" --mode "$step" "${extra[@]}" ;;
@@ -73,10 +76,11 @@ for spec in "$@"; do
             bench "$tag" --mode plain --inductor-caches --keep-inductor-cache "$out/node-plain" \
                 "${extra[@]}" ;;
         tunecache-node)
-            TUNECACHE_DB=$out/node.db bench "$tag" --mode tunecache --inductor-caches \
+            TUNECACHE_DB=${NODE_DB:-$out/node.db} bench "$tag" --mode tunecache --inductor-caches \
                 --keep-inductor-cache "$out/node-tunecache" "${extra[@]}" ;;
         tunecache-newnode)
-            TUNECACHE_DB=$out/node.db bench "$tag" --mode tunecache --inductor-caches "${extra[@]}" ;;
+            TUNECACHE_DB=${NODE_DB:-$out/node.db} bench "$tag" --mode tunecache --inductor-caches \
+                "${extra[@]}" ;;
         age-db)
             rm -f "$db"
             python3 "$here/tools/age_db.py" "${AGE_FROM:?}" "$db" --torch "${WARM_FROM_TORCH:?}" \

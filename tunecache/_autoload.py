@@ -14,6 +14,10 @@ there makes ``import torch`` itself fail:
   if that module is already imported. We never import ``torch._inductor`` ourselves
   here: ``torch`` is only half initialised while entry points run, and a job that never
   compiles should not pay for Inductor.
+* with a signing or verify key (and neither ``TUNECACHE_GRAPHS=0`` nor
+  ``TUNECACHE_KERNELS=0``), set ``TRITON_CACHE_MANAGER`` to tunecache.kernels' manager
+  unless the user set one: Inductor starts its compile workers, which copy the
+  environment, before select_algorithm is imported.
 * unless ``TUNECACHE_TRITON_CONFIGS=0``, the same hook also plugs the Triton autotune cache
   in right after ``torch._inductor.runtime.autotune_cache`` is imported. Inductor's
   compile workers import that module, never select_algorithm, when they load a kernel
@@ -31,12 +35,17 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
 import types
 from collections.abc import Sequence
 
 from .settings import Activation, activation
+
+# tunecache.kernels' manager, named here without importing it (or SQLAlchemy).
+MANAGER_VAR = "TRITON_CACHE_MANAGER"
+MANAGER = "tunecache.kernels:KernelCacheManager"
 
 __all__ = ["torch_backend_entry", "install_import_hook"]
 
@@ -125,7 +134,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install_import_hook() -> None:
     """Enable tunecache once its target modules are imported (now, for those that are)."""
-    targets = _targets(activation())
+    plan = activation()
+    if plan.kernels and not os.environ.get(MANAGER_VAR):
+        # Before Inductor's compile workers start: they copy the environment once.
+        os.environ[MANAGER_VAR] = MANAGER
+    targets = _targets(plan)
     pending = False
     for target in targets:
         if target in sys.modules:

@@ -155,6 +155,9 @@ class Settings:
     signing_key: str | None = None
     verify_key: str | None = None
     graphs: bool = True
+    # Compiled Triton kernels shared across graphs and nodes (tunecache.kernels), with the
+    # same keys and trust as graphs; TUNECACHE_KERNELS=0 keeps them in Triton's local cache.
+    kernels: bool = True
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
 
@@ -170,6 +173,7 @@ class Settings:
         "signing_key": "TUNECACHE_SIGNING_KEY",
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
+        "kernels": "TUNECACHE_KERNELS",
     }
 
     @property
@@ -224,6 +228,11 @@ class Settings:
         except ConfigError as e:
             object.__setattr__(self, "graphs", False)
             problems.append(str(e))
+        try:
+            object.__setattr__(self, "kernels", _flag(self._ENV["kernels"], self.kernels))
+        except ConfigError as e:
+            object.__setattr__(self, "kernels", False)
+            problems.append(str(e))
         for name in ("signing_key", "verify_key"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
@@ -247,6 +256,12 @@ class Settings:
             # A readonly process never writes, whatever key it holds.
             return GraphSharing("verify", self.signing_key, self.verify_key)
         return GraphSharing("unconfigured")
+
+    def kernel_sharing(self) -> GraphSharing:
+        """Whether and how this process shares compiled Triton kernels: as graphs are
+        (the same keys), unless TUNECACHE_KERNELS=0."""
+        plan = self.graph_sharing()
+        return plan if self.kernels or plan.state == "invalid" else GraphSharing("off")
 
     @classmethod
     def from_env(
@@ -316,6 +331,11 @@ class Activation:
     # TUNECACHE_TRITON_CONFIGS on (the default; not count_only): plug in the Triton
     # autotune cache.
     triton: bool
+    # A signing or verify key set, and neither TUNECACHE_GRAPHS nor TUNECACHE_KERNELS off
+    # (not count_only): name tunecache Triton's cache manager now, before Inductor starts
+    # its compile workers (when Dynamo looks up the inductor backend, before
+    # select_algorithm is imported), which copy the environment once.
+    kernels: bool = False
 
 
 def activation(environ: Mapping[str, str] | None = None) -> Activation:
@@ -330,4 +350,8 @@ def activation(environ: Mapping[str, str] | None = None) -> Activation:
     else:
         hook = env.get(var["mode"], "").strip().lower() != "off"
     triton = env.get(var["triton_configs"], "1").strip().lower() in TRUE_VALUES
-    return Activation(hook, count_only, triton and hook and not count_only)
+    keyed = any(env.get(var[k], "").strip() for k in ("signing_key", "verify_key"))
+    kernels = keyed and all(env.get(var[k], "1").strip().lower() in TRUE_VALUES
+                            for k in ("graphs", "kernels"))
+    return Activation(hook, count_only, triton and hook and not count_only,
+                      kernels and hook and not count_only)

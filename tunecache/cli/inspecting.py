@@ -162,17 +162,17 @@ def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
 @click.command("ls")
 @entry_filters(states=True)
 @click.option("--graphs", is_flag=True,
-              help="List compiled graphs (Inductor's FX graph and AOTAutograd entries), most "
-                   "recently used first, instead of tuning entries; --kind fxgraph or "
-                   "--kind autograd implies it. Filters: --kind, --torch.")
+              help="List compiled graphs and kernels (Inductor's FX graph and AOTAutograd "
+                   "entries, Triton's kernels), most recently used first, instead of tuning "
+                   "entries; --kind fxgraph, autograd or kernel implies it. Filters: --kind, "
+                   "--torch.")
 @click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
 @common
 def ls(inv: Invocation, selection: Selection, limit: int, graphs: bool) -> None:
     """List entries, most recently updated first (or, --graphs, compiled graphs)."""
     from .. import ops
 
-    graph_kinds = {"fxgraph", "autograd"}
-    if selection.kinds and set(selection.kinds) <= graph_kinds:
+    if selection.kinds and set(selection.kinds) <= set(ops.ARTIFACT_KINDS):
         graphs = True
     if graphs:
         if selection.ops or selection.states or selection.devices:

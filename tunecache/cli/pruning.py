@@ -95,11 +95,11 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
     --triton, --device, --op and --kind. A claim whose lease runs is never deleted. A deleted done
     entry is tuned again by the next job that needs it.
 
-    Compiled graphs (kinds fxgraph, autograd) are selected by the same filters where they
-    apply (--older-than, --torch, --keep-torch, --kind; a filter on --op, --device or
-    --triton selects no graph), and by --max-graph-bytes. On SQLite the blob files of
-    deleted graphs go with them, and so do orphan blob files older than an hour. A deleted
-    graph is compiled again by the next job that needs it.
+    Compiled graphs and kernels (kinds fxgraph, autograd, kernel) are selected by the same
+    filters where they apply (--older-than, --torch, --keep-torch, --kind; a filter on --op,
+    --device or --triton selects none of them), and by --max-graph-bytes. On SQLite the
+    blob files of deleted graphs go with them, and so do orphan blob files older than an
+    hour. A deleted graph or kernel is compiled again by the next job that needs it.
     """
     from .. import ops
 

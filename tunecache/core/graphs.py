@@ -59,8 +59,12 @@ class GraphShare:
     """
 
     def __init__(self, cache: Callable[[], TuneCache], *, signer: Signer | None,
-                 verifier: Verifier) -> None:
+                 verifier: Verifier, noun: str = "graph") -> None:
         self._cache = cache
+        # What the entries are, for messages: "graph" (Inductor compiles it when refused)
+        # or "kernel" (Triton does; tunecache.kernels).
+        self._noun = noun
+        self._compiler = "Triton" if noun == "kernel" else "Inductor"
         self._signer = signer
         self._verifier = verifier
         self._lock = threading.Lock()
@@ -74,7 +78,8 @@ class GraphShare:
         self.counts: Counter[str] = Counter()
 
     @classmethod
-    def from_settings(cls, plan: GraphSharing, cache: Callable[[], TuneCache]) -> GraphShare:
+    def from_settings(cls, plan: GraphSharing, cache: Callable[[], TuneCache], *,
+                      noun: str = "graph") -> GraphShare:
         """The service :meth:`Settings.graph_sharing` asks for (``publish`` or
         ``verify``); raises SigningKeyError for a key file it cannot use."""
         if plan.state not in ("publish", "verify"):
@@ -92,7 +97,7 @@ class GraphShare:
                 raise ValueError("graph sharing names neither a signing nor a verify key")
             verifier = signer.verifier
         return cls(cache, signer=signer if plan.state == "publish" else None,
-                   verifier=verifier)
+                   verifier=verifier, noun=noun)
 
     @property
     def publishes(self) -> bool:
@@ -246,8 +251,8 @@ class GraphShare:
         self._count("refused")
         self._warn_once(
             reason,
-            f"tunecache: compiled graph {kind} {key[:24]} in the database {what}; it is "
-            "ignored and Inductor compiles this graph as usual (`tunecache prune` removes "
+            f"tunecache: compiled {self._noun} {kind} {key[:24]} in the database {what}; it "
+            f"is ignored and {self._compiler} compiles it as usual (`tunecache prune` removes "
             "such entries; further ones are logged at debug level)")
         return None
 
@@ -256,8 +261,8 @@ class GraphShare:
             first = self._off is None
             self._off = str(error) or type(error).__name__
         if first:
-            log.warning("tunecache: compiled graphs are not shared in this process from now "
-                        "on: %s", error)
+            log.warning("tunecache: compiled %ss are not shared in this process from now "
+                        "on: %s", self._noun, error)
 
     def _warn_once(self, reason: str, message: str) -> None:
         with self._lock:

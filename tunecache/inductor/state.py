@@ -74,6 +74,12 @@ class Registry:
         # on, or why it is off, logged in this process (each once).
         self.graphs: GraphShare | None = None
         self.graphs_explained: set[str] = set()
+        # Kernel sharing (inductor.kernels): whether it is on, TRITON_CACHE_MANAGER's
+        # value before enable set it (None: unset), and per thread, .suffix: the
+        # content-derived name suffix of the kernel TritonScheduling.define_kernel defines.
+        self.kernels_shared = False
+        self.kernel_manager_was: str | None = None
+        self.kernel_names_local = threading.local()
         # Facts of the process, kept across disable(): Inductor lowered a graph through
         # our hooks, and something (a GEMM, a Triton kernel, a compiled graph) asked for
         # the database; a job activated from TUNECACHE_DB that compiled but never asked

@@ -1,5 +1,5 @@
 """Turning the Inductor integration on and off: :func:`enable` installs the GEMM selector
-hooks, the deferred pass, Triton sharing and compiled-graph sharing; :func:`disable`
+hooks, the deferred pass, Triton sharing, compiled-graph and kernel sharing; :func:`disable`
 undoes all of it."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .compat import (
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
 from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
+from .kernels import disable_kernels, enable_kernels
 from .narrow import install_narrowing
 from .state import REGISTRY
 from .triton.install import disable_triton, enable_triton
@@ -155,6 +156,7 @@ def _install(hooks: GemmHooks, selector: Any, cls: Any, count_only: bool,
         enable_triton(hooks.cache, chosen_url)
     if chosen is not None:
         enable_graphs(hooks.cache, chosen)
+        enable_kernels(hooks.cache, chosen)
 
 
 def _disable_locked() -> None:
@@ -166,6 +168,7 @@ def _undo_locked(hooks: GemmHooks | None) -> None:
     """Stop Triton and graph sharing, undo every patch in the ledger (newest first), and
     close the hooks' cache."""
     graphs_were_on = disable_graphs()
+    disable_kernels()
     try:
         disable_triton()  # flushes held results: may fail, and the rest is undone anyway
     finally:

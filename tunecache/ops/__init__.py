@@ -9,6 +9,7 @@ commands, so that ``tunecache --help`` starts without it.
 
 from ..store.admin import EntryFilter
 from ..store.artifact_queries import GraphFilter
+from ..store.artifact_rows import ARTIFACT_KINDS
 from .browse import ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
@@ -27,6 +28,7 @@ from .transfer import (
 )
 
 __all__ = [
+    "ARTIFACT_KINDS",
     "EntryFilter",
     "GraphFilter",
     "open_database",

@@ -1,0 +1,310 @@
+"""Compiled Triton kernels shared through the database (tunecache.kernels): real processes,
+each a "node" with its own local Triton cache directory, driving the cache manager as
+``triton.compile`` does (kernel_worker.py), over real SQLite files and PostgreSQL; and the
+operator commands over kernel entries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from cli_helpers import run, run_json
+from kernel_worker import compiled_files
+from sqlalchemy import func, select, update
+
+import tunecache
+from tunecache import kernels
+from tunecache.core.graphs import GraphShare
+from tunecache.core.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer, write_key_pair
+from tunecache.settings import Settings
+from tunecache.store import ArtifactStore
+from tunecache.store.schema import artifacts
+
+WORKER = str(Path(__file__).with_name("kernel_worker.py"))
+KEY = "SOMEBASE32TRITONKEYOFAKERNEL"
+NAME = "triton_poi_fused_add_mul_0123456789abcdef"
+
+
+@pytest.fixture
+def keys(tmp_path) -> Path:
+    write_key_pair(tmp_path / "keys")
+    return tmp_path / "keys"
+
+
+def _env(url: str, node: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TRITON_"))}
+    env.update(TUNECACHE_DB=url, TRITON_CACHE_DIR=str(node),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    env.update(extra)
+    return env
+
+
+def _compile(url: str, node: Path, *, key: str = KEY, name: str = NAME, seed: str = "a",
+             barrier: tuple[Path, int] | None = None, **env: str) -> dict:
+    args = [sys.executable, WORKER, key, name, seed]
+    if barrier is not None:
+        args += [str(barrier[0]), str(barrier[1])]
+    done = subprocess.run(args, env=_env(url, node, **env), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["warnings"] = [line for line in done.stderr.splitlines() if "tunecache:" in line]
+    return out
+
+
+def _publisher(keys: Path) -> dict[str, str]:
+    return {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
+
+
+def _consumer(keys: Path) -> dict[str, str]:
+    return {"TUNECACHE_VERIFY_KEY": str(keys / PUBLIC_KEY_NAME)}
+
+
+def _sha(files: dict[str, bytes]) -> dict[str, str]:
+    return {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+
+
+def _rows(url: str) -> list[tuple]:
+    cache = tunecache.open(url)
+    try:
+        return cache.database().run(lambda c: c.execute(
+            select(artifacts.c.kind, artifacts.c.cache_key, artifacts.c.hits)).all())
+    finally:
+        cache.close()
+
+
+def test_a_kernel_compiled_on_one_node_loads_on_another_without_compiling(db_url, keys,
+                                                                        tmp_path):
+    first = _compile(db_url, tmp_path / "node1", **_publisher(keys))
+    assert first["outcome"] == "compiled"
+    assert first["counts"] == {"absent": 1, "published": 1}
+    second = _compile(db_url, tmp_path / "node2", seed="other", **_consumer(keys))
+    assert second["outcome"] == "hit"
+    assert second["files"] == _sha(compiled_files(NAME, "a")), "the first node's files"
+    assert second["counts"] == {"loaded": 1}
+    assert f"__grp__{NAME}.json" in second["local"], "written in Triton's local layout"
+    again = _compile(db_url, tmp_path / "node2", seed="other", **_consumer(keys))
+    assert again["outcome"] == "hit"
+    assert again["counts"] == {}, "a local hit never asks the database"
+    assert [(kind, key) for kind, key, _ in _rows(db_url)] == [("kernel", KEY)]
+
+
+def test_two_processes_compiling_the_same_kernel_at_once_publish_it_once(db_url, keys,
+                                                                        tmp_path):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [subprocess.Popen([sys.executable, WORKER, KEY, NAME, f"seed{i}", str(barrier), "2"],
+                              env=_env(db_url, tmp_path / f"node{i}", **_publisher(keys)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert [o["outcome"] for o in outs] == ["compiled", "compiled"], "both missed"
+    assert sorted(o["counts"].get("published", 0) for o in outs) == [0, 1], outs
+    assert sorted(o["counts"].get("present", 0) for o in outs) == [0, 1], outs
+    assert len(_rows(db_url)) == 1
+    winner = next(i for i, o in enumerate(outs) if o["counts"].get("published"))
+    reader = _compile(db_url, tmp_path / "node3", **_consumer(keys))
+    assert reader["files"] == _sha(compiled_files(NAME, f"seed{winner}"))
+
+
+def _plant(url: str, keys: Path, tmp_path: Path, how: str) -> bytes:
+    """Put a kernel entry under KEY the way an attacker who can write the database
+    would; returns the bytes it carries."""
+    evil = kernels.pack(f"{NAME}.json", {f"{NAME}.json": b'{"evil": 1}',
+                                         f"{NAME}.cubin": b"EVIL" * 100})
+    payload = zlib.compress(evil)
+    digest = hashlib.sha256(payload).hexdigest()
+    if how == "unsigned":
+        signature = b"x"
+    elif how == "other key pair":
+        other = write_key_pair(tmp_path / "attacker")
+        signature = load_signer(other.private_key).sign("kernel", KEY, digest)
+    elif how == "moved from another kind":
+        signature = load_signer(keys / PRIVATE_KEY_NAME).sign("fxgraph", KEY, digest)
+    else:  # "altered": signed by the operator's key, then its bytes changed
+        signature = load_signer(keys / PRIVATE_KEY_NAME).sign(
+            "kernel", KEY, hashlib.sha256(zlib.compress(b"good")).hexdigest())
+    cache = tunecache.open(url)
+    store = ArtifactStore(cache.database())
+    assert store.put("kernel", KEY, payload, signature, "2.11.0")
+    if how == "unsigned":
+        cache.database().run(lambda c: c.execute(update(artifacts).values(signature=b"")),
+                             write=True)
+    cache.close()
+    return b"EVIL"
+
+
+@pytest.mark.parametrize("how", ["unsigned", "other key pair", "moved from another kind",
+                                 "altered"])
+def test_a_kernel_entry_that_does_not_verify_is_never_loaded(db_url, keys, tmp_path, how):
+    marker = _plant(db_url, keys, tmp_path, how)
+    node = tmp_path / "node"
+    out = _compile(db_url, node, **_consumer(keys))
+    assert out["outcome"] == "compiled", "Triton compiles the kernel as usual"
+    assert out["files"] == _sha(compiled_files(NAME, "a"))
+    assert out["counts"] == {"refused": 1}
+    assert len(out["warnings"]) == 1 and "compiled kernel kernel" in out["warnings"][0], \
+        out["warnings"]
+    assert not any(marker in p.read_bytes() for p in node.rglob("*") if p.is_file()), \
+        "nothing of the refused entry was written where Triton reads"
+    # The next publisher replaces the entry that blocks the key.
+    republished = _compile(db_url, tmp_path / "node2", **_publisher(keys))
+    assert republished["counts"] == {"refused": 1, "replaced": 1}
+    assert _compile(db_url, tmp_path / "node3", **_consumer(keys))["outcome"] == "hit"
+
+
+def test_a_signed_entry_with_file_names_outside_the_kernel_directory_is_not_written(
+        sqlite_url, keys, tmp_path):
+    # Even the key holder cannot make a reader write outside Triton's directory for the key.
+    cache = tunecache.open(sqlite_url)
+    plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME)).kernel_sharing()
+    share = GraphShare.from_settings(plan, lambda: cache, noun="kernel")
+    hostile = kernels.pack(f"{NAME}.json", {f"{NAME}.json": b"{}", "../escaped": b"x"})
+    assert share.publish("kernel", KEY, hostile, "2.11.0")
+    cache.close()
+    node = tmp_path / "node"
+    out = _compile(sqlite_url, node, **_consumer(keys))
+    assert out["outcome"] == "compiled" and out["counts"] == {"loaded": 1}
+    assert not (node / "escaped").exists() and not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("names", [["../x"], ["a/b"], ["__grp__k.json"], [".."], [""],
+                                   [f"f{i}" for i in range(kernels.MAX_FILES + 1)]])
+def test_unpack_refuses_names_that_are_not_plain_file_names(names):
+    files = {n: b"x" for n in names} | {"k.json": b"{}"}
+    assert kernels.unpack(kernels.pack("k.json", files)) is None
+
+
+def test_unpack_refuses_lengths_that_do_not_add_up_and_a_missing_group_file():
+    good = kernels.pack("k.json", {"k.json": b"{}", "k.cubin": b"abc"})
+    assert kernels.unpack(good) == ("k.json", {"k.cubin": b"abc", "k.json": b"{}"})
+    assert kernels.unpack(good + b"extra") is None
+    assert kernels.unpack(good[:-1]) is None
+    assert kernels.unpack(kernels.pack("k.json", {"k.cubin": b"abc"})) is None
+    assert kernels.unpack(b"TCK1not json\n") is None
+    assert kernels.unpack(b"TCG1{}\n") is None
+
+
+def test_a_readonly_consumer_writes_nothing(sqlite_url, keys, tmp_path):
+    _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
+    db_file = Path(sqlite_url.removeprefix("sqlite:///"))
+    before = (db_file.read_bytes(), _rows(sqlite_url))
+    readonly = {"TUNECACHE_MODE": "readonly", **_publisher(keys)}
+    hit = _compile(sqlite_url, tmp_path / "node2", **readonly)
+    new = _compile(sqlite_url, tmp_path / "node2", key="ANOTHERKEY", name="triton_other",
+                   **readonly)
+    assert hit["outcome"] == "hit" and new["outcome"] == "compiled"
+    assert "published" not in new["counts"]
+    assert (db_file.read_bytes(), _rows(sqlite_url)) == before
+
+
+def test_kernels_stay_local_with_TUNECACHE_KERNELS_0(sqlite_url, keys, tmp_path):
+    _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
+    out = _compile(sqlite_url, tmp_path / "node2", TUNECACHE_KERNELS="0", **_publisher(keys))
+    assert out["outcome"] == "compiled" and out["counts"] == {}
+    assert len(_rows(sqlite_url)) == 1
+
+
+def test_without_a_key_kernels_stay_local(sqlite_url, tmp_path):
+    out = _compile(sqlite_url, tmp_path / "node1")
+    assert out["outcome"] == "compiled" and out["counts"] == {}
+    assert _rows(sqlite_url) == [] or not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+def test_operator_commands_cover_kernel_entries(db_url, keys, tmp_path):
+    _compile(db_url, tmp_path / "node1", **_publisher(keys))
+    _compile(db_url, tmp_path / "node1", key="SECONDKEY", name="triton_red_x", **_publisher(keys))
+    stats = run_json("stats", "--db", db_url)["graphs"]
+    assert [(r["kind"], r["count"]) for r in stats["by_kind"]] == [("kernel", 2)]
+    assert "kernel 2" in run("stats", "--db", db_url).stdout
+    listed = run_json("ls", "--db", db_url, "--kind", "kernel")
+    assert sorted(r["key"] for r in listed) == sorted([KEY, "SECONDKEY"])
+
+    dump = tmp_path / "kernels.jsonl"
+    assert run("export", "--db", db_url, "-o", str(dump)).exit_code == 0
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    imported = run_json("import", "--db", target, str(dump))
+    assert imported["graphs"] == {"inserted": 2, "unchanged": 0}
+    out = _compile(target, tmp_path / "node2", **_consumer(keys))
+    assert out["outcome"] == "hit", "an imported kernel still verifies"
+
+    dry = run_json("prune", "--db", db_url, "--kind", "kernel", "--dry-run")
+    assert dry["graphs"]["would_delete"] == 2
+    pruned = run_json("prune", "--db", db_url, "--kind", "kernel")
+    assert pruned["graphs"]["deleted"] == 2
+    assert run_json("ls", "--db", db_url, "--kind", "kernel") == []
+
+
+def test_a_kernel_load_is_counted_as_a_use(sqlite_url, keys, tmp_path):
+    _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
+    _compile(sqlite_url, tmp_path / "node2", **_publisher(keys))
+    cache = tunecache.open(sqlite_url)
+    hits = cache.database().run(lambda c: c.execute(select(func.sum(artifacts.c.hits))).scalar())
+    cache.close()
+    assert hits == 1
+
+
+def test_the_autoload_names_the_manager_before_inductor_starts_its_workers(sqlite_url, keys,
+                                                                          tmp_path):
+    from tunecache import _autoload
+
+    assert _autoload.MANAGER == kernels.MANAGER, "spelt out twice: they must agree"
+    code = ("import os, torch\n"
+            "print(os.environ.get('TRITON_CACHE_MANAGER'))\n")
+    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
+    shared = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert shared.stdout.strip() == kernels.MANAGER, shared.stderr
+    env["TRITON_CACHE_MANAGER"] = "mine:Manager"
+    theirs = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert theirs.stdout.strip() == "mine:Manager", "a manager the user set is kept"
+
+
+def _enable_in_a_process(env: dict[str, str], db: str) -> dict:
+    code = (
+        "import json, os, sys, tunecache, tunecache.inductor as ti\n"
+        "from torch._inductor.codegen.triton import TritonScheduling\n"
+        "before = TritonScheduling.define_kernel\n"
+        f"on = ti.enable(tunecache.open({db!r}))\n"
+        "during = (os.environ.get('TRITON_CACHE_MANAGER'), "
+        "TritonScheduling.define_kernel is not before)\n"
+        "ti.disable()\n"
+        "print(json.dumps({'on': on, 'during': during, 'after': "
+        "(os.environ.get('TRITON_CACHE_MANAGER'), TritonScheduling.define_kernel is before)}))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["stderr"] = done.stderr
+    return out
+
+
+def test_enable_names_kernels_by_content_and_disable_puts_everything_back(sqlite_url, keys,
+                                                                         tmp_path):
+    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys), TUNECACHE_KERNELS="1")
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # enable() alone sets the variable here
+    out = _enable_in_a_process(env, sqlite_url)
+    assert out["on"] is True
+    assert out["during"] == [kernels.MANAGER, True]
+    assert out["after"] == [None, True]
+
+
+def test_kernels_stay_local_when_the_environment_selects_another_database(sqlite_url, keys,
+                                                                          tmp_path):
+    # The compile workers build the manager's service from TUNECACHE_*: a cache opened on
+    # another database must not have them publish into the environment's.
+    env = _env(f"sqlite:///{tmp_path / 'other.db'}", tmp_path / "node", **_publisher(keys))
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    out = _enable_in_a_process(env, sqlite_url)
+    assert out["during"] == [None, False], out["stderr"]

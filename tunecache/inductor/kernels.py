@@ -1,0 +1,138 @@
+"""Compiled Triton kernels shared across graphs and nodes: tunecache as Triton's cache
+manager (tunecache.kernels) in this process and its compile workers, and kernel names
+that depend on a kernel's source, not on its position in the graph.
+
+Why the names: Triton's cache key hashes the kernel's source, which holds the kernel's
+name, and Inductor names a kernel ``triton_<category>_<fused ops>_<n>`` with ``n`` the
+count of kernels the graph defined before it (``TritonScheduling.define_kernel`` calls
+``wrapper.next_kernel_suffix()``; read in torch 2.11 and 2.13). The same kernel in a graph
+with one more layer gets another ``n``, so another key, and compiles again.
+``config.triton.unique_kernel_names=False`` would name them all ``triton_`` and leave
+profiler traces unreadable. Here ``n`` becomes a hash of the kernel's source as the
+scheduler generated it, before the name is put in: the descriptive part stays, and the
+same kernel gets the same name in every graph. Two different kernels of one graph get
+different hashes (64 bits), and the same source is one kernel already
+(``wrapper.src_to_kernel``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import kernels
+from ..settings import Settings
+from .compat import param_names
+from .state import REGISTRY
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .. import TuneCache
+
+__all__ = ["enable_kernels", "disable_kernels", "content_suffix", "MANAGER_VAR"]
+
+log = logging.getLogger("tunecache")
+
+MANAGER_VAR = "TRITON_CACHE_MANAGER"
+_DEFINE_PARAMS = ("src_code", "node_schedule", "kernel")
+
+
+def content_suffix(source: str) -> str:
+    """The name suffix of the kernel whose generated source (name not yet put in) is
+    ``source``."""
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _install_content_names() -> None:
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    if param_names(TritonScheduling.define_kernel) != _DEFINE_PARAMS \
+            or param_names(PythonWrapperCodegen.next_kernel_suffix) != ():
+        raise RuntimeError("TritonScheduling.define_kernel or next_kernel_suffix changed signature")
+    orig_define = TritonScheduling.define_kernel
+    orig_suffix = PythonWrapperCodegen.next_kernel_suffix
+    local = REGISTRY.kernel_names_local
+
+    def define_kernel(self: Any, src_code: str, node_schedule: Any, kernel: Any) -> Any:
+        outer = getattr(local, "suffix", None)
+        local.suffix = content_suffix(src_code) if isinstance(src_code, str) else None
+        try:
+            return orig_define(self, src_code, node_schedule, kernel)
+        finally:
+            local.suffix = outer
+
+    def next_kernel_suffix(self: Any) -> str:
+        suffix = getattr(local, "suffix", None)
+        if suffix is None:
+            return orig_suffix(self)
+        local.suffix = None  # one name per kernel defined; anything else counts as before
+        return suffix
+
+    REGISTRY.patches.patch(TritonScheduling, "define_kernel", define_kernel)
+    REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
+
+
+def _explain_once(level: int, text: str) -> None:
+    if text not in REGISTRY.graphs_explained:
+        REGISTRY.graphs_explained.add(text)
+        log.log(level, "%s", text)
+
+
+def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
+    """Share compiled Triton kernels through the database where ``settings`` share
+    graphs (the same keys); returns whether they are shared.
+
+    Triton and Inductor's compile workers find the manager through the environment, and
+    the workers build its service from TUNECACHE_*: kernels are shared only where those
+    select this process's database and keys (a cache opened with other arguments keeps
+    kernels local), and never over a TRITON_CACHE_MANAGER the user set.
+    """
+    plan = settings.kernel_sharing()
+    if plan.state not in ("publish", "verify"):
+        return False
+    current = os.environ.get(MANAGER_VAR)
+    if current and current != kernels.MANAGER:
+        _explain_once(logging.WARNING, f"tunecache: compiled kernels are not shared: "
+                      f"{MANAGER_VAR}={current} is set (graphs and tuning are shared as usual)")
+        return False
+    try:
+        from_env = Settings.from_env()
+        same = from_env.db_url == settings.db_url \
+            and from_env.kernel_sharing() == plan and from_env.mode == settings.mode
+    except Exception:  # noqa: BLE001 - a bad environment: the workers could not use it
+        same = False
+    if not same:
+        _explain_once(logging.INFO, "tunecache: compiled kernels are not shared: Inductor's "
+                      "compile workers read TUNECACHE_* from the environment, which selects "
+                      "another database, key or mode than this cache's")
+        return False
+    mark = REGISTRY.patches.mark()
+    try:
+        _install_content_names()
+    except Exception as e:  # noqa: BLE001 - kernels stay local; graphs, tuning as usual
+        REGISTRY.patches.undo(mark)
+        _explain_once(logging.WARNING, f"tunecache: compiled kernels are not shared "
+                      f"({type(e).__name__}: {e})")
+        return False
+    kernels.use_cache(cache)
+    REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
+    os.environ[MANAGER_VAR] = kernels.MANAGER
+    return True
+
+
+def disable_kernels() -> bool:
+    """Stop sharing kernels (the name patches are the ledger's to undo); returns whether
+    they were shared."""
+    if not REGISTRY.kernels_shared:
+        return False
+    before = REGISTRY.kernel_manager_was
+    REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = False, None
+    if before:
+        os.environ[MANAGER_VAR] = before
+    else:
+        os.environ.pop(MANAGER_VAR, None)
+    kernels.use_cache(None)
+    return True

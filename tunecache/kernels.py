@@ -1,0 +1,321 @@
+"""Compiled Triton kernels shared through the database, signed, across graphs and nodes.
+
+Triton asks a cache manager for a kernel's compiled files before it compiles one
+(``triton.compile``: ``get_group("<name>.json")`` under Triton's own key, a hash of the
+kernel's source, its options, the target GPU and Triton's version) and hands it the files
+after (``put`` each, then ``put_group``). The class is named by ``TRITON_CACHE_MANAGER=
+module:Class``, read at every compile, so Inductor's compile workers, which inherit the
+environment, use it too (read in triton 3.6, ``runtime/cache.py`` and
+``compiler/compiler.py``). :class:`KernelCacheManager` keeps Triton's local layout (the
+files under ``<cache dir>/<key>/``, a group as ``__grp__<name>.json``), so Inductor's own
+use of that directory (the kernels it bundles into FX graph entries) is unchanged, and:
+
+- ``get_group``: the local directory first (a hit never asks the database); on a miss, the
+  database's entry for the key, **only if its signature verifies** with the operator's
+  key (:class:`tunecache.core.graphs.GraphShare`, kind ``kernel``); its files are written
+  locally, then Triton loads them. An entry that is unsigned, altered or signed with
+  another key is one warning, and Triton compiles as usual: nothing of it is written.
+- ``put_group``: after the local write, the group's files are published, signed. The first
+  publish of a key wins; a second process that compiled the same kernel writes nothing.
+
+Files of other kinds (Triton's launcher libraries, its autotuning cache) stay local. The
+service is built once per process from TUNECACHE_* (:func:`share`), which the compile
+workers inherit; the process that enabled tunecache may hand it its own
+(:func:`use_cache`). Nothing here raises into Triton: a database that fails turns kernel
+sharing off in the process with one warning, and Triton compiles as it would alone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .core.cache import TuneCache
+    from .core.graphs import GraphShare
+
+try:  # Triton checks that the class it is named descends from one named CacheManager.
+    from triton.runtime.cache import CacheManager as _TritonCacheManager
+except ImportError:  # no Triton (a CPU-only torch): nothing will ask for this class
+    _TritonCacheManager = object
+
+__all__ = ["MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share", "use_cache",
+           "counts"]
+
+log = logging.getLogger("tunecache")
+
+# The value of TRITON_CACHE_MANAGER that selects this module's manager (tunecache._autoload
+# spells it out, so as not to import this module at `import torch`).
+MANAGER = f"{__name__}:KernelCacheManager"
+KIND = "kernel"
+_MAGIC = b"TCK1"
+# What one entry may hold: Triton writes one file per stage (source, ttir, ttgir, llir,
+# ptx, cubin, json: 7 on NVIDIA); names are Triton's, "<kernel name>.<stage>".
+MAX_FILES = 32
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+_GROUP = "__grp__"
+
+
+def _safe_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(_FILE_NAME.match(name)) \
+        and not name.startswith(_GROUP) and ".." not in name
+
+
+def pack(group: str, files: dict[str, bytes]) -> bytes:
+    """The bytes stored for one kernel: ``TCK1``, a JSON header (the group's name and each
+    file's name and length), a newline, then the files' bytes in that order."""
+    names = sorted(files)
+    header = json.dumps({"group": group, "files": [[n, len(files[n])] for n in names]},
+                        sort_keys=True)
+    return _MAGIC + header.encode() + b"\n" + b"".join(files[n] for n in names)
+
+
+def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
+    """(group name, files) from verified bytes, or None if they are not a well-formed
+    entry: every name a plain file name, the lengths adding up, the group's own file
+    among them."""
+    if not data.startswith(_MAGIC):
+        return None
+    head, sep, body = data[len(_MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(head) if sep else None
+    except ValueError:
+        return None
+    if not isinstance(header, dict) or not _safe_name(header.get("group")):
+        return None
+    listed = header.get("files")
+    if not isinstance(listed, list) or not 0 < len(listed) <= MAX_FILES:
+        return None
+    files: dict[str, bytes] = {}
+    at = 0
+    for item in listed:
+        if not (isinstance(item, list) and len(item) == 2 and _safe_name(item[0])
+                and type(item[1]) is int and item[1] >= 0 and item[0] not in files):
+            return None
+        files[item[0]] = body[at:at + item[1]]
+        at += item[1]
+    if at != len(body) or header["group"] not in files:
+        return None
+    return header["group"], files
+
+
+# -- the process's service ------------------------------------------------------------
+
+class _Service:
+    """The GraphShare kernels go through in this process, built at first use."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.built = False
+        self.share: GraphShare | None = None
+        self.cache_factory: Callable[[], TuneCache] | None = None
+        self.env_cache: TuneCache | None = None
+
+
+_SERVICE = _Service()
+
+
+def use_cache(factory: Callable[[], TuneCache] | None) -> None:
+    """Serve kernels from this TuneCache (the enabling process's own, so that it opens one
+    database, not two); None: from TUNECACHE_* again. The service is rebuilt at next use."""
+    with _SERVICE.lock:
+        _SERVICE.cache_factory = factory
+        _SERVICE.share = None
+        _SERVICE.built = False
+
+
+def _env_cache() -> TuneCache:
+    with _SERVICE.lock:
+        if _SERVICE.env_cache is None:
+            import tunecache
+
+            _SERVICE.env_cache = tunecache.open()
+            atexit.register(_SERVICE.env_cache.close)
+        return _SERVICE.env_cache
+
+
+def share() -> GraphShare | None:
+    """This process's kernel service, or None where kernels are not shared (no key
+    configured, TUNECACHE_KERNELS=0, TUNECACHE_MODE=off, or a setting it cannot use)."""
+    with _SERVICE.lock:
+        if _SERVICE.built:
+            return _SERVICE.share
+        _SERVICE.built = True
+        factory = _SERVICE.cache_factory
+    from .settings import Settings
+
+    try:
+        settings = factory().settings if factory is not None else Settings.from_env()
+        plan = settings.kernel_sharing()
+        if plan.state not in ("publish", "verify"):
+            return None
+        from .core.graphs import GraphShare
+
+        built = GraphShare.from_settings(plan, factory or _env_cache, noun="kernel")
+    except Exception as e:  # noqa: BLE001 - Triton compiles as it would alone
+        log.warning("tunecache: compiled kernels are not shared in this process: %s", e)
+        return None
+    with _SERVICE.lock:
+        _SERVICE.share = built
+    return built
+
+
+def _record_use() -> None:
+    """Write the load's use now: a compile worker may be ended with its job before the
+    periodic write (usage is what `tunecache prune` keeps by, and what `stats` counts)."""
+    factory = _SERVICE.cache_factory or _env_cache
+    try:
+        factory().flush_usage()
+    except Exception as e:  # noqa: BLE001 - bookkeeping: the kernel has loaded
+        log.debug("tunecache: a kernel's use not recorded: %r", e)
+
+
+def counts() -> dict[str, int]:
+    """This process's kernel loads and publishes (loaded, absent, refused, published,
+    present, replaced; see GraphShare.counts), and entries refused as malformed."""
+    found = _SERVICE.share
+    return dict(found.counts) if found is not None else {}
+
+
+def _triton_version() -> str:
+    triton = sys.modules.get("triton")
+    torch = sys.modules.get("torch")
+    parts = [f"torch {torch.__version__}" if torch is not None else "",
+             f"triton {getattr(triton, '__version__', '?')}" if triton is not None else ""]
+    return " ".join(p for p in parts if p) or "unknown"
+
+
+# -- Triton's cache manager -----------------------------------------------------------
+
+def _cache_root(override: bool, dump: bool) -> str:
+    """Triton's directory for the cache (or its override or dump directory), as its
+    knobs resolve it; the environment's default where Triton is not importable."""
+    try:
+        from triton import knobs
+
+        found = knobs.cache.override_dir if override else knobs.cache.dump_dir if dump \
+            else knobs.cache.dir
+        if found:
+            return str(found)
+    except Exception:  # noqa: BLE001 - an older or absent Triton: its documented default
+        pass
+    var = "TRITON_OVERRIDE_DIR" if override else "TRITON_DUMP_DIR" if dump \
+        else "TRITON_CACHE_DIR"
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return os.environ.get(var) or os.path.join(
+        home, ".triton", "override" if override else "dump" if dump else "cache")
+
+
+class KernelCacheManager(_TritonCacheManager):
+    """Triton's cache manager: its local directory, then the database (module docstring).
+    Triton makes one per compile, for one key."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        # Overridden and dumped kernels are a developer's local files, never shared.
+        self.shared = not (override or dump)
+        self.cache_dir = os.path.join(_cache_root(override, dump), key)
+        if not override:
+            os.makedirs(self.cache_dir, exist_ok=True)
+
+    # -- Triton's four calls
+
+    def get_file(self, filename: str) -> str | None:
+        path = os.path.join(self.cache_dir, filename)
+        return path if os.path.exists(path) else None
+
+    def put(self, data: bytes | str, filename: str, binary: bool = True) -> str:
+        """Write one file atomically (a temporary directory, then a rename), as Triton's
+        own manager does: a reader never sees a partial file."""
+        raw = data if isinstance(data, bytes) else str(data).encode()
+        path = os.path.join(self.cache_dir, filename)
+        temp_dir = os.path.join(self.cache_dir, f"tmp.pid_{os.getpid()}_{uuid.uuid4()}")
+        os.makedirs(temp_dir, exist_ok=True)
+        temp = os.path.join(temp_dir, filename)
+        with open(temp, "wb") as f:
+            f.write(raw)
+        os.replace(temp, path)
+        os.removedirs(temp_dir)
+        return path
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        local = self._local_group(filename)
+        if local is not None or not self.shared:
+            return local
+        return self._fetch(filename)
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        path = self.put(json.dumps({"child_paths": group}), _GROUP + filename, binary=False)
+        if self.shared:
+            self._publish(filename, group)
+        return path
+
+    # -- helpers
+
+    def _local_group(self, filename: str) -> dict[str, str] | None:
+        path = os.path.join(self.cache_dir, _GROUP + filename)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                children = json.load(f).get("child_paths")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not isinstance(children, dict):
+            return None
+        return {name: p for name, p in children.items()
+                if isinstance(p, str) and os.path.exists(p)}
+
+    def _fetch(self, filename: str) -> dict[str, str] | None:
+        service = share()
+        if service is None:
+            return None
+        data = service.load(KIND, self.key)  # None unless its signature verified
+        if data is None:
+            return None
+        entry = unpack(data)
+        if entry is None or entry[0] != filename:
+            # Signed with our key, yet not an entry of this shape for this file: a newer
+            # tunecache's, or a key holder's mistake. Triton compiles it.
+            log.debug("tunecache: kernel %s in the database is not one for %s",
+                      self.key, filename)
+            return None
+        try:
+            paths = {name: self.put(raw, name) for name, raw in entry[1].items()}
+            self.put(json.dumps({"child_paths": paths}), _GROUP + filename, binary=False)
+        except OSError as e:
+            log.debug("tunecache: kernel %s not written locally: %r", self.key, e)
+            return None
+        _record_use()
+        return paths
+
+    def _publish(self, filename: str, group: dict[str, str]) -> None:
+        service = share()
+        if service is None or not service.publishes:
+            return
+        root = Path(self.cache_dir).resolve()
+        files: dict[str, bytes] = {}
+        try:
+            for name, path in group.items():
+                resolved = Path(path).resolve()
+                # Only files Triton just put here, under their own names.
+                if resolved.parent != root or not _safe_name(name) \
+                        or resolved.name != name or len(files) >= MAX_FILES:
+                    log.debug("tunecache: kernel %s not published (file %r)", self.key, name)
+                    return
+                files[name] = resolved.read_bytes()
+        except OSError as e:
+            log.debug("tunecache: kernel %s not published: %r", self.key, e)
+            return
+        if filename not in files:
+            return
+        service.publish(KIND, self.key, pack(filename, files), _triton_version())
