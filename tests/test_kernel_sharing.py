@@ -308,3 +308,48 @@ def test_kernels_stay_local_when_the_environment_selects_another_database(sqlite
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     out = _enable_in_a_process(env, sqlite_url)
     assert out["during"] == [None, False], out["stderr"]
+
+
+class _Emitted:
+    """A kernel whose wrapper code is emitted elsewhere (Inductor's hook for external
+    template handlers): define_kernel then only names it."""
+
+    def emit_kernel_override(self, *args: object) -> bool:
+        return True
+
+
+def _names_in_one_graph(sources: list[str]) -> list[str]:
+    """The names Inductor's own TritonScheduling.define_kernel gives these kernel sources,
+    defined in this order in one graph."""
+    import torch
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    graph = GraphLowering(torch.fx.symbolic_trace(torch.nn.Identity()))
+    with V.set_graph_handler(graph):
+        graph.wrapper_code = PythonWrapperCodegen.create(False, "", None, None)
+        scheduling = TritonScheduling(None)
+        return [scheduling.define_kernel(src, [], _Emitted()) for src in sources]
+
+
+def test_a_kernel_is_named_by_its_source_whatever_its_position_in_the_graph():
+    from tunecache.inductor import kernels as inductor_kernels
+    from tunecache.inductor.state import REGISTRY
+
+    kernel = "@triton_heuristics.pointwise()\n@triton.jit\ndef KERNEL_NAME(x): pass  # {}\n"
+    a, b = kernel.format("a"), kernel.format("b")
+    assert _names_in_one_graph([a, b]) == ["triton_poi_fused_0", "triton_poi_fused_1"]
+    mark = REGISTRY.patches.mark()
+    try:
+        inductor_kernels._install_content_names()
+        first = _names_in_one_graph([a, b, a])
+        second = _names_in_one_graph([b, a])  # a graph where the same kernels moved
+    finally:
+        REGISTRY.patches.undo(mark)
+    suffix = inductor_kernels.content_suffix
+    assert first == [f"triton_poi_fused_{suffix(a)}", f"triton_poi_fused_{suffix(b)}",
+                     f"triton_poi_fused_{suffix(a)}"], "one source, one kernel"
+    assert second == [first[1], first[0]]
+    assert _names_in_one_graph([b]) == ["triton_poi_fused_0"], "Inductor's names are back"

@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
 
 __all__ = ["enable_graphs", "disable_graphs", "clear_autograd_remote_cache", "encode_entry",
-           "decode_entry", "KIND_OF_CLASS"]
+           "decode_entry", "KIND_OF_CLASS", "explain_once"]
 
 log = logging.getLogger("tunecache")
 
@@ -153,7 +153,8 @@ def remote_cache_classes() -> dict[str, type]:
     }
 
 
-def _explain_once(level: int, message: str, *args: Any) -> None:
+def explain_once(level: int, message: str, *args: Any) -> None:
+    """Log a line on how to turn sharing on, or why it is off, once per process."""
     text = message % args
     if text not in REGISTRY.graphs_explained:
         REGISTRY.graphs_explained.add(text)
@@ -204,23 +205,23 @@ def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> bool:
     if plan.state == "off":
         return False
     if plan.state == "unconfigured":
-        _explain_once(logging.INFO, "%s", _HOW_TO)
+        explain_once(logging.INFO, "%s", _HOW_TO)
         return False
     if plan.state == "invalid":
-        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
+        explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
                       "tuning is shared as usual", plan.problem)
         return False
     try:
         share = GraphShare.from_settings(plan, cache)
     except SigningKeyError as e:
-        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
+        explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
                       "tuning is shared as usual", e)
         return False
     mark = REGISTRY.patches.mark()
     try:
         missing = _missing()
         if missing:
-            _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared "
+            explain_once(logging.WARNING, "tunecache: compiled graphs are not shared "
                           "(this torch lacks %s); tuning is shared as usual",
                           ", ".join(missing))
             return False
@@ -240,7 +241,7 @@ def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> bool:
         if not isinstance(e, Exception):
             raise
         # tuning is shared all the same
-        _explain_once(logging.WARNING, "tunecache: compiled graphs are not shared (%s: %s); "
+        explain_once(logging.WARNING, "tunecache: compiled graphs are not shared (%s: %s); "
                       "tuning is shared as usual", type(e).__name__, e)
         return False
     log.debug("tunecache: compiled graphs shared (%s, key %s)",

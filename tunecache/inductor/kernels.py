@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .. import kernels
 from ..settings import Settings
 from .compat import param_names
+from .graphs import explain_once
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -75,12 +76,6 @@ def _install_content_names() -> None:
     REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
-def _explain_once(level: int, text: str) -> None:
-    if text not in REGISTRY.graphs_explained:
-        REGISTRY.graphs_explained.add(text)
-        log.log(level, "%s", text)
-
-
 def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
     """Share compiled Triton kernels through the database where ``settings`` share
     graphs (the same keys); returns whether they are shared.
@@ -95,8 +90,8 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
         return False
     current = os.environ.get(MANAGER_VAR)
     if current and current != kernels.MANAGER:
-        _explain_once(logging.WARNING, f"tunecache: compiled kernels are not shared: "
-                      f"{MANAGER_VAR}={current} is set (graphs and tuning are shared as usual)")
+        explain_once(logging.WARNING, "tunecache: compiled kernels are not shared: %s=%s is "
+                     "set (graphs and tuning are shared as usual)", MANAGER_VAR, current)
         return False
     try:
         from_env = Settings.from_env()
@@ -105,17 +100,17 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
     except Exception:  # noqa: BLE001 - a bad environment: the workers could not use it
         same = False
     if not same:
-        _explain_once(logging.INFO, "tunecache: compiled kernels are not shared: Inductor's "
-                      "compile workers read TUNECACHE_* from the environment, which selects "
-                      "another database, key or mode than this cache's")
+        explain_once(logging.INFO, "tunecache: compiled kernels are not shared: Inductor's "
+                     "compile workers read TUNECACHE_* from the environment, which selects "
+                     "another database, key or mode than this cache's")
         return False
     mark = REGISTRY.patches.mark()
     try:
         _install_content_names()
     except Exception as e:  # noqa: BLE001 - kernels stay local; graphs, tuning as usual
         REGISTRY.patches.undo(mark)
-        _explain_once(logging.WARNING, f"tunecache: compiled kernels are not shared "
-                      f"({type(e).__name__}: {e})")
+        explain_once(logging.WARNING, "tunecache: compiled kernels are not shared (%s: %s)",
+                     type(e).__name__, e)
         return False
     kernels.use_cache(cache)
     REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
@@ -125,7 +120,8 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
 
 def disable_kernels() -> bool:
     """Stop sharing kernels (the name patches are the ledger's to undo); returns whether
-    they were shared."""
+    they were shared. A manager the autoload hook named at ``import torch`` stays named:
+    that activation is the environment's, as the hook itself is."""
     if not REGISTRY.kernels_shared:
         return False
     before = REGISTRY.kernel_manager_was
