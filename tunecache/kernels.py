@@ -114,10 +114,13 @@ class _Service:
     """The GraphShare kernels go through in this process, built at first use."""
 
     def __init__(self) -> None:
+        # Held while the service is built: a thread that asks meanwhile waits for it
+        # rather than compiling a kernel it could have loaded.
         self.lock = threading.Lock()
         self.built = False
         self.share: GraphShare | None = None
         self.cache_factory: Callable[[], TuneCache] | None = None
+        self.env_lock = threading.Lock()
         self.env_cache: TuneCache | None = None
 
 
@@ -134,7 +137,7 @@ def use_cache(factory: Callable[[], TuneCache] | None) -> None:
 
 
 def _env_cache() -> TuneCache:
-    with _SERVICE.lock:
+    with _SERVICE.env_lock:
         if _SERVICE.env_cache is None:
             import tunecache
 
@@ -147,10 +150,13 @@ def share() -> GraphShare | None:
     """This process's kernel service, or None where kernels are not shared (no key
     configured, TUNECACHE_KERNELS=0, TUNECACHE_MODE=off, or a setting it cannot use)."""
     with _SERVICE.lock:
-        if _SERVICE.built:
-            return _SERVICE.share
-        _SERVICE.built = True
-        factory = _SERVICE.cache_factory
+        if not _SERVICE.built:
+            _SERVICE.share = _build(_SERVICE.cache_factory)
+            _SERVICE.built = True
+        return _SERVICE.share
+
+
+def _build(factory: Callable[[], TuneCache] | None) -> GraphShare | None:
     from .settings import Settings
 
     try:
@@ -160,13 +166,10 @@ def share() -> GraphShare | None:
             return None
         from .core.graphs import GraphShare
 
-        built = GraphShare.from_settings(plan, factory or _env_cache, noun="kernel")
+        return GraphShare.from_settings(plan, factory or _env_cache, noun="kernel")
     except Exception as e:  # noqa: BLE001 - Triton compiles as it would alone
         log.warning("tunecache: compiled kernels are not shared in this process: %s", e)
         return None
-    with _SERVICE.lock:
-        _SERVICE.share = built
-    return built
 
 
 def _record_use() -> None:
