@@ -192,6 +192,7 @@ def test_unpack_refuses_lengths_that_do_not_add_up_and_a_missing_group_file():
     assert kernels.unpack(good[:-1]) is None
     assert kernels.unpack(kernels.pack("k.json", {"k.cubin": b"abc"})) is None
     assert kernels.unpack(b"TCK1not json\n") is None
+    assert kernels.unpack(b"TCK1" + b"[" * 100_000 + b"\n") is None  # nesting too deep
     assert kernels.unpack(b"TCG1{}\n") is None
 
 

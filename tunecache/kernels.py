@@ -88,7 +88,7 @@ def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
     head, sep, body = data[len(_MAGIC):].partition(b"\n")
     try:
         header = json.loads(head) if sep else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
         return None
     if not isinstance(header, dict) or not _safe_name(header.get("group")):
         return None
@@ -271,7 +271,7 @@ class KernelCacheManager(_TritonCacheManager):
         try:
             with open(path, encoding="utf-8") as f:
                 children = json.load(f).get("child_paths")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, RecursionError, AttributeError):
             return None
         if not isinstance(children, dict):
             return None
