@@ -184,12 +184,13 @@ def _record_use() -> None:
 
 def counts() -> dict[str, int]:
     """This process's kernel loads and publishes (loaded, absent, refused, published,
-    present, replaced; see GraphShare.counts), and entries refused as malformed."""
+    present, replaced; see GraphShare.counts)."""
     found = _SERVICE.share
     return dict(found.counts) if found is not None else {}
 
 
-def _triton_version() -> str:
+def _versions_label() -> str:
+    """The stored entry's version label: torch's and Triton's, where loaded."""
     triton = sys.modules.get("triton")
     torch = sys.modules.get("torch")
     parts = [f"torch {torch.__version__}" if torch is not None else "",
@@ -257,12 +258,15 @@ class KernelCacheManager(_TritonCacheManager):
         return self._fetch(filename)
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
-        path = self.put(json.dumps({"child_paths": group}), _GROUP + filename, binary=False)
+        path = self._put_local_group(filename, group)
         if self.shared:
             self._publish(filename, group)
         return path
 
     # -- helpers
+
+    def _put_local_group(self, filename: str, group: dict[str, str]) -> str:
+        return self.put(json.dumps({"child_paths": group}), _GROUP + filename, binary=False)
 
     def _local_group(self, filename: str) -> dict[str, str] | None:
         path = os.path.join(self.cache_dir, _GROUP + filename)
@@ -294,7 +298,7 @@ class KernelCacheManager(_TritonCacheManager):
             return None
         try:
             paths = {name: self.put(raw, name) for name, raw in entry[1].items()}
-            self.put(json.dumps({"child_paths": paths}), _GROUP + filename, binary=False)
+            self._put_local_group(filename, paths)
         except OSError as e:
             log.debug("tunecache: kernel %s not written locally: %r", self.key, e)
             return None
@@ -321,4 +325,4 @@ class KernelCacheManager(_TritonCacheManager):
             return
         if filename not in files:
             return
-        service.publish(KIND, self.key, pack(filename, files), _triton_version())
+        service.publish(KIND, self.key, pack(filename, files), _versions_label())
