@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from . import stored_json
 from .errors import InvalidEntryError
 
 __all__ = [
@@ -95,6 +96,10 @@ def key_hash(key: Mapping[str, Any]) -> tuple[str, str]:
                          "(no database can store them)")
     if len(text.encode()) > MAX_KEY_BYTES:
         raise ValueError(f"a tunecache key must be under {MAX_KEY_BYTES} bytes as JSON")
+    try:
+        stored_json.check(text, MAX_KEY_BYTES)
+    except stored_json.StoredJSONError as e:
+        raise ValueError(f"a tunecache key must be JSON that tunecache reads back: {e}") from None
     return hashlib.sha256(text.encode()).hexdigest(), text
 
 
@@ -159,15 +164,10 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
     more shared memory than the card has).
     """
     if isinstance(raw, (str, bytes)):
-        if len(raw) > MAX_TIMINGS_BYTES:
-            raise InvalidEntryError(key, f"timings larger than {MAX_TIMINGS_BYTES} bytes")
         try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise InvalidEntryError(key, "timings are not valid JSON") from None
-        except RecursionError:
-            # Under the size limit, '[' * 100000 still exhausts the parser's recursion.
-            raise InvalidEntryError(key, "timings are nested too deeply") from None
+            raw = stored_json.loads(raw, MAX_TIMINGS_BYTES)
+        except stored_json.StoredJSONError as e:
+            raise InvalidEntryError(key, f"timings: {e}") from None
     if not isinstance(raw, Mapping):
         raise InvalidEntryError(key, "timings are not a JSON object")
     if not raw:
@@ -184,9 +184,12 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
             continue
         if isinstance(ms, bool) or not isinstance(ms, (int, float)):
             raise InvalidEntryError(key, f"timing of {name[:40]!r} is not a number")
-        if not math.isfinite(ms) or ms < 0:
-            raise InvalidEntryError(key, f"timing of {name[:40]!r} is {ms!r}")
-        out[name] = float(ms)
+        value = stored_json.number(ms)
+        if value is None or value < 0:
+            # No repr of an int: one of 4300 digits raises in repr itself.
+            shown = repr(ms) if isinstance(ms, float) else "an integer out of range"
+            raise InvalidEntryError(key, f"timing of {name[:40]!r} is {shown}")
+        out[name] = value
     return out
 
 
@@ -194,13 +197,11 @@ def validate_meta(raw: Any) -> dict[str, Any]:
     """An entry's meta object as read back: a JSON object under :data:`MAX_META_BYTES`,
     else empty. Meta only informs (stats, provenance, where transfer starts), so a garbled
     one costs only itself; whoever uses a field checks its type."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, str) or len(raw) > MAX_META_BYTES:
+    if not isinstance(raw, str):
         return {}
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
+        value = stored_json.loads(raw, MAX_META_BYTES)
+    except stored_json.StoredJSONError:
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -213,7 +214,10 @@ def meta_to_json(meta: Mapping[str, Any] | None) -> str | None:
     text = canonical_json(dict(meta))
     if len(text) > MAX_META_BYTES or not storable(text) or _JSON_NUL.search(text):
         raise ValueError(f"an entry's meta must be a JSON object under {MAX_META_BYTES} bytes")
-    return text
+    try:
+        return stored_json.check(text, MAX_META_BYTES)
+    except stored_json.StoredJSONError as e:
+        raise ValueError(f"an entry's meta must be JSON that tunecache reads back: {e}") from None
 
 
 def timings_to_json(timings: Mapping[str, float]) -> str:

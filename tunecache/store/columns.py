@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import stored_json
+
 __all__ = ["text", "integer", "time", "total", "binary", "clip"]
 
 
@@ -28,9 +30,9 @@ def integer(value: Any) -> int | None:
 
 
 def time(value: Any) -> float | None:
-    """A finite number (seconds), or None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+    """A finite number (seconds) within stored_json.MAX_NUMBER, or None: SQLite keeps an
+    integer of any size a writer put in a REAL column's place."""
+    return stored_json.number(value)
 
 
 def total(value: Any) -> int:
