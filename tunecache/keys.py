@@ -99,7 +99,7 @@ def key_hash(key: Mapping[str, Any]) -> tuple[str, str]:
     try:
         stored_json.check(text, MAX_KEY_BYTES)
     except stored_json.StoredJSONError as e:
-        raise ValueError(f"a tunecache key must be JSON that tunecache reads back: {e}") from None
+        raise ValueError(f"a tunecache key would not be read back: it is {e}") from None
     return hashlib.sha256(text.encode()).hexdigest(), text
 
 
@@ -167,7 +167,7 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
         try:
             raw = stored_json.loads(raw, MAX_TIMINGS_BYTES)
         except stored_json.StoredJSONError as e:
-            raise InvalidEntryError(key, f"timings: {e}") from None
+            raise InvalidEntryError(key, f"timings are {e}") from None
     if not isinstance(raw, Mapping):
         raise InvalidEntryError(key, "timings are not a JSON object")
     if not raw:
@@ -186,8 +186,8 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
             raise InvalidEntryError(key, f"timing of {name[:40]!r} is not a number")
         value = stored_json.number(ms)
         if value is None or value < 0:
-            # No repr of an int: one of 4300 digits raises in repr itself.
-            shown = repr(ms) if isinstance(ms, float) else "an integer out of range"
+            # No repr of an int out of range: one of 4300 digits raises in repr itself.
+            shown = "out of range" if value is None and isinstance(ms, int) else repr(ms)
             raise InvalidEntryError(key, f"timing of {name[:40]!r} is {shown}")
         out[name] = value
     return out
@@ -217,7 +217,8 @@ def meta_to_json(meta: Mapping[str, Any] | None) -> str | None:
     try:
         return stored_json.check(text, MAX_META_BYTES)
     except stored_json.StoredJSONError as e:
-        raise ValueError(f"an entry's meta must be JSON that tunecache reads back: {e}") from None
+        raise ValueError(
+            f"an entry's meta would not be read back: it is {e}") from None
 
 
 def timings_to_json(timings: Mapping[str, float]) -> str:

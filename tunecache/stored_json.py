@@ -30,7 +30,8 @@ MAX_DEPTH = 32
 
 
 class StoredJSONError(ValueError):
-    """A stored JSON text that tunecache will not use; the message says why."""
+    """A stored JSON text that tunecache will not use; the message says why, as a
+    predicate ("nested too deeply"), so callers can write "timings are {error}"."""
 
 
 def _shown(text: str) -> str:
@@ -41,19 +42,19 @@ def _int(text: str) -> int:
     # json hands the digits over before converting them, so a long run is refused before
     # int() spends quadratic time on it (or raises its own digit-limit error).
     if len(text) > _MAX_INT_TEXT or abs(int(text)) > MAX_NUMBER:
-        raise StoredJSONError(f"number {_shown(text)} is out of range")
+        raise StoredJSONError(f"out of range (number {_shown(text)})")
     return int(text)
 
 
 def _float(text: str) -> float:
     value = float(text) if len(text) <= _MAX_FLOAT_TEXT else math.inf
     if not math.isfinite(value) or abs(value) > MAX_NUMBER:
-        raise StoredJSONError(f"number {_shown(text)} is out of range")
+        raise StoredJSONError(f"out of range (number {_shown(text)})")
     return value
 
 
 def _constant(name: str) -> Any:
-    raise StoredJSONError(f"{name} is not JSON")
+    raise StoredJSONError(f"not JSON ({name})")
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -75,7 +76,7 @@ def loads(text: str | bytes, limit: int) -> Any:
     StoredJSONError: too long, not JSON, NaN or Infinity, a number past
     :data:`MAX_NUMBER` or with too many digits, or nested deeper than :data:`MAX_DEPTH`."""
     if not isinstance(text, (str, bytes)):
-        raise StoredJSONError(f"{type(text).__name__} is not JSON text")
+        raise StoredJSONError(f"not JSON text ({type(text).__name__})")
     if len(text) > limit:
         raise StoredJSONError(f"larger than {limit} bytes")
     try:
