@@ -32,10 +32,42 @@ def _message(error: TuneCacheError) -> str:
     return text
 
 
+class _OneLineUsage(click.UsageError):
+    """A usage error in one line, like every other error here: click's own prints the
+    usage, a hint and a blank line before the message (4 lines for a mistyped option)."""
+
+    def show(self, file: Any = None) -> None:
+        # Named as installed, whatever argv[0] was (python -m, a test's runner).
+        path = self.ctx.command_path.split(" ")[1:] if self.ctx is not None else []
+        where = " ".join(["tunecache", *path])
+        click.echo(f"Error: {self.message} (see '{where} --help')",
+                   file=file or sys.stderr)
+
+
+def _one_line(e: click.UsageError) -> _OneLineUsage:
+    short = _OneLineUsage(e.format_message().rstrip("."), e.ctx)
+    short.exit_code = e.exit_code  # 2
+    return short
+
+
 class _Group(click.Group):
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        # The group's own options and a mistyped command name fail here.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _OneLineUsage:
+            raise
+        except click.UsageError as e:
+            raise _one_line(e) from e
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except _OneLineUsage:
+            raise
+        except click.UsageError as e:  # a command's options and arguments
+            raise _one_line(e) from e
         except ConfigError as e:
             raise BadArgument(str(e)) from e
         except TuneCacheError as e:
