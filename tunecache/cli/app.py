@@ -45,9 +45,7 @@ class _OneLineUsage(click.UsageError):
 
 
 def _one_line(e: click.UsageError) -> _OneLineUsage:
-    short = _OneLineUsage(e.format_message().rstrip("."), e.ctx)
-    short.exit_code = e.exit_code  # 2
-    return short
+    return _OneLineUsage(e.format_message().rstrip("."), e.ctx)  # exit 2, as a UsageError
 
 
 class _Group(click.Group):
