@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tunecache import settings
 from tunecache.errors import ConfigError
 from tunecache.settings import Activation, Settings, activation, resolve_db_url
 
@@ -126,3 +127,30 @@ def test_lease_longer_than_the_longest_honest_lease_is_refused():
         == MAX_LEASE_SECONDS
     with pytest.raises(ConfigError, match="TUNECACHE_LEASE_SECONDS"):
         Settings.from_env({"TUNECACHE_LEASE_SECONDS": str(MAX_LEASE_SECONDS + 1)})
+
+
+@pytest.mark.parametrize("value", ["postgresql:/host/db", "postgres:host/db",
+                                   "sqlite:/tmp/x.db", "postgresql+psycopg:/h/d"])
+def test_a_url_missing_its_two_slashes_is_refused_not_made_a_relative_sqlite_path(value):
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env({"TUNECACHE_DB": value})
+    assert str(error.value) == (
+        f"TUNECACHE_DB={value!r} is invalid: expected a URL with two slashes after its "
+        "scheme (postgresql://host/db, sqlite:////abs/path.db) or a file path")
+
+
+def test_an_unknown_tunecache_variable_is_warned_about_once_with_the_nearest_name(caplog):
+    env = {"TUNECACHE_DBB": "/tmp/x.db", "TUNECACHE_LEASE_SECOND": "30",
+           "TUNECACHE_NOTHING_LIKE_IT": "1", "TUNECACHE_TEST_PG": "postgresql://h/d",
+           "OTHER": "1"}
+    settings._warned_unknown.difference_update(env)  # once per process: not yet here
+    with caplog.at_level("WARNING", logger="tunecache"):
+        Settings.from_env(env)
+        Settings.from_env(env)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tunecache: TUNECACHE_DBB is not a tunecache setting and is ignored "
+        "(did you mean TUNECACHE_DB?)",
+        "tunecache: TUNECACHE_LEASE_SECOND is not a tunecache setting and is ignored "
+        "(did you mean TUNECACHE_LEASE_SECONDS?)",
+        "tunecache: TUNECACHE_NOTHING_LIKE_IT is not a tunecache setting and is ignored",
+    ]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -12,6 +15,7 @@ from typing import Any, ClassVar, Literal
 from .errors import ConfigError
 
 __all__ = ["Settings", "Mode", "Activation", "GraphSharing", "activation", "resolve_db_url",
+           "unknown_variables",
            "default_db_path", "MAX_LEASE_SECONDS", "LEASE_CLOCK_SLACK_SECONDS",
            "IMPLAUSIBLE_LEASE_SECONDS"]
 
@@ -36,6 +40,11 @@ def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "tunecache" / "tunecache.db"
 
 
+# A scheme of a database URL, written without its two slashes ("postgresql:/host/db"):
+# without this it read as a relative file path and quietly made a SQLite file there.
+_SCHEME_WITHOUT_SLASHES = re.compile(r"^(sqlite|postgres(ql)?)(\+\w+)?:(?!//)", re.IGNORECASE)
+
+
 def resolve_db_url(
     db: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None
 ) -> str:
@@ -45,6 +54,9 @@ def resolve_db_url(
     text = os.fspath(db).strip()
     if not text:
         raise ConfigError("TUNECACHE_DB", db, "a file path or a sqlite:/// or postgresql:// URL")
+    if _SCHEME_WITHOUT_SLASHES.match(text):
+        raise ConfigError("TUNECACHE_DB", text, "a URL with two slashes after its scheme "
+                          "(postgresql://host/db, sqlite:////abs/path.db) or a file path")
     if "://" not in text:
         return f"sqlite:///{Path(text).expanduser().absolute()}"
     from sqlalchemy.engine import make_url
@@ -119,6 +131,35 @@ def _flag(name: str, raw: str | bool) -> bool:
     raise ConfigError(name, raw, "1 or 0")
 
 
+_log = logging.getLogger(__name__)
+# Unknown TUNECACHE_* names already warned about by this process.
+_warned_unknown: set[str] = set()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """(name, nearest known name or None) of every TUNECACHE_* variable that no part of
+    tunecache reads: a typo (TUNECACHE_DBB) would otherwise be silently ignored."""
+    known = Settings.known_variables()
+    # Compared without the common prefix, which would make every name look alike.
+    tails = [k.removeprefix("TUNECACHE_") for k in known]
+
+    def nearest(name: str) -> str | None:
+        close = difflib.get_close_matches(name.removeprefix("TUNECACHE_"), tails, n=1)
+        return f"TUNECACHE_{close[0]}" if close else None
+
+    return [(name, nearest(name)) for name in sorted(environ)
+            if name.startswith("TUNECACHE_") and name not in known]
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    for name, nearest in unknown_variables(environ):
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        hint = f" (did you mean {nearest}?)" if nearest else ""
+        _log.warning("tunecache: %s is not a tunecache setting and is ignored%s", name, hint)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """How a process uses the cache. Every field has an environment variable."""
@@ -175,6 +216,12 @@ class Settings:
         "graphs": "TUNECACHE_GRAPHS",
         "kernels": "TUNECACHE_KERNELS",
     }
+
+    @classmethod
+    def known_variables(cls) -> list[str]:
+        """Every TUNECACHE_* name tunecache reads: the settings, the benchmark counter,
+        and the test suite's PostgreSQL server (tests/conftest.py)."""
+        return [*cls._ENV.values(), COUNT_ONLY_VAR, "TUNECACHE_TEST_PG"]
 
     @property
     def lock_seconds(self) -> float:
@@ -272,6 +319,7 @@ class Settings:
         ``db`` may be given as a path or URL (it is resolved like TUNECACHE_DB).
         """
         env = os.environ if environ is None else environ
+        _warn_unknown(env)
         values: dict[str, Any] = {}
         for field, var in cls._ENV.items():
             if var in env:
