@@ -132,3 +132,69 @@ def test_doctor_does_not_ask_for_group_permissions_on_the_default_database(tmp_p
     assert run("upgrade", "--db", str(shared / "tune.db")).exit_code == 0
     _, checks, _ = _checks("--db", str(shared / "tune.db"))
     assert checks["permissions"]["status"] == "warn"
+
+
+def test_doctor_names_a_directory_given_as_the_database(tmp_path):
+    code, checks, _ = _checks("--db", str(tmp_path))
+    assert code == 1
+    assert checks["reachable"]["message"] == (
+        f"{tmp_path}: this is a directory, not a database file; name a file in it, e.g. "
+        f"{tmp_path / 'tunecache.db'}")
+
+
+def test_doctor_warns_on_a_missing_default_database_that_jobs_create(tmp_path, monkeypatch):
+    monkeypatch.delenv("TUNECACHE_DB", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, checks, data = _checks()
+    assert code == 0 and data["ok"] is True
+    assert checks["reachable"] == {
+        "name": "reachable", "status": "warn",
+        "message": f"no database at {tmp_path}/cache/tunecache/tunecache.db yet",
+        "fix": "jobs create it, and its directory, on first use (or run `tunecache upgrade` "
+               "now)"}
+    assert not (tmp_path / "cache").exists()
+
+
+def test_doctor_flags_an_unknown_tunecache_variable_with_the_nearest_name(sqlite_url,
+                                                                          monkeypatch):
+    monkeypatch.setenv("TUNECACHE_DBB", "/tmp/typo.db")
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 0 and checks["variables"]["status"] == "warn"
+    assert checks["variables"]["message"] == (
+        "not tunecache settings, ignored: TUNECACHE_DBB (did you mean TUNECACHE_DB?)")
+
+
+def test_doctor_checks_graph_settings_and_key_files_as_jobs_load_them(sqlite_url, tmp_path,
+                                                                      monkeypatch):
+    for var in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_GRAPHS",
+                "TUNECACHE_KERNELS"):
+        monkeypatch.delenv(var, raising=False)
+    _, checks, _ = _checks("--db", sqlite_url)
+    assert checks["graphs"]["status"] == "ok"
+    assert checks["graphs"]["message"].startswith("graph and kernel sharing off: no key set")
+
+    monkeypatch.setenv("TUNECACHE_GRAPHS", "maybe")
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 1 and checks["graphs"]["status"] == "fail"
+    assert checks["graphs"]["message"] == ("graph and kernel sharing off: "
+                                           "TUNECACHE_GRAPHS='maybe' is invalid: expected 1 or 0")
+    monkeypatch.delenv("TUNECACHE_GRAPHS")
+
+    keys = tmp_path / "keys"
+    assert run("keygen", str(keys)).exit_code == 0
+    private = keys / "tunecache-signing.key"
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", str(private))
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 0 and checks["graphs"]["status"] == "ok", checks["graphs"]
+    assert checks["graphs"]["message"].startswith("sign and publish, and load graphs signed")
+
+    os.chmod(private, 0o666)
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 1 and checks["graphs"]["status"] == "fail"
+    assert checks["graphs"]["message"].startswith(
+        f"TUNECACHE_SIGNING_KEY: tunecache key file {private}: is writable by other users")
+    monkeypatch.delenv("TUNECACHE_SIGNING_KEY")
+    monkeypatch.setenv("TUNECACHE_VERIFY_KEY", str(keys / "missing.pub"))
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 1 and checks["graphs"]["message"].startswith(
+        f"TUNECACHE_VERIFY_KEY: tunecache key file {keys / 'missing.pub'}: no such file")

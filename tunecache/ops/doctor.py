@@ -19,8 +19,8 @@ import time
 import uuid
 from typing import Any, Literal
 
-from ..errors import SchemaTooNewError, TuneCacheError
-from ..settings import Settings, default_db_path
+from ..errors import SchemaTooNewError, SigningKeyError, TuneCacheError
+from ..settings import Settings, default_db_path, unknown_variables
 from ..store import Database, probe
 from ..store.migrate import current_revision, head_revision, known_revisions
 
@@ -135,6 +135,44 @@ class _Doctor:
             self.add("schema", "warn", f"revision {revision}, older than this tunecache's {head}",
                      "run `tunecache upgrade` (readonly processes refuse an old schema)")
 
+    def variables(self, environ: Any) -> None:
+        unknown = unknown_variables(environ)
+        if unknown:
+            names = ", ".join(name + (f" (did you mean {near}?)" if near else "")
+                              for name, near in unknown)
+            self.add("variables", "warn", f"not tunecache settings, ignored: {names}",
+                     "rename or unset them")
+
+    def graphs(self) -> None:
+        """Compiled graph and kernel sharing as jobs will set it up: the settings, and
+        the key files loaded with the checks jobs apply (readable, not writable by other
+        users, a private key not readable by all, a matching pair)."""
+        from ..core.graphs import GraphShare
+
+        plan = self.settings.graph_sharing()
+        kernels = "on" if self.settings.kernels else "off (TUNECACHE_KERNELS=0)"
+        if plan.state == "invalid":
+            self.add("graphs", "fail", f"graph and kernel sharing off: {plan.problem}",
+                     "set TUNECACHE_GRAPHS / TUNECACHE_KERNELS to 1 or 0")
+            return
+        if plan.state == "off":
+            self.add("graphs", "ok", "graph and kernel sharing off (TUNECACHE_GRAPHS=0 or "
+                     "TUNECACHE_MODE=off)")
+            return
+        if plan.state == "unconfigured":
+            self.add("graphs", "ok", "graph and kernel sharing off: no key set (tuning is "
+                     "shared; `tunecache keygen DIR` and TUNECACHE_SIGNING_KEY share graphs)")
+            return
+        try:
+            share = GraphShare.from_settings(plan, _no_cache)
+        except SigningKeyError as e:
+            var = "TUNECACHE_SIGNING_KEY" if e.path == plan.signing_key else "TUNECACHE_VERIFY_KEY"
+            self.add("graphs", "fail", f"{var}: {e}", f"fix the key file, or unset {var}")
+            return
+        what = "sign and publish, and load" if share.publishes else "load (publish none)"
+        self.add("graphs", "ok", f"{what} graphs signed by key {share.fingerprint}; "
+                 f"kernels {kernels}")
+
     # -- PostgreSQL ----------------------------------------------------------------------
 
     def postgresql(self) -> None:
@@ -175,6 +213,17 @@ class _Doctor:
     def sqlite(self, path: str) -> None:
         directory = os.path.dirname(path) or "."
         exists = os.path.exists(path)
+        if os.path.isdir(path):
+            # SQLite would say "disk I/O error"; named as every other command names it.
+            problem = Database(self.settings.db_url).sqlite_path_problem()
+            self.add("reachable", "fail", f"{path}: {problem}",
+                     "point --db / TUNECACHE_DB at a file")
+            return
+        if not os.path.isdir(directory) and self.settings.owns_directory:
+            self.add("reachable", "warn", f"no database at {path} yet",
+                     "jobs create it, and its directory, on first use (or run "
+                     "`tunecache upgrade` now)")
+            return
         if not os.path.isdir(directory):
             self.add("reachable", "fail", f"directory {directory} does not exist",
                      f"mkdir -p {directory} (with the shared group: chgrp, chmod g+ws)")
@@ -325,11 +374,17 @@ class _Doctor:
             self.add("permissions", "ok", f"group-shared (directory {_describe_mode(dst)})")
 
 
+def _no_cache() -> Any:
+    raise AssertionError("the doctor only loads the keys")  # never called: nothing shared
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check for the database ``settings`` names; never writes to the database."""
     doctor = _Doctor(settings)
     doctor.add("settings", "ok", f"mode={settings.mode}, lease {settings.lease_seconds:g}s, "
                f"wait timeout {settings.wait_timeout:g}s")
+    doctor.variables(os.environ)
+    doctor.graphs()
     if settings.is_postgresql:
         doctor.postgresql()
     else:
