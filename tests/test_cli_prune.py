@@ -374,3 +374,29 @@ def test_ctrl_c_during_a_prune_says_how_many_were_deleted_and_exits_130(db_url):
                            line).group(1))
     assert 0 < deleted < 1500
     assert before - _count(db_url) == deleted
+
+
+def test_a_dry_run_says_which_selection_took_each_row(db_url):
+    old = populate(db_url, [gemm_key("mm", 0)])
+    fail_key(db_url, gemm_key("mm", 1))
+    claim_key(db_url, gemm_key("mm", 2), lease_seconds=0.01)
+    _age(db_url, [old[0].key_hash], 40 * 86400)
+    dry = run_json("prune", "--db", db_url, "--older-than", "30d", "--failed",
+                   "--expired-claims", "--dry-run")
+    assert sorted((e["state"], e["why"]) for e in dry["entries"]) == [
+        ("claimed", "--expired-claims"), ("done", "--older-than"), ("failed", "--failed")]
+    human = run("prune", "--db", db_url, "--older-than", "30d", "--dry-run")
+    assert human.stdout.splitlines()[2].endswith("  --older-than"), human.stdout
+
+
+def test_prune_reports_the_running_count_of_rows_deleted(db_url):
+    populate(db_url, [gemm_key("mm", i, torch="2.12.0") for i in range(30)])
+    from tunecache import ops
+    from tunecache.ops.opening import opened
+    from tunecache.settings import Settings
+
+    counts: list[int] = []
+    with opened(Settings.from_env(db=db_url)) as db:
+        report = ops.prune(db, ops.PruneSpec(only={"torch": ["2.12.0"]}), batch=8,
+                           on_deleted=counts.append)
+    assert report["deleted"] == 30 and counts == [8, 16, 24, 30]

@@ -116,10 +116,12 @@ def dumps(data: Any) -> str:
 
 
 @contextlib.contextmanager
-def progress(label: str, show: bool = True) -> Iterator[tuple[Callable[[int], None],
-                                                               Callable[[int], None]]]:
+def progress(label: str, show: bool = True, *, percent: bool = False
+             ) -> Iterator[tuple[Callable[[int], None], Callable[..., None]]]:
     """(on_total, advance) callbacks driving a click progress bar on stderr, created when
-    the total is known."""
+    the total is known; ``advance(n, note)`` may say what was done so far beside the bar.
+    ``percent``: the total is a scale (prune walks the table per mille, not row by row),
+    so the bar shows a percentage, never a count that reads as rows."""
     bar: list[Any] = []
     stack = contextlib.ExitStack()
 
@@ -131,11 +133,12 @@ def progress(label: str, show: bool = True) -> Iterator[tuple[Callable[[int], No
         if show and total and not bar:
             bar.append(stack.enter_context(
                 click.progressbar(length=total, label=label, file=sys.stderr,
-                                  show_pos=True)))
+                                  show_pos=not percent, show_percent=percent,
+                                  item_show_func=lambda note: note)))
 
-    def advance(n: int) -> None:
+    def advance(n: int, note: str | None = None) -> None:
         if bar:
-            bar[0].update(n)
+            bar[0].update(n, note)
 
     with stack:
         yield on_total, advance

@@ -115,12 +115,13 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
                           "--keep-device, --torch/--triton/--device/--op/--kind, --failed, "
                           "--expired-claims, --invalid or --max-graph-bytes")
     with opened(inv, writes=None if dry_run else "prune", read_only=dry_run) as db, \
-            fmt.progress("pruning" if not dry_run else "listing",
-                         not inv.as_json) as (total, step), \
+            fmt.progress("pruning" if not dry_run else "listing", not inv.as_json,
+                         percent=not dry_run) as (total, step), \
             (_ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(
             db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
             progress=step, on_total=total, stop=stop,
+            on_deleted=lambda n: step(0, f"{n} deleted"),
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
     if report.get("interrupted"):
         _interrupted(inv, report)
@@ -141,7 +142,7 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
                 fmt.table(("key", "state", "op", "device", "torch", "triton", "last used", "why"),
                        [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
                          r["triton"], fmt.when(r["last_used_at"] or r["updated_at"]),
-                         r.get("invalid", "")) for r in rows[:20]])
+                         r["why"]) for r in rows[:20]])
                 if len(rows) > 20:
                     click.echo(f"  ... and {len(rows) - 20} more (--json lists all)")
             if graph_line:

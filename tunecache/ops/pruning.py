@@ -157,8 +157,13 @@ def prune(
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    on_deleted: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
+
+    ``progress`` and ``on_total`` follow how far the walk is through the table, per
+    mille (a count first would scan it all); ``on_deleted`` gets the running count of
+    rows deleted after each batch.
 
     ``stop`` is asked after every committed batch (the CLI's Ctrl-C): once it says True,
     the prune ends there, before compiled graphs and VACUUM if it had not reached them,
@@ -200,7 +205,8 @@ def prune(
     invalid = list(_invalid_hashes(db)) if spec.invalid else []
     if dry_run:
         report["graphs"] = prune_graphs(db, spec, dry_run=True)
-        return _prune_listing(db, condition, invalid, report, started, progress, on_total)
+        return _prune_listing(db, spec, condition, invalid, report, started, progress,
+                              on_total)
 
     # No count first: on SQLite that is a scan of the whole file (6 s for a million
     # entries), so the progress bar follows the walk's position instead (per mille).
@@ -233,6 +239,8 @@ def prune(
         after = last
         deleted += n
         batches += 1
+        if on_deleted:
+            on_deleted(deleted)
         largest = max(largest, selected)
         where = _walk_permille(after, top)
         progress(where - shown)
@@ -254,6 +262,8 @@ def prune(
         deleted += n
         invalid_deleted += n
         batches += 1
+        if on_deleted:
+            on_deleted(deleted)
     report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid),
                   invalid_deleted=invalid_deleted, interrupted=False)
     if stop is not None and stop():
@@ -357,8 +367,23 @@ def _walk_permille(position: Any, top: Any) -> int:
     return min(1000, int(str(position)[:8].ljust(8, "0"), 16) * 1000 // 0xFFFFFFFF)
 
 
+def _why(spec: PruneSpec, state: Any) -> str:
+    """Which of ``spec``'s selections took a row of this state (the classes are OR-ed:
+    see :func:`tunecache.store.admin.prune_condition`)."""
+    if state == "claimed":
+        return "--expired-claims"
+    if state == "failed" and spec.failed:
+        return "--failed"
+    given = [("--older-than", spec.older_than is not None), ("--op", bool(spec.ops)),
+             ("--kind", bool(spec.kinds))]
+    given += [(f"--keep-{name}", bool(v)) for name, v in spec.keep.items()]
+    given += [(f"--{name}", bool(v)) for name, v in spec.only.items()]
+    return " ".join(option for option, on in given if on)
+
+
 def _prune_listing(
     db: Database,
+    spec: PruneSpec,
     condition: Any,
     invalid: list[tuple[str, str]],
     report: dict[str, Any],
@@ -373,7 +398,7 @@ def _prune_listing(
     rows: list[dict[str, Any]] = []
     for page in pages(db, lambda after: admin.select_pruned(condition, after, PAGE)) \
             if matched else ():
-        rows.extend(listing_row(r) for r in page)
+        rows.extend({**listing_row(r), "why": _why(spec, r.state)} for r in page)
         progress(len(page))
     reasons = dict(invalid)
     listed = set()
@@ -381,11 +406,13 @@ def _prune_listing(
         listed.add(row["key_hash"])
         if row["key_hash"] in reasons:
             row["invalid"] = reasons[row["key_hash"]]
+            row["why"] += f" --invalid: {row['invalid']}"
     for h, reason in invalid:
         if h in listed:
             continue
         got = show(db, h)
-        rows.append({**{k: got[k] for k in LISTING_KEYS}, "invalid": reason})
+        rows.append({**{k: got[k] for k in LISTING_KEYS}, "invalid": reason,
+                     "why": f"--invalid: {reason}"})
         progress(1)
     report.update(would_delete=len(rows), entries=rows, seconds=time.perf_counter() - started)
     return report
