@@ -417,3 +417,13 @@ def test_warm_recompiles_recorded_cuda_mm_plus_mm_key_so_a_later_job_does_not_tu
     # warm's one-op compile (topped up, not warmed); none for mm_plus_mm or int_mm.
     assert all(e.get("missing", 0) == 0 for e in events if e["op"] in recorded), events
     assert later["candidates_benchmarked"] == sum(e.get("missing", 0) for e in events), later
+
+
+def test_a_from_torch_that_matches_no_stored_version_warns_as_prune_does(db_url):
+    populate(db_url, [old_key(WORKER_BMM)])
+    result = run("warm", "--db", db_url, "--dry-run", "--from-torch", "9.9")
+    assert result.exit_code == 0
+    assert result.stderr.splitlines() == [
+        "Warning: --from-torch 9.9 matches no stored torch version (stored: 2.12.0+cpu); it "
+        "selects nothing"]
+    assert result.stdout.splitlines()[0] == "would warm 0 GEMMs (dry run)"

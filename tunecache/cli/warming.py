@@ -49,6 +49,7 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     """
     from .. import warm as warm_mod
 
+    _warn_unmatched(inv, from_torch, from_device)
     if again and not exhaustive:
         raise BadArgument("--again only applies to --exhaustive")
     if exhaustive:
@@ -96,6 +97,21 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     inv.emit(report, human)
     if report["error"]:
         ctx.exit(1)
+
+
+def _warn_unmatched(inv: Invocation, from_torch: tuple[str, ...],
+                    from_device: tuple[str, ...]) -> None:
+    """A --from-torch or --from-device value no entry holds warms nothing: warned on
+    stderr, as prune warns of a --torch that matches nothing."""
+    from ..ops.pruning import unmatched_labels
+
+    if not from_torch and not from_device:
+        return
+    with opened(inv, read_only=True) as db:
+        warnings = (unmatched_labels(db, "--from-torch", "torch", list(from_torch))
+                    + unmatched_labels(db, "--from-device", "device", list(from_device)))
+    for warning in warnings:
+        click.echo(f"Warning: {warning}", err=True)
 
 
 def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],

@@ -34,7 +34,8 @@ from .entries import (
 from .opening import refuse_readonly
 from .statistics import database_size
 
-__all__ = ["PruneSpec", "prune", "prune_graphs", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS",
+__all__ = ["PruneSpec", "prune", "prune_graphs", "unmatched_labels", "PRUNE_BATCH",
+           "PRUNE_BATCH_SECONDS",
            "PRUNE_BATCH_MIN",
            "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH", "VACUUM_FREE_SHARE",
            "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
@@ -126,10 +127,24 @@ def check_filters(db: Database, spec: PruneSpec) -> list[str]:
         for value in keep:
             if value not in stored:
                 raise FilterMatchesNothingError(f"--keep-{name}", value, label, stored)
-        warnings += [f"--{name} {value} matches no stored {label} (stored: "
-                     f"{', '.join(stored) or 'none'}); it selects nothing"
-                     for value in only if value not in stored]
+        warnings += _unmatched(stored, f"--{name}", only, label)
     return warnings
+
+
+def _unmatched(stored: list[str], option: str, values: list[str], label: str) -> list[str]:
+    return [f"{option} {value} matches no stored {label} (stored: "
+            f"{', '.join(stored) or 'none'}); it selects nothing"
+            for value in values if value not in stored]
+
+
+def unmatched_labels(db: Database, option: str, name: str, values: list[str]) -> list[str]:
+    """A warning for each value of a selecting filter (``option``, on label ``name``:
+    torch, triton or device) that no entry or graph holds: it selects nothing, which is
+    most likely a typo. Prune and warm say it the same way."""
+    if not values:
+        return []
+    stored = db.run(functools.partial(admin.stored_labels, name=name))
+    return _unmatched(stored, option, values, _LABEL_NAMES[name])
 
 
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
