@@ -400,3 +400,30 @@ def test_prune_reports_the_running_count_of_rows_deleted(db_url):
         report = ops.prune(db, ops.PruneSpec(only={"torch": ["2.12.0"]}), batch=8,
                            on_deleted=counts.append)
     assert report["deleted"] == 30 and counts == [8, 16, 24, 30]
+
+
+def test_a_310_digit_number_in_a_row_is_found_listed_and_removed_by_prune_invalid(db_url):
+    good, bad, big = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    huge = "1" + "0" * 309
+    engine = create_engine(resolve_db_url(db_url))
+    with engine.begin() as conn:
+        conn.execute(update(entries).where(entries.c.key_hash == bad.key_hash).values(
+            key_json='{"kind": "gemm", "inputs": ' + huge + "}",
+            timings_json='{"aten": ' + huge + "}", meta_json='{"x": ' + huge + "}"))
+        # Past the key's limit: the database hands back NULL, never the 70 KB.
+        conn.execute(update(entries).where(entries.c.key_hash == big.key_hash).values(
+            key_json='{"pad": "' + "x" * 70_000 + '"}'))
+    engine.dispose()
+    shown = run("show", bad.key_hash, "--db", db_url)
+    assert shown.exit_code == 0
+    assert "key: INVALID (key is not valid JSON (number 10000000000000000000\u2026 is out of " \
+        "range))" in shown.stdout
+    assert "timings: INVALID (timings: number 10000000000000000000\u2026 is out of range)" \
+        in shown.stdout
+    assert run_json("show", big.key_hash, "--db", db_url)["key_error"] == \
+        "key missing or larger than 65536 bytes"
+    dry = run_json("prune", "--db", db_url, "--invalid", "--dry-run")
+    assert sorted(e["key_hash"] for e in dry["entries"]) == sorted([bad.key_hash,
+                                                                   big.key_hash])
+    assert run_json("prune", "--db", db_url, "--invalid")["deleted"] == 2
+    assert [r["key_hash"] for r in run_json("ls", "--db", db_url)] == [good.key_hash]

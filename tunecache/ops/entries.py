@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .. import stored_json
 from ..errors import InvalidEntryError
 from ..keys import MAX_KEY_BYTES, validate_timings
 from ..store import Database, admin
@@ -65,12 +66,11 @@ def stored_timings(raw: Any, key_hash_: str) -> dict[str, float]:
 def stored_key(key_json: Any) -> dict[str, Any]:
     """A stored key column, parsed; ValueError(reason) when it is not a key."""
     if not isinstance(key_json, str):
-        raise ValueError("key is not text")
-    if len(key_json) > MAX_KEY_BYTES:
-        raise ValueError(f"key larger than {MAX_KEY_BYTES} bytes")
+        # NULL: absent, or longer than MAX_KEY_BYTES (the listing queries bound it in SQL).
+        raise ValueError(f"key missing or larger than {MAX_KEY_BYTES} bytes")
     try:
-        key = loads(key_json)
-    except ValueError as e:
+        key = stored_json.loads(key_json, MAX_KEY_BYTES)
+    except stored_json.StoredJSONError as e:
         raise ValueError(f"key is not valid JSON ({e})") from None
     if not isinstance(key, dict):
         raise ValueError("key is not a JSON object")

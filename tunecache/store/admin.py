@@ -42,7 +42,9 @@ from sqlalchemy import (
     update,
 )
 
+from ..keys import MAX_CANDIDATE_NAME, MAX_KEY_BYTES, MAX_LABEL, MAX_TIMINGS_BYTES
 from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
+from .columns import bounded
 from .schema import artifacts, entries, usage
 
 __all__ = [
@@ -275,18 +277,22 @@ def prune_condition(
     return and_(or_(*classes), not_(and_(entries.c.state == "claimed", LEASE_RUNNING)))
 
 
+# Stored text as ls, show and prune read it: a column longer than any writer stores comes
+# back NULL from the database itself (columns.bounded), so a planted 32 MiB value is
+# never read into memory; the readers already treat NULL as absent or invalid.
+_ERROR_CHARS = 4000  # a failed claim's error, as claims store it
 _LISTING_COLUMNS = (
     entries.c.key_hash,
-    entries.c.state,
-    entries.c.kind,
-    entries.c.op,
-    entries.c.device,
-    entries.c.torch_version,
-    entries.c.triton_version,
+    bounded(entries.c.state, MAX_LABEL),
+    bounded(entries.c.kind, MAX_LABEL),
+    bounded(entries.c.op, MAX_LABEL),
+    bounded(entries.c.device, MAX_LABEL),
+    bounded(entries.c.torch_version, MAX_LABEL),
+    bounded(entries.c.triton_version, MAX_LABEL),
     entries.c.hits,
-    entries.c.best,
+    bounded(entries.c.best, MAX_CANDIDATE_NAME),
     entries.c.tune_seconds,
-    entries.c.owner,
+    bounded(entries.c.owner, MAX_LABEL),
     entries.c.created_at,
     entries.c.updated_at,
     entries.c.last_used_at,
@@ -388,7 +394,8 @@ def sqlite_prune_pragmas(conn: Connection) -> Iterator[None]:
 def select_done_timings_page(after: str, limit: int) -> Select[Any]:
     """A page of done entries' key and timings columns, for prune --invalid."""
     return (
-        select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json)
+        select(entries.c.key_hash, bounded(entries.c.key_json, MAX_KEY_BYTES),
+               bounded(entries.c.timings_json, MAX_TIMINGS_BYTES))
         .where(entries.c.state == "done", entries.c.key_hash > after)
         .order_by(entries.c.key_hash)
         .limit(limit)
@@ -479,7 +486,10 @@ def select_by_prefix(prefix: str, limit: int = 2) -> Select[Any]:
     wildcards cannot appear). A range, not LIKE, so the primary key index serves it."""
     upper = prefix + "g"  # 'g' sorts after every hex digit
     return (
-        select(entries, NOW.label("now"))
+        select(*_LISTING_COLUMNS, bounded(entries.c.key_json, MAX_KEY_BYTES),
+               bounded(entries.c.timings_json, MAX_TIMINGS_BYTES), entries.c.token,
+               entries.c.attempts, entries.c.lease_expires_at,
+               bounded(entries.c.error, _ERROR_CHARS), NOW.label("now"))
         .where(entries.c.key_hash >= prefix, entries.c.key_hash < upper)
         .order_by(entries.c.key_hash)
         .limit(limit)
