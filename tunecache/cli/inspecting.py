@@ -243,8 +243,13 @@ def show(inv: Invocation, key_hash_prefix: str) -> None:
         elif entry["timings"]:
             click.echo("timings (ms, fastest first):")
             for t in entry["timings"]:
-                ms = "failed" if t["ms"] is None else f"{t['ms']:.6g}"
+                ms = "no timing" if t["ms"] is None else f"{t['ms']:.6g}"
                 click.echo(f"  {ms:>12}  {fmt.safe(t['candidate'])}")
+            if any(t["ms"] is None for t in entry["timings"]):
+                # Both are stored as null: "failed" misnamed every candidate a --best-only
+                # export left out.
+                click.echo("  (no timing: the candidate failed to run, or was not measured: "
+                           "a --best-only export keeps only the winner's)")
 
     inv.emit(entry, human)
 
