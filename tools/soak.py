@@ -62,16 +62,41 @@ cases, by name (``*`` SQLite only: PostgreSQL keeps payloads in the row):
 - ``lock_symlink``*: the blob lock and the publishers' lock of a graph about to be
   published replaced by symlinks to canary files (mode 640) outside the cache;
 - ``verify_key_world_writable``: a copy of the verify key, mode 666, that some jobs are
-  handed (as TUNECACHE_VERIFY_KEY): they must refuse it.
+  handed (as TUNECACHE_VERIFY_KEY): they must refuse it;
+- ``huge_int_timings``: a done row whose timings hold a 310-digit integer, as a neighbour
+  of the next key of a family and as the own row of another key jobs will ask for;
+- ``huge_int_meta``: a neighbour whose meta holds 310-digit numbers (baseline.ms, best_ms);
+- ``huge_transfer_benchmarked``: two neighbours whose meta's ``transfer.benchmarked`` has
+  4300 digits (their sum is past Python's int-to-text limit);
+- ``nan_meta``: neighbours whose meta holds the tokens NaN, Infinity and -Infinity;
+- ``oversize_meta``, ``oversize_timings``: two neighbours each with 4 MiB of meta or
+  timings (the limits are keys.MAX_META_BYTES, 64 KiB, and MAX_TIMINGS_BYTES, 1 MiB);
+  planted on one turn of the cases in RARE_EVERY (3), to keep the database small;
+- ``hits_crowding``: 70 neighbours (more than the 64 a key reads), 6 octaves from the key
+  in size, with an enormous hits count (2**62; 2**31-1 in PostgreSQL's int4 column), so
+  they are read before any genuine neighbour (slower tuning, never a wrong one);
+- ``family_escape``: a done row whose family holds terminal escapes, CR and a newline.
 
-The operator runs ``tunecache stats``, ``ls``, ``ls --graphs`` (also with ``--json``) and
-``prune --max-graph-bytes 256KiB --older-than 30d`` (and a ``--dry-run``) every
-OPERATOR_EVERY (4) seconds, each a subprocess in its own session under CLI_TIMEOUT (120
-s), with the operator's environment (none of the workers' TUNECACHE_* settings); after the
-workers stop, a last prune, ``ls --graphs`` and ``stats``. A command passes if it exits 0
-with output free of raw control characters (``--json``: parseable), or exits 1 or 2 with a
-one-line error (counted as an error, not a failure); a traceback, any other exit status
-or a raw control character is a failure, and a timeout a hang.
+The neighbour cases (``huge_*``, ``nan_meta``, ``oversize_*``, ``hits_crowding``) write
+rows of the family of an even key jobs will ask for next: even keys are GEMM keys with a
+family (a new family every FAMILY_SECONDS of keys), and their tuner does what transfer
+does before tuning: ``TuneCache.neighbours``, then ``plan_transfer`` and ``baseline_meta``
+of tunecache.inductor.transfer, stored as the entry's meta. The key such a row aims at is
+not written by the adversary: if it fails, the row charged someone else's key.
+
+The operator runs ``tunecache stats``, ``ls``, ``ls --graphs`` (also with ``--json``),
+``prune --max-graph-bytes 256KiB --older-than 30d`` (and a ``--dry-run``), ``show`` of a
+row the adversary planted (of each case by turns), ``export -o FILE`` (also
+``--best-only``) and ``prune --invalid --dry-run``, one every OPERATOR_EVERY (4) seconds,
+each a subprocess in its own session under CLI_TIMEOUT (120 s), with the operator's
+environment (none of the workers' TUNECACHE_* settings); after the workers stop, a last
+prune, ``ls --graphs``, ``stats``, ``stats --json``, ``show``, ``prune --invalid
+--dry-run`` and both exports. A command passes if it exits 0 with output free of raw
+control characters (``--json`` output and an export file: strict JSON, which has no NaN
+or Infinity), or, while the chaos runs, exits 1 or 2 with a one-line error (counted as an
+error, not a failure: the database may be down); a traceback, any other exit status, a
+raw control character, or an error in the last round (a quiet database) is a failure,
+and a timeout a hang.
 
 A watchdog reads each worker's status record (one pwrite of what it is doing: a call and
 its keys, a graph load or publish, a key file) twice a second; an operation that has
@@ -81,14 +106,21 @@ same bound is applied to every operation that did return. So a hang in tunecache
 hangs the soak: every process it starts is in a session of its own under a bound, and
 SIGINT/SIGTERM kill them all and remove the temp dir and the private PostgreSQL cluster.
 
-The three invariants, printed per backend with counts per case (planted, skipped, failed,
-hung, touched; the keys a plant aimed at attribute failures and hangs to it, and the rest
-are ``normal``), then one JSON summary line (``{"soak_summary": backend, ...}``):
+The invariants, printed per backend with counts per case (planted, skipped, failed,
+hung, touched, keys failed; the keys a plant aimed at attribute failures and hangs to it,
+and the rest are ``normal``), then one JSON summary line (``{"soak_summary": backend,
+...}``):
 
-- **jobs failed**: calls that raised, graph loads or publishes that raised or returned
-  other bytes than were published, jobs that accepted the world-writable verify key,
-  duplicates by live owners, divergent results, worker crashes, and failed operator
-  commands;
+- **jobs failed**: jobs (one ``tunecache.open`` ... ``close`` of a worker) in which a call
+  raised, a graph load or publish raised or returned other bytes than were published, or
+  the world-writable verify key was accepted; and each duplicate by a live owner,
+  divergent result and worker crash;
+- **keys failed that no one tampered with**: entries in state ``failed`` at the end whose
+  row the adversary never wrote (it logs the hash of every row it writes); each is named.
+  Workers run with TUNECACHE_MAX_ATTEMPTS ``--max-attempts`` (10): chaos alone does not
+  exhaust a key, a tuner that raises on every job does;
+- **CLI commands failed**: operator commands that failed (a traceback, raw control
+  characters, output or an export file that is not strict JSON, another exit status);
 - **files outside the cache touched**: canary files deleted, no longer plain files, or
   changed in content or mode, and files created in a canary folder;
 - **hangs**: operations past the hang bound, workers still running at the end, operator
@@ -116,6 +148,7 @@ import logging
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -144,6 +177,8 @@ WINDOW = 6  # keys one call may ask for, from the current generation on
 # absent, publishes) graphs of the last GRAPH_WINDOW generations, so each is read again by
 # many jobs after its first publish.
 GRAPH_WINDOW = 5
+# Keys of a family (the even ones) start a new family every FAMILY_SECONDS of keys.
+FAMILY_SECONDS = 10
 # A worker's operation (a call, a graph load or publish) hangs when it waits longer than
 # HANG_LEASES leases, not counting its own tuning nor the time it was frozen. The longest
 # wait of 10-minute chaos runs on a loaded 2-core VM was 3.2 leases (a dead owner's lease,
@@ -164,11 +199,74 @@ def soak_key(run: str, i: int) -> dict[str, Any]:
     return {"kind": "soak", "op": "mm", "run": run, "i": i}
 
 
+def gemm_inputs(m: int, n: int = 128) -> str:
+    """Inductor's ``inputs_key`` of an (m x 256) @ (256 x n) float32 mm on the CPU, the
+    text tunecache.inductor.transfer reads sizes from."""
+    return repr([("cpu", "torch.float32", m, 256, 256, 1, 0),
+                 ("cpu", "torch.float32", 256, n, n, 1, 0)])
+
+
+def family_mapping(run: str, i: int, m: int, n: int = 128) -> dict[str, Any]:
+    """A GEMM key of the family of workload key ``i`` (one family per FAMILY_SECONDS of
+    keys, so that every family keeps under the 64 neighbours a key reads)."""
+    return {"kind": "gemm", "op": "mm", "run": run,
+            "family": i // (KEYS_PER_GENERATION * FAMILY_SECONDS), "inputs": gemm_inputs(m, n)}
+
+
+def has_family(i: int) -> bool:
+    return i % 2 == 0
+
+
+def workload_key(run: str, i: int) -> Any:
+    """The Key of workload number ``i``: an even number is a GEMM key with a family (its
+    sizes say which number it is: m = i + 2), whose tuner reads its neighbours first as
+    transfer does; an odd one a plain key."""
+    from tunecache.inductor.transfer import gemm_family  # torch-free
+    from tunecache.keys import Key
+
+    if not has_family(i):
+        return Key.of(soak_key(run, i))
+    mapping = family_mapping(run, i, i + 2)
+    return Key.of(mapping, family=gemm_family(mapping))
+
+
+def neighbour_key(run: str, i: int, n: int = 129, m: int | None = None) -> Any:
+    """A key of the family of (even) workload number ``i``, near it (m = i + 1: odd, so no
+    worker asks for it; n tells the adversary's rows apart), that the adversary plants
+    as a neighbour jobs will read."""
+    from tunecache.inductor.transfer import gemm_family
+    from tunecache.keys import Key
+
+    mapping = family_mapping(run, i, i + 1 if m is None else m, n)
+    return Key.of(mapping, family=gemm_family(mapping))
+
+
+CANDIDATES = ("aten", "triton_a", "triton_b")
+# The same three as Inductor names GEMM candidates, so that transfer can match them.
+GEMM_CANDIDATES = ("extern:mm", "triton:mm:BLOCK_M=32, BLOCK_N=32, num_warps=4",
+                   "triton:mm:BLOCK_M=64, BLOCK_N=64, num_warps=4")
+
+
 def timings_for(pid: int, i: int) -> dict[str, float]:
     """Deterministic per (process, key) and different between processes: a key tuned
     twice, or a result taken from the wrong tuner, shows as a difference."""
     rng = random.Random(f"{pid}:{i}")
-    return {name: round(rng.uniform(0.1, 2.0), 6) for name in ("aten", "triton_a", "triton_b")}
+    names = GEMM_CANDIDATES if has_family(i) else CANDIDATES
+    return {name: round(rng.uniform(0.1, 2.0), 6) for name in names}
+
+
+def with_transfer_meta(cache: Any, key: Any, timings: dict[str, float]) -> tuple[Any, bool]:
+    """What a transfer tuner does with a key of a family: read its neighbours, plan from
+    them (tunecache.inductor.transfer, as a GEMM lookup does), and store the plan and
+    the untuned baseline as meta. (Tuned timings, whether a plan was found.)"""
+    from tunecache import Tuned
+    from tunecache.inductor.transfer import baseline_meta, plan_transfer
+
+    plan = plan_transfer(key.mapping, cache.neighbours(key))
+    meta = baseline_meta(timings)
+    if plan is not None:
+        meta.update(plan.meta(sum(map(plan.keeps, timings)), len(timings)))
+    return Tuned(timings, meta), plan is not None
 
 
 class EventLog:
@@ -264,9 +362,12 @@ class Worker:
         self.status = Status(os.path.join(spec["logdir"], f"status-{self.pid}"))
         self.lease = float(os.environ["TUNECACHE_LEASE_SECONDS"])
         self.calls = 0
+        self.job = 0  # jobs (open ... close) this worker started
 
     def run(self) -> None:
         while time.time() < self.spec["deadline"]:
+            self.job += 1
+            start = time.time()
             cache = tunecache.open(self.spec["url"])
             # A job with a nearly free tuner (a warm local cache, say) makes
             # get_or_tune_many claim keys in batches; one slow key among them must not
@@ -281,9 +382,12 @@ class Worker:
             try:
                 cache.close()
             except Exception as e:  # noqa: BLE001 - counted like a call that raised
-                self.log.write(ev="call", pid=self.pid, call=-1, start=time.time(),
-                               end=time.time(), results={}, keys=[], tuning=0.0,
-                               raised=f"close: {e!r}")
+                self.log.write(ev="call", pid=self.pid, job=self.job, call=-1,
+                               start=time.time(), end=time.time(), results={}, keys=[],
+                               tuning=0.0, raised=f"close: {e!r}")
+            # The peak RSS so far: a neighbour read that fetches oversize rows shows here.
+            self.log.write(ev="job", pid=self.pid, job=self.job, start=start, end=time.time(),
+                           rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
     def call(self, cache: Any, cheap: bool) -> None:
         """One get_or_tune or get_or_tune_many on keys of the moving window; logs the
@@ -296,24 +400,35 @@ class Worker:
         if one:
             numbers = [rng.choice(numbers)]
 
-        def tune(key: Any) -> dict[str, float]:
-            self.log.write(ev="tune", pid=self.pid, call=call, i=key["i"], t=time.time(),
-                           local=cache.disabled_reason is not None)
-            self.status.tune(started=True)
-            # Now and then longer than the lease: only the heartbeat keeps the claim.
-            if rng.random() < (0.03 if cheap else 0.15):
-                time.sleep(1.3 * self.lease)
-            else:
-                time.sleep(0.0005 if cheap else rng.uniform(0.05, 0.3))
-            self.status.tune(started=False)
-            return timings_for(self.pid, key["i"])
+        keys = [workload_key(self.spec["run"], i) for i in numbers]
+        number_of = {k.hash: i for k, i in zip(keys, numbers)}
+        key_of = {k.hash: k for k in keys}
 
-        keys = [soak_key(self.spec["run"], i) for i in numbers]
+        def tune(mapping: Any) -> dict[str, float]:
+            key = key_of[key_hash(mapping)[0]]
+            i = number_of[key.hash]
+            self.log.write(ev="tune", pid=self.pid, job=self.job, call=call, i=i,
+                           t=time.time(), local=cache.disabled_reason is not None)
+            self.status.tune(started=True)
+            try:
+                timings = timings_for(self.pid, i)
+                if key.family is not None:  # what a transfer tuner reads first
+                    timings, planned = with_transfer_meta(cache, key, timings)
+                    self.log.write(ev="plan", pid=self.pid, job=self.job, i=i, planned=planned)
+                # Now and then longer than the lease: only the heartbeat keeps the claim.
+                if rng.random() < (0.03 if cheap else 0.15):
+                    time.sleep(1.3 * self.lease)
+                else:
+                    time.sleep(0.0005 if cheap else rng.uniform(0.05, 0.3))
+            finally:
+                self.status.tune(started=False)
+            return timings
+
         start, raised, results = time.time(), None, {}
         self.status.begin("call", keys=numbers)
         try:
             if one:
-                found = [cache.get_or_tune(keys[0], lambda: tune(keys[0]))]
+                found = [cache.get_or_tune(keys[0], lambda: tune(keys[0].mapping))]
             else:
                 found = cache.get_or_tune_many(keys, tune)
             results = {str(i): [r.source, r.timings] for i, r in zip(numbers, found)}
@@ -322,8 +437,9 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - a caller that raised is what we count
             raised = f"{type(e).__name__}: {e}"
         tuning = self.status.end()
-        self.log.write(ev="call", pid=self.pid, call=call, start=start, end=time.time(),
-                       results=results, keys=numbers, tuning=round(tuning, 4), raised=raised)
+        self.log.write(ev="call", pid=self.pid, job=self.job, call=call, start=start,
+                       end=time.time(), results=results, keys=numbers, tuning=round(tuning, 4),
+                       raised=raised)
 
     def graphs(self, cache: Any) -> None:
         """Compiled graphs as Inductor shares them: set up graph sharing from the job's
@@ -351,8 +467,8 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - a job that raised is what we count
             raised = f"{type(e).__name__}: {e}"
         self.status.end()
-        self.log.write(ev="keyfile", pid=self.pid, role=role, start=start, end=time.time(),
-                       accepted=share is not None, raised=raised)
+        self.log.write(ev="keyfile", pid=self.pid, job=self.job, role=role, start=start,
+                       end=time.time(), accepted=share is not None, raised=raised)
         if share is None:
             return
         top = generation(self.spec)
@@ -375,8 +491,8 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - GraphShare promises never to raise
             raised = f"{type(e).__name__}: {e}"
         self.status.end()
-        self.log.write(ev="graph", pid=self.pid, graph=i, start=start, end=time.time(),
-                       outcome=outcome, wrong=wrong, raised=raised)
+        self.log.write(ev="graph", pid=self.pid, job=self.job, graph=i, start=start,
+                       end=time.time(), outcome=outcome, wrong=wrong, raised=raised)
 
 
 def run_worker(spec: dict[str, Any]) -> None:
@@ -515,12 +631,31 @@ CASES = [
     "garbled_timings", "lease_wrong_type", "lock_symlink", "graph_size_int64_max",
     "verify_key_world_writable",
 ]
+# The cases of neighbour rows (and of huge numbers and oversize text in a stored column).
+CASES += ["huge_int_timings", "huge_int_meta", "huge_transfer_benchmarked", "nan_meta",
+          "hits_crowding", "family_escape", "oversize_meta", "oversize_timings"]
+# A few MiB of text each: planted on one turn of the cases in RARE_EVERY, so that the
+# database stays small (a key's meta may have 64 KiB, its timings 1 MiB).
+RARE = {"oversize_meta", "oversize_timings"}
+RARE_EVERY = 3
+OVERSIZE_BYTES = 4 * 2**20
+NEIGHBOUR_TIMINGS = json.dumps({GEMM_CANDIDATES[0]: 0.5, GEMM_CANDIDATES[1]: 0.25})
+HUGE_310 = "1" + "0" * 309  # a JSON integer of 310 digits: float() of it overflows
+
+
+def raw_json(value: Any, **raw: str) -> str:
+    """The JSON text of ``value``, each string ``"@name@"`` in it replaced by the text
+    ``raw[name]``: what no encoder writes (a 4300-digit integer, NaN)."""
+    text = json.dumps(value)
+    for name, replacement in raw.items():
+        text = text.replace(json.dumps(f"@{name}@"), replacement)
+    return text
 SQLITE_ONLY = {"blob_fifo", "blob_shard_symlink", "keys_shard_symlink", "lock_symlink"}
 OLD = 1_000_000_000.0  # 2001-09-09: the mtime of canary files and old hostile rows
 _ENTRY_COLUMNS = ("key_hash", "key_json", "kind", "op", "device", "torch_version",
                   "triton_version", "state", "owner", "token", "lease_expires_at", "attempts",
                   "timings_json", "best", "tune_seconds", "error", "created_at", "updated_at",
-                  "last_used_at", "hits")
+                  "last_used_at", "hits", "family", "meta_json")
 _ARTIFACT_COLUMNS = ("kind", "cache_key", "digest", "signature", "size", "torch_version",
                      "created_at", "last_used_at", "payload")
 
@@ -558,6 +693,7 @@ class Adversary:
         self.blobs: str = spec.get("blobs") or ""  # SQLite's blob root ("" on PostgreSQL)
         self.planted: dict[str, set[int]] = {"keys": set(), "graphs": set()}
         self.made = 0
+        self.rows: list[str] = []  # hashes of the entry rows the plant under way wrote
 
     def run(self) -> None:
         cases = [c for c in CASES if not (self.pg and c in SQLITE_ONLY)]
@@ -568,21 +704,26 @@ class Adversary:
         while time.time() < self.spec["deadline"]:
             case = cases[n % len(cases)]
             n += 1
+            if case in RARE and (n - 1) // len(cases) % RARE_EVERY:
+                continue  # planted on one turn of the cases in RARE_EVERY
+            self.rows = []
             try:
                 record = getattr(self, case)()
             except Exception as e:  # noqa: BLE001 - a plant that did not take is skipped
                 record = {"skipped": f"{type(e).__name__}: {e}"[:300]}
-            self.log.write(case=case, t=time.time(), **record)
+            # Every row written, whether the plant took or not (a statement may have run).
+            self.log.write(case=case, t=time.time(), rows=self.rows, **record)
             time.sleep(HOSTILE_EVERY)
 
     # -- targets
 
-    def _upcoming(self, count: int, what: str = "keys") -> list[int]:
+    def _upcoming(self, count: int, what: str = "keys", family: bool = False) -> list[int]:
         """Workload numbers (keys or graphs) no job has asked for yet, but soon will. Keys
         are asked for only in their generation's second, by calls that start at one of
         its first three keys, so the third key of each of the next generations comes
         first: one key per generation, since a second in which no call starts (the
-        workers' start-up, a kill storm) would miss them all."""
+        workers' start-up, a kill storm) would miss them all. ``family``: only keys of a
+        family (whose jobs read their neighbours)."""
         first = generation(self.spec) + 3
         if what == "keys":
             # A cheap call asks for up to 24 keys (6 generations) from its own: further
@@ -592,7 +733,8 @@ class Adversary:
                      for g in range(first, first + 8)]
         else:
             order = list(range(first, first + 32))
-        found = [i for i in order if i not in self.planted[what]][:count]
+        found = [i for i in order if i not in self.planted[what]
+                 and (not family or has_family(i))][:count]
         self.planted[what].update(found)
         return found
 
@@ -625,21 +767,25 @@ class Adversary:
         finally:
             db.close()
 
-    def _entry(self, number: int | None, **columns: Any) -> tuple[str, list[Any]]:
-        from tunecache.keys import Key
-
+    def _entry(self, number: int | None, key: Any = None,
+               **columns: Any) -> tuple[str, list[Any]]:
+        """A row of workload key ``number``, of ``key`` (a Key: a neighbour), or of a hash
+        no job asks for; its hash is recorded as one the adversary tampered with."""
         now = time.time()
-        if number is None:
+        if number is None and key is None:
             row: dict[str, Any] = {"key_hash": uuid.uuid4().hex * 2, "key_json": "{}",
                                    "kind": "gemm", "op": "mm", "device": "cpu",
-                                   "torch_version": "2.13", "triton_version": None}
+                                   "torch_version": "2.13", "triton_version": None,
+                                   "family": None}
         else:
-            key = Key.of(soak_key(self.spec["run"], number))
-            row = {"key_hash": key.hash, "key_json": key.json, **key.labels}
+            key = key or workload_key(self.spec["run"], number or 0)
+            row = {"key_hash": key.hash, "key_json": key.json, **key.labels,
+                   "family": key.family}
         row.update(state="claimed", owner="adversary", token=1, lease_expires_at=now,
                    attempts=1, timings_json=None, best=None, tune_seconds=None, error=None,
-                   created_at=now, updated_at=now, last_used_at=None, hits=0)
+                   created_at=now, updated_at=now, last_used_at=None, hits=0, meta_json=None)
         row.update(columns)
+        self.rows.append(row["key_hash"])
         return _upsert("tunecache_entries", _ENTRY_COLUMNS, "key_hash", row, self.pg)
 
     def _artifact(self, kind: str, key: str, size: int, payload: bytes,
@@ -692,6 +838,83 @@ class Adversary:
                                    best="aten", tune_seconds=0.1, last_used_at=time.time())
                        for n, t in zip(numbers, chosen)])
         return {"keys": numbers, "variant": chosen}
+
+    # -- neighbours: rows of the family of a key jobs will ask for next, read (through
+    # TuneCache.neighbours) by the job that tunes it
+
+    def _neighbours(self, rows: list[dict[str, Any]], variant: Any,
+                    far: bool = False) -> dict[str, Any]:
+        """Done rows (columns in ``rows``) of keys near (``far``: 6 octaves from) the
+        next key of a family; that key is aimed at, not written."""
+        (i,) = self._upcoming(1, family=True)
+        now = time.time()
+        self._execute([
+            self._entry(None, neighbour_key(self.spec["run"], i, 129 + n,
+                                            (i + 1) * 64 if far else None),
+                        **{"state": "done", "lease_expires_at": None,
+                           "timings_json": NEIGHBOUR_TIMINGS, "best": GEMM_CANDIDATES[1],
+                           "tune_seconds": 0.1, "last_used_at": now, **columns})
+            for n, columns in enumerate(rows)])
+        return {"aimed": [i], "variant": variant}
+
+    def huge_int_timings(self) -> dict[str, Any]:
+        """A 310-digit integer timing: in a neighbour of the next key of a family, and in
+        the own done row of another key jobs will ask for."""
+        timings = raw_json({GEMM_CANDIDATES[0]: "@huge@", GEMM_CANDIDATES[1]: 0.25},
+                           huge=HUGE_310)
+        record = self._neighbours([{"timings_json": timings}], "310 digits")
+        (j,) = self._upcoming(1)
+        names = GEMM_CANDIDATES if has_family(j) else CANDIDATES
+        own = raw_json({names[0]: "@huge@", names[1]: 0.25}, huge=HUGE_310)
+        self._execute([self._entry(j, state="done", lease_expires_at=None, timings_json=own,
+                                   best=names[1], tune_seconds=0.1, last_used_at=time.time())])
+        return {**record, "keys": [j]}
+
+    def huge_int_meta(self) -> dict[str, Any]:
+        meta = raw_json({"baseline": {"candidate": GEMM_CANDIDATES[0], "ms": "@huge@"},
+                         "best_ms": "@huge@"}, huge=HUGE_310)
+        return self._neighbours([{"meta_json": meta}], "310 digits in baseline.ms, best_ms")
+
+    def huge_transfer_benchmarked(self) -> dict[str, Any]:
+        """Two rows whose transfer.benchmarked has 4300 digits: their sum has more than
+        Python converts to text."""
+        meta = raw_json({"transfer": {"from": [], "benchmarked": "@huge@", "generated": 3}},
+                        huge="1" + "0" * 4299)
+        return self._neighbours([{"meta_json": meta}, {"meta_json": meta}], "4300 digits")
+
+    def nan_meta(self) -> dict[str, Any]:
+        metas = [raw_json({"best_ms": "@nan@", "baseline": {"candidate": GEMM_CANDIDATES[0],
+                                                           "ms": "@inf@"}},
+                          nan="NaN", inf="Infinity"),
+                 raw_json({"best_ms": "@inf@", "transfer": {"from": [], "benchmarked": "@nan@",
+                                                            "generated": 3}},
+                          nan="NaN", inf="-Infinity")]
+        return self._neighbours([{"meta_json": m} for m in metas], "NaN, Infinity")
+
+    def oversize_meta(self) -> dict[str, Any]:
+        meta = json.dumps({"pad": "x" * OVERSIZE_BYTES})
+        return self._neighbours([{"meta_json": meta}] * 2, f"{len(meta)} bytes")
+
+    def oversize_timings(self) -> dict[str, Any]:
+        timings = json.dumps({GEMM_CANDIDATES[0]: 0.5, GEMM_CANDIDATES[2]: "9" * OVERSIZE_BYTES})
+        return self._neighbours([{"timings_json": timings}] * 2, f"{len(timings)} bytes")
+
+    def hits_crowding(self) -> dict[str, Any]:
+        """More rows than a key reads neighbours (64), far from it in size and used an
+        enormous number of times, so that they come first: genuine neighbours are
+        crowded out (slower tuning, never a wrong one)."""
+        hits = 2**31 - 1 if self.pg else 2**62  # PostgreSQL's column is an int4
+        return self._neighbours([{"hits": hits}] * 70, f"70 rows of {hits} hits", far=True)
+
+    def family_escape(self) -> dict[str, Any]:
+        """A done row whose family holds terminal escapes, CR and a newline."""
+        (i,) = self._upcoming(1, family=True)
+        family = "\x1b]0;owned\x07\x1b[2J\r\nfamily\x1b[0m"
+        key = dataclasses.replace(neighbour_key(self.spec["run"], i), family=family)
+        self._execute([self._entry(None, key, state="done", lease_expires_at=None,
+                                   timings_json=NEIGHBOUR_TIMINGS, best=GEMM_CANDIDATES[1],
+                                   tune_seconds=0.1, last_used_at=time.time())])
+        return {"variant": repr(family)}
 
     def hostile_names(self) -> dict[str, Any]:
         old = self.rng.random() < 0.5  # old ones are what prune --older-than selects
@@ -871,6 +1094,9 @@ def run_adversary(spec: dict[str, Any]) -> None:
 
 # -- the operator: tunecache's CLI while jobs run ----------------------------------------------
 
+# Placeholders in a command: the hash of a row the adversary planted (a different case
+# each time), and the operator's export file.
+PLANTED, EXPORT = "{planted}", "{export}"
 OPERATOR_COMMANDS = [
     ("cli_stats", ["stats"]),
     ("cli_ls", ["ls"]),
@@ -880,15 +1106,45 @@ OPERATOR_COMMANDS = [
     ("cli_ls", ["ls", "--json", "--limit", "200"]),
     ("cli_prune", ["prune", "--max-graph-bytes", "64KiB", "--older-than", "7d", "--dry-run"]),
     ("cli_ls", ["ls", "--graphs", "--json"]),
+    ("cli_show", ["show", PLANTED]),
+    ("cli_export", ["export", "-o", EXPORT]),
+    ("cli_prune", ["prune", "--invalid", "--dry-run"]),
+    ("cli_export", ["export", "--best-only", "-o", EXPORT]),
 ]
 # The last round, once every worker has stopped: each symlink planted is seen by a prune.
 FINAL_COMMANDS = [
     ("cli_prune", ["prune", "--max-graph-bytes", "256KiB", "--older-than", "30d"]),
     ("cli_ls", ["ls", "--graphs"]),
     ("cli_stats", ["stats"]),
+    ("cli_stats", ["stats", "--json"]),
+    ("cli_show", ["show", PLANTED]),
+    ("cli_prune", ["prune", "--invalid", "--dry-run"]),
+    ("cli_export", ["export", "-o", EXPORT]),
+    ("cli_export", ["export", "--best-only", "-o", EXPORT]),
 ]
 # What a terminal would act on: C0 controls but tab and newline, DEL and C1 controls.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str) -> bool:
+    """Whether ``text`` is one JSON value, or JSON lines, as any parser reads them: no
+    NaN or Infinity tokens."""
+    try:
+        json.loads(text, parse_constant=_not_json)
+        return True
+    except ValueError:
+        pass
+    try:
+        for line in text.splitlines():
+            if line.strip():
+                json.loads(line, parse_constant=_not_json)
+    except ValueError:
+        return False
+    return True
 
 
 def judge_cli(args: list[str], rc: int, out: bytes, err: bytes) -> tuple[str, str]:
@@ -904,14 +1160,16 @@ def judge_cli(args: list[str], rc: int, out: bytes, err: bytes) -> tuple[str, st
     if bad:
         return "failed", f"raw control character {bad.group()!r} in the output"
     if rc == 0:
-        if "--json" in args:
-            try:
-                json.loads(text)
-            except ValueError:
+        if "--json" in args and not strict_json(text):
+            return "failed", "--json output is not strict JSON"
+        if args[0] == "export":
+            with open(args[args.index("-o") + 1], "rb") as f:
                 try:
-                    [json.loads(line) for line in text.splitlines() if line.strip()]
-                except ValueError:
-                    return "failed", "--json output is not JSON"
+                    written = f.read().decode()
+                except UnicodeDecodeError:
+                    return "failed", "the export file is not UTF-8"
+            if _CONTROL.search(written) or not strict_json(written):
+                return "failed", "the export file is not strict JSON lines"
         return "ok", ""
     lines = [line for line in errors.splitlines() if line.strip()]
     if rc in (1, 2) and len(lines) == 1:
@@ -925,9 +1183,10 @@ class Operator(threading.Thread):
     is killed and it counts as hung). The environment is the operator's: none of the
     workers' TUNECACHE_* settings."""
 
-    def __init__(self, url: str, deadline: float) -> None:
+    def __init__(self, url: str, deadline: float, logdir: str) -> None:
         super().__init__(name="soak-operator", daemon=True)
-        self.url, self.deadline = url, deadline
+        self.url, self.deadline, self.logdir = url, deadline, logdir
+        self.shown = 0  # show: the planted row of which case comes next
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
         self.runs: list[dict[str, Any]] = []
         self._halt = threading.Event()
@@ -940,7 +1199,23 @@ class Operator(threading.Thread):
             self.command(*OPERATOR_COMMANDS[n % len(OPERATOR_COMMANDS)])
             n += 1
 
+    def planted(self) -> str | None:
+        """The hash of a row the adversary wrote, of the next case by turns."""
+        last: dict[str, str] = {}
+        for plant in read_plants(self.logdir):
+            if plant.get("rows"):
+                last[plant["case"]] = plant["rows"][-1]
+        if not last:
+            return None
+        self.shown += 1
+        return last[sorted(last)[self.shown % len(last)]]
+
     def command(self, case: str, args: list[str], final: bool = False) -> None:
+        planted = self.planted() if PLANTED in args else None
+        if PLANTED in args and planted is None:
+            return  # nothing planted yet
+        export = os.path.join(self.logdir, "export.jsonl")
+        args = [(planted or a) if a == PLANTED else export if a == EXPORT else a for a in args]
         argv = [sys.executable, "-m", "tunecache.cli", *args, "--db", self.url]
         start = time.time()
         with self._lock:
@@ -952,6 +1227,10 @@ class Operator(threading.Thread):
         try:
             out, err = proc.communicate(timeout=CLI_TIMEOUT)
             outcome, why = judge_cli(args, proc.returncode, out, err)
+            if final and outcome == "error":
+                # The last round runs on a quiet database (no chaos, no outage): an error
+                # there is the command's own, e.g. a hostile row it cannot get past.
+                outcome, why = "failed", f"error with no chaos: {why}"
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             proc.communicate()
@@ -993,6 +1272,7 @@ class Options:
     seed: int
     restart_every: float
     hostile: bool = True  # the adversary, the operator and compiled graphs
+    max_attempts: int = 10
 
     @property
     def hang_bound(self) -> float:
@@ -1037,7 +1317,7 @@ class Driver:
                      "seed": opts.seed, "t0": self.t0, "deadline": self.deadline,
                      **(hostile or {})}
         self.adversary: subprocess.Popen[bytes] | None = None
-        self.operator = Operator(url, self.deadline) if hostile else None
+        self.operator = Operator(url, self.deadline, logdir) if hostile else None
         self._next_watch = 0.0
 
     def spawn(self, role: str = "worker") -> subprocess.Popen[bytes]:
@@ -1264,6 +1544,8 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
     tunes: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (pid, call) -> tune events
     calls: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []  # graph loads and publishes, key files
+    jobs: dict[tuple[int, int], dict[str, Any]] = {}  # (pid, job) -> its end, if it ended
+    plans: list[bool] = []  # per tune of a key of a family: whether transfer planned
     plants = read_plants(driver.logdir)
     # Keys the adversary wrote rows for are judged by the hostile cases, not by the
     # duplicate and divergence checks (their stored rows are the adversary's).
@@ -1274,6 +1556,11 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
                 tunes.setdefault((ev["pid"], ev["call"]), []).append(ev)
         elif ev["ev"] == "call":
             calls.append(ev)
+            jobs.setdefault((ev["pid"], ev["job"]), {})
+        elif ev["ev"] == "job":
+            jobs[(ev["pid"], ev["job"])] = ev
+        elif ev["ev"] == "plan":
+            plans.append(ev["planned"])
         else:
             others.append(ev)
     # A tune is local if the cache was already disabled when it started, or if it is the
@@ -1312,6 +1599,8 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
                                   f"pid {p2} at {t2 - driver.t0:.1f}s")
 
     numbers = ({int(i) for c in calls for i in c["results"]} | set(claimed)) - hostile
+    asked = {workload_key(driver.spec["run"], i).hash: i
+             for i in {int(i) for c in calls for i in c["keys"]} | set(claimed)}
     stored, takeovers = read_stored(driver.url, driver.spec["run"], numbers)
     divergent: dict[int, str] = {}
     sources: dict[str, int] = {}
@@ -1354,8 +1643,13 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
         "examples": (duplicates[:3] + list(divergent.values())[:3] + raised[:3]
                      + chaos.crashes[:3]),
         # Calls that raised are counted by hostile_report, by case.
+        "jobs": len(jobs),
+        "tunes_planned": f"{sum(plans)}/{len(plans)}",
+        "peak_rss_mib": round(max((j.get("rss_kib", 0) for j in jobs.values()), default=0)
+                              / 1024, 1),
         **hostile_report(driver, calls, others, plants, freezes_by_pid,
-                         duplicates + list(divergent.values()) + chaos.crashes),
+                         duplicates + list(divergent.values()) + chaos.crashes,
+                         read_failed(driver.url), asked),
     }
 
 
@@ -1405,24 +1699,38 @@ def check_canaries(plants: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dict[str, Any]],
                    plants: list[dict[str, Any]],
                    freezes_by_pid: dict[int, list[tuple[float, float]]],
-                   normal_failures: list[str]) -> dict[str, Any]:
-    """Per hostile case: plants, failures and hangs, attributed by the keys and graphs
-    the adversary aimed at; and the three invariants. A call that asked for keys of
-    several cases counts under each of them (the invariants count it once)."""
+                   normal_failures: list[str], failed_keys: list[tuple[str, str]],
+                   numbers_by_hash: dict[str, int]) -> dict[str, Any]:
+    """Per hostile case: plants, failures, hangs and keys marked failed, attributed by
+    the keys and graphs the adversary aimed at; and the invariants. A call that asked
+    for keys of several cases counts under each of them (the invariants count it
+    once). ``failed_keys``: (hash, error) of every entry in state failed."""
     bound = driver.opts.hang_bound
     cases: dict[str, dict[str, Any]] = {}
-    totals = {"failed": 0, "hung": 0}
+    totals = {"failed": 0, "hung": 0, "cli": 0, "failed_key": 0}
+    failed_jobs: set[tuple[int, int]] = set()
 
     def case(name: str) -> dict[str, Any]:
         return cases.setdefault(name, {"planted": 0, "skipped": 0, "failed": 0, "hung": 0,
-                                       "examples": []})
+                                       "keys_failed": 0, "examples": []})
 
-    def count(names: list[str] | str, what: str, example: str) -> None:
-        totals[what] += 1
+    # The column of a case each total counts in.
+    column = {"failed": "failed", "cli": "failed", "hung": "hung", "failed_key": "keys_failed"}
+
+    def count(names: list[str] | str, what: str, example: str, ev: Any = None) -> None:
+        """One ``what`` (a key of totals) of cases ``names``. Failures of a job's events
+        count the job once (jobs failed); other failures (duplicates, divergent results,
+        crashes) count each."""
+        if what == "failed" and ev is not None and "job" in ev:
+            job = (ev["pid"], ev["job"])
+            totals[what] += job not in failed_jobs
+            failed_jobs.add(job)
+        else:
+            totals[what] += 1
         names = [names] if isinstance(names, str) else names
         for name in names:
             c = case(name)
-            c[what] += 1
+            c[column[what]] += 1
             if len(c["examples"]) < 3:
                 also = f" [also counted under {', '.join(n for n in names if n != name)}]" \
                     if len(names) > 1 else ""
@@ -1433,7 +1741,7 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
     for p in plants:
         c = case(p["case"])
         c["skipped" if "skipped" in p else "planted"] += 1
-        key_case.update({i: p["case"] for i in p.get("keys", [])})
+        key_case.update({i: p["case"] for i in [*p.get("keys", []), *p.get("aimed", [])]})
         graph_case.update({i: p["case"] for i in p.get("graphs", [])})
 
     def attribute(keys: Any = (), graph: Any = None, role: Any = None) -> list[str]:
@@ -1452,7 +1760,7 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
     for call in calls:
         names = attribute(call.get("keys"))
         if call["raised"]:
-            count(names, "failed", f"pid {call['pid']} raised {call['raised']}")
+            count(names, "failed", f"pid {call['pid']} raised {call['raised']}", call)
         waited = call["end"] - call["start"] - call.get("tuning", 0.0) \
             - frozen(call["pid"], call["start"], call["end"])
         if waited > bound:
@@ -1461,12 +1769,12 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
     for ev in others:
         names = attribute(graph=ev.get("graph"), role=ev.get("role"))
         if ev.get("raised"):
-            count(names, "failed", f"pid {ev['pid']} {ev['ev']} raised {ev['raised']}")
+            count(names, "failed", f"pid {ev['pid']} {ev['ev']} raised {ev['raised']}", ev)
         if ev.get("wrong"):
             count(names, "failed", f"pid {ev['pid']} loaded graph {ev['graph']} with other "
-                  "bytes than were published")
+                  "bytes than were published", ev)
         if ev["ev"] == "keyfile" and ev["role"] == "hostile_key" and ev["accepted"]:
-            count(names, "failed", f"pid {ev['pid']} loaded the world-writable verify key")
+            count(names, "failed", f"pid {ev['pid']} loaded the world-writable verify key", ev)
         waited = ev["end"] - ev["start"] - frozen(ev["pid"], ev["start"], ev["end"])
         if waited > bound:
             count(names, "hung", f"pid {ev['pid']} {ev['ev']} took {waited:.1f}s")
@@ -1484,8 +1792,19 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
             if len(c["examples"]) < 3:
                 c["examples"].append(f"(error) tunecache {' '.join(run['args'])}: {run['why']}")
         if run["outcome"] in ("failed", "hang"):
-            count(run["case"], "failed" if run["outcome"] == "failed" else "hung",
+            count(run["case"], "cli" if run["outcome"] == "failed" else "hung",
                   f"tunecache {' '.join(run['args'])}: {run['why']}")
+    # Keys marked failed: each must be one the adversary wrote a row for; any other was
+    # charged for someone else's row (a neighbour), or failed on its own.
+    tampered = {h for p in plants for h in p.get("rows", [])}
+    untampered = []
+    for row_hash, error in failed_keys:
+        if row_hash in tampered:
+            continue
+        i = numbers_by_hash.get(row_hash)
+        untampered.append(row_hash)
+        count(attribute([i] if i is not None else ()), "failed_key",
+              f"key {row_hash[:16]} (number {i}) marked failed: {error}")
     touched = check_canaries(plants)
     for planted_by, what in touched:
         c = case(planted_by)
@@ -1495,6 +1814,9 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
     return {
         "cases": cases,
         "jobs_failed": totals["failed"],
+        "keys_failed_untampered": totals["failed_key"],
+        "keys_failed": len(failed_keys),
+        "cli_failed": totals["cli"],
         "files_touched": len(touched),
         "hangs": totals["hung"],
         "hang_bound_s": bound,
@@ -1504,7 +1826,7 @@ def hostile_report(driver: Driver, calls: list[dict[str, Any]], others: list[dic
 def read_stored(url: str, run: str, numbers: set[int]) -> tuple[dict[int, Any], int]:
     """Stored timings of done keys by number, and the takeovers (every claim after a
     key's first bumps its fencing token), read through tunecache's own store."""
-    hashes = {key_hash(soak_key(run, i))[0]: i for i in numbers}
+    hashes = {workload_key(run, i).hash: i for i in numbers}
     cache = tunecache.open(url)
     try:
         rows = cache.store.read(list(hashes))
@@ -1513,6 +1835,25 @@ def read_stored(url: str, run: str, numbers: set[int]) -> tuple[dict[int, Any], 
     stored = {hashes[h]: json.loads(row.timings_json)
               for h, row in rows.items() if row.state == "done" and row.timings_json}
     return stored, sum((row.token or 1) - 1 for row in rows.values())
+
+
+def read_failed(url: str) -> list[tuple[str, str]]:
+    """(key hash, error) of every entry marked failed, read with the driver's own SQL (a
+    hostile row may be anything)."""
+    sql = "SELECT key_hash, substr(error, 1, 200) FROM tunecache_entries WHERE state = 'failed'"
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.split("///", 1)[1], timeout=60)
+        conn.text_factory = lambda b: b.decode(errors="replace")
+        try:
+            rows = conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(libpq_url(url), connect_timeout=10) as pg:
+            rows = pg.execute(sql).fetchall()
+    return [(str(h), ascii(e)) for h, e in rows]
 
 
 # -- one backend, end to end ---------------------------------------------------------------
@@ -1543,8 +1884,11 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
            # SQLite writer holds the lock longer, and its peers then fall back to local.
            "TUNECACHE_LOCK_TIMEOUT": str(opts.lease / 2),
            "TUNECACHE_WAIT_TIMEOUT": str(max(60.0, 10 * opts.lease)),
-           # Kills are not the tuner's fault: a key should never run out of attempts here.
-           "TUNECACHE_MAX_ATTEMPTS": "1000",
+           # Kills and freezes cost a key an attempt when its claim is taken over, and
+           # are not the tuner's fault: a key should not run out of attempts for them
+           # (that takes max_attempts - 1 takeovers in a row). A tuner that raises every
+           # time (a poisoned neighbour) exhausts a key in seconds, as jobs ask for it.
+           "TUNECACHE_MAX_ATTEMPTS": str(opts.max_attempts),
            "TUNECACHE_TRITON_CONFIGS": "0"}
     driver = Driver(opts, url, logdir, env, restart_cmd,
                     hostile_setup(backend, url, workdir) if opts.hostile else None)
@@ -1610,7 +1954,9 @@ FIGURES = [
     ("divergent", "divergent results"), ("raised", "callers that raised"),
     ("failed", "failed results"), ("local_results", "local results"),
     ("crashes", "worker crashes"), ("hung", "hung workers"),
-    ("longest_wait_s", "longest wait (s)"),
+    ("longest_wait_s", "longest wait (s)"), ("jobs", "jobs"),
+    ("tunes_planned", "tunes of a family with a transfer plan"),
+    ("peak_rss_mib", "peak worker RSS (MiB)"), ("keys_failed", "keys marked failed"),
 ]
 
 
@@ -1622,10 +1968,10 @@ def print_report(row: dict[str, Any]) -> None:
     for example in row["examples"]:
         print(f"  ! {example}")
     print(f"  {'case':<28} {'planted':>7} {'skipped':>7} {'failed':>6} {'hung':>5} "
-          f"{'touched':>7}")
+          f"{'touched':>7} {'keys failed':>11}")
     for name, c in sorted(row["cases"].items()):
         print(f"  {name:<28} {c['planted']:>7} {c['skipped']:>7} {c['failed']:>6} "
-              f"{c['hung']:>5} {c.get('touched', 0):>7}")
+              f"{c['hung']:>5} {c.get('touched', 0):>7} {c['keys_failed']:>11}")
         for example in c["examples"]:
             print(f"    ! {example!a}"[:400])
     for name, label in INVARIANTS:
@@ -1633,8 +1979,10 @@ def print_report(row: dict[str, Any]) -> None:
         print(f"  {label:<38} {row[name]}  {verdict}")
 
 
-# The three invariants of the hostile soak (all must be 0).
+# The invariants of the hostile soak (all must be 0).
 INVARIANTS = [("jobs_failed", "jobs failed"),
+              ("keys_failed_untampered", "keys failed that no one tampered with"),
+              ("cli_failed", "CLI commands failed (traceback, output)"),
               ("files_touched", "files outside the cache touched"),
               ("hangs", "hangs")]
 
@@ -1671,6 +2019,8 @@ def main() -> int:
     parser.add_argument("--restart-every", type=float, default=30.0,
                         help="seconds between PostgreSQL restarts (default 30)")
     parser.add_argument("--seed", type=int, default=None, help="the chaos's random seed")
+    parser.add_argument("--max-attempts", type=int, default=10,
+                        help="TUNECACHE_MAX_ATTEMPTS of the workers (default 10)")
     parser.add_argument("--pg-url", default=None,
                         help="an existing server's database instead of a private cluster "
                         "(one the soak may have to itself: it terminates tunecache's "
@@ -1689,10 +2039,12 @@ def main() -> int:
         run_adversary(json.loads(args.adversary))
         return 0
     seconds = args.seconds if args.seconds is not None else args.minutes * 60
-    if seconds <= 0 or args.workers < 2 or args.lease <= 0:
-        parser.error("--seconds (--minutes) and --lease must be positive, --workers at least 2")
+    if seconds <= 0 or args.workers < 2 or args.lease <= 0 or args.max_attempts < 1:
+        parser.error("--seconds (--minutes), --lease and --max-attempts must be positive, "
+                     "--workers at least 2")
     seed = random.randrange(1 << 30) if args.seed is None else args.seed
-    opts = Options(seconds, args.workers, args.lease, seed, args.restart_every, args.hostile)
+    opts = Options(seconds, args.workers, args.lease, seed, args.restart_every, args.hostile,
+                   args.max_attempts)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     # SIGINT and SIGTERM clean up through the finally clauses (SIGINT explicitly: a shell
     # starts background jobs with it ignored, and Python then installs no handler).
