@@ -1571,14 +1571,14 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
                 mine = [t for t in tunes.get((call["pid"], call["call"]), []) if t["i"] == int(i)]
                 if mine:
                     mine[-1]["local"] = True
-    claimed: dict[int, list[tuple[float, int]]] = {}
+    claimed: dict[int, list[tuple[float, int, int]]] = {}
     local_tunes = 0
     for events in tunes.values():
         for t in events:
             if t["local"]:
                 local_tunes += 1
             else:
-                claimed.setdefault(t["i"], []).append((t["t"], t["pid"]))
+                claimed.setdefault(t["i"], []).append((t["t"], t["pid"], t["call"]))
 
     freezes_by_pid: dict[int, list[tuple[float, float]]] = {}
     for pid, a, b in chaos.freezes:
@@ -1590,11 +1590,14 @@ def analyse(driver: Driver, outages: list[tuple[float, float]]) -> dict[str, Any
                 or _overlaps(freezes_by_pid.get(pid, []), start, end, lease / 2)
                 or _overlaps(down, start, end, lease / 2))
 
+    # A tuner that raised gave its claim back (the call raised, counted as failed): the
+    # next tune of its key is no duplicate.
+    raised_calls = {(c["pid"], c["call"]) for c in calls if c["raised"]}
     duplicates = []
     for i, starts in claimed.items():
         starts.sort()
-        for (t1, p1), (t2, p2) in itertools.pairwise(starts):
-            if not excused(p1, t1, t2):
+        for (t1, p1, c1), (t2, p2, _) in itertools.pairwise(starts):
+            if (p1, c1) not in raised_calls and not excused(p1, t1, t2):
                 duplicates.append(f"key {i}: pid {p1} at {t1 - driver.t0:.1f}s, "
                                   f"pid {p2} at {t2 - driver.t0:.1f}s")
 
