@@ -71,7 +71,7 @@ def stored_key(key_json: Any) -> dict[str, Any]:
     try:
         key = stored_json.loads(key_json, MAX_KEY_BYTES)
     except stored_json.StoredJSONError as e:
-        raise ValueError(f"key is not valid JSON ({e})") from None
+        raise ValueError(f"key is {e}") from None
     if not isinstance(key, dict):
         raise ValueError("key is not a JSON object")
     return key
