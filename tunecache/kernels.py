@@ -39,6 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import stored_json
+from .files import read_regular
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .core.cache import TuneCache
     from .core.graphs import GraphShare
@@ -61,8 +64,12 @@ _MAGIC = b"TCK1"
 # What one entry may hold: Triton writes one file per stage (source, ttir, ttgir, llir,
 # ptx, cubin, json: 7 on NVIDIA); names are Triton's, "<kernel name>.<stage>".
 MAX_FILES = 32
-_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
+# \Z, not $: "$" also matches before a final newline, which would let "name\n" through.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")
 _GROUP = "__grp__"
+# A pack's header lists at most MAX_FILES names of 200 characters and their lengths; a
+# local group file maps as many names to paths.
+_MAX_HEADER = 64 * 1024
 
 
 def _safe_name(name: Any) -> bool:
@@ -87,8 +94,8 @@ def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
         return None
     head, sep, body = data[len(_MAGIC):].partition(b"\n")
     try:
-        header = json.loads(head) if sep else None
-    except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
+        header = stored_json.loads(head, _MAX_HEADER) if sep else None
+    except stored_json.StoredJSONError:
         return None
     if not isinstance(header, dict) or not _safe_name(header.get("group")):
         return None
@@ -272,11 +279,15 @@ class KernelCacheManager(_TritonCacheManager):
         path = os.path.join(self.cache_dir, _GROUP + filename)
         if not os.path.exists(path):
             return None
+        # Anyone who can write Triton's cache directory can leave a FIFO here (a plain
+        # open would wait for a writer forever) or a symlink to /dev/zero: opened without
+        # blocking or following a link, a regular file only, read up to a bound.
         try:
-            with open(path, encoding="utf-8") as f:
-                children = json.load(f).get("child_paths")
-        except (OSError, ValueError, RecursionError, AttributeError):
+            raw, _ = read_regular(path, _MAX_HEADER + 1)
+            value = stored_json.loads(raw, _MAX_HEADER)
+        except (OSError, stored_json.StoredJSONError):
             return None
+        children = value.get("child_paths") if isinstance(value, dict) else None
         if not isinstance(children, dict):
             return None
         return {name: p for name, p in children.items()

@@ -15,7 +15,6 @@ serves any autotuner. The guarantees:
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import stored_json
 from ..errors import InvalidEntryError, KeyFailedError, StoreError, TuneCacheError
 from ..keys import (
     MAX_KEY_BYTES,
@@ -72,6 +72,7 @@ class TuneCache:
         self._schema_pid = -1
         self._disabled: str | None = "TUNECACHE_MODE=off" if settings.mode == "off" else None
         self._warned_keys: set[str] = set()
+        self._warned_neighbours = False
         self._owner_pid = -1
         self._owner = ""
         self._heartbeat: Heartbeat | None = None
@@ -164,16 +165,25 @@ class TuneCache:
             self._disable(e)
             return []
         found = []
+        skipped = 0
         for key_hash, key_json, timings_json, meta_json in rows:
             try:
-                if key_json is None or len(key_json) > MAX_KEY_BYTES:
-                    continue
-                mapping = json.loads(key_json)
+                # None: past the read's bound (claims.NEIGHBOUR_KEY_BYTES), or not text.
+                mapping = stored_json.loads(key_json, MAX_KEY_BYTES) \
+                    if key_json is not None else None
                 timings = validate_timings(timings_json, key_hash)
-            except (ValueError, RecursionError, InvalidEntryError):
-                continue
+            except (stored_json.StoredJSONError, InvalidEntryError):
+                mapping = None
             if isinstance(mapping, dict):
                 found.append(Neighbour(key_hash, mapping, timings, validate_meta(meta_json)))
+            else:
+                skipped += 1
+        if skipped and not self._warned_neighbours:
+            # Once per process: a family with planted rows is read by every new key.
+            self._warned_neighbours = True
+            logger.warning("tunecache: skipped %d neighbour entr%s of a %s key that could "
+                           "not be read (too large or malformed); further ones are skipped "
+                           "silently", skipped, "y" if skipped == 1 else "ies", kind[:40])
         return found
 
     def update_meta(self, key: KeyLike, **fields: Any) -> bool:

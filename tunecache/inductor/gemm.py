@@ -220,6 +220,7 @@ class GemmHooks:
         # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
         self.pending: weakref.WeakKeyDictionary[Any, Lowered] = weakref.WeakKeyDictionary()
         self._dist_warned = False
+        self._plan_warned = False
 
     # -- helpers
 
@@ -266,7 +267,18 @@ class GemmHooks:
                 return self.plans[key.hash]
         plan = None
         if key.family is not None and self.transfer_on():
-            plan = plan_transfer(key.mapping, self.cache().neighbours(key))
+            # Asked inside the tuner of the key's claim, so whatever it raised counted as
+            # that key's tuning failing: a neighbour row that broke the plan charged a key
+            # it has no part in an attempt, and its next job marked the key failed. The
+            # neighbours are other keys' rows; here they only fail the transfer.
+            try:
+                plan = plan_transfer(key.mapping, self.cache().neighbours(key))
+            except Exception as e:  # noqa: BLE001 - the key is tuned in full
+                with self.lock:
+                    first, self._plan_warned = not self._plan_warned, True
+                log.log(logging.WARNING if first else logging.DEBUG,
+                        "tunecache: no transfer plan for a GEMM key (%s: %s); tuning it in "
+                        "full", type(e).__name__, e)
         with self.lock:
             self.plans[key.hash] = plan
         return plan

@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import stored_json
 from ..core.graphs import GraphShare
 from ..errors import SigningKeyError
 from ..settings import Settings
@@ -57,6 +58,8 @@ log = logging.getLogger("tunecache")
 # Inductor's class name in torch._inductor.remote_cache -> our artifact kind.
 KIND_OF_CLASS = {"RemoteFxGraphCache": "fxgraph", "RemoteAOTAutogradCache": "autograd"}
 _MAGIC = b"TCG1"
+# The fields of Inductor's remote-cache value besides its data (a time, a version): tiny.
+MAX_FIELDS = 64 * 1024
 
 _HOW_TO = (
     "tunecache: compiled graphs are not shared through the database (no key configured); "
@@ -74,8 +77,8 @@ def encode_entry(value: Any) -> bytes | None:
         return None
     try:
         raw = base64.b64decode(value["data"], validate=True)
-        fields = json.dumps({k: v for k, v in value.items() if k != "data"},
-                            sort_keys=True, allow_nan=False)
+        fields = stored_json.check(json.dumps({k: v for k, v in value.items() if k != "data"},
+                                              sort_keys=True, allow_nan=False), MAX_FIELDS)
     except (binascii.Error, TypeError, ValueError):
         return None
     return _MAGIC + fields.encode() + b"\n" + raw  # json.dumps never writes a raw newline
@@ -87,8 +90,8 @@ def decode_entry(data: bytes) -> dict[str, Any] | None:
         return None
     fields, sep, raw = data[len(_MAGIC):].partition(b"\n")
     try:
-        value = json.loads(fields) if sep else None
-    except ValueError:
+        value = stored_json.loads(fields, MAX_FIELDS) if sep else None
+    except stored_json.StoredJSONError:
         return None
     if not isinstance(value, dict):
         return None

@@ -42,7 +42,7 @@ from sqlalchemy import (
     update,
 )
 
-from ..keys import MAX_CANDIDATE_NAME, MAX_KEY_BYTES, MAX_LABEL, MAX_TIMINGS_BYTES
+from ..keys import MAX_CANDIDATE_NAME, MAX_KEY_BYTES, MAX_LABEL, MAX_META_BYTES, MAX_TIMINGS_BYTES
 from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 from .columns import bounded
 from .schema import artifacts, entries, usage
@@ -70,8 +70,10 @@ __all__ = [
     "select_walk_end",
     "delete_pruned_range",
     "select_done_page",
-    "done_page",
     "select_transferred_page",
+    "select_warm_page",
+    "warm_page",
+    "WARM_KEY_BYTES",
     "select_done_timings_page",
     "delete_invalid",
     "count_done",
@@ -438,14 +440,35 @@ def select_done_page(env: EntryFilter | None, after: str, limit: int) -> Select[
     )
 
 
+# What warm reads of a row, bounded in SQL (columns.bounded): a key warm can rebuild has an
+# inputs key of at most 4096 characters (warm.inputs), so it is far under WARM_KEY_BYTES;
+# a transferred entry holds only the candidates its transfer kept (a few templates and the
+# extern kernels), far under WARM_TIMINGS_BYTES. A longer value comes back NULL, and the
+# key is skipped with its reason.
+WARM_KEY_BYTES = 16 * 1024
+WARM_TIMINGS_BYTES = 64 * 1024
+
+
+def select_warm_page(env: EntryFilter | None, after: str, limit: int) -> Select[Any]:
+    """A page of done entries' (key hash, key JSON) in key_hash order, for `warm`."""
+    cond = env.condition() if env else true()
+    return (
+        select(entries.c.key_hash, bounded(entries.c.key_json, WARM_KEY_BYTES))
+        .where(entries.c.state == "done", entries.c.key_hash > after, cond)
+        .order_by(entries.c.key_hash)
+        .limit(limit)
+    )
+
+
 def select_transferred_page(env: EntryFilter | None, after: str, limit: int) -> Select[Any]:
     """A page of done GEMM entries whose meta mentions "transfer" (tuned from neighbours'
     candidates), for `warm --exhaustive`; the caller validates the meta (LIKE only
     narrows the read: '_' and '%' do not occur in the pattern)."""
     cond = env.condition() if env else true()
     return (
-        select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json,
-               entries.c.meta_json)
+        select(entries.c.key_hash, bounded(entries.c.key_json, WARM_KEY_BYTES),
+               bounded(entries.c.timings_json, WARM_TIMINGS_BYTES),
+               bounded(entries.c.meta_json, MAX_META_BYTES))
         .where(entries.c.state == "done", entries.c.kind == "gemm",
                entries.c.meta_json.like('%"transfer"%'), entries.c.key_hash > after, cond)
         .order_by(entries.c.key_hash)
@@ -557,9 +580,9 @@ def rows(conn: Connection, statement: Any) -> list[Any]:
     return list(conn.execute(statement).all())
 
 
-def done_page(conn: Connection, env: EntryFilter | None, after: str, limit: int) -> list[Any]:
-    """A page of done entries after key hash ``after`` (see :func:`select_done_page`)."""
-    return list(conn.execute(select_done_page(env, after, limit)).all())
+def warm_page(conn: Connection, env: EntryFilter | None, after: str, limit: int) -> list[Any]:
+    """A page of done entries after key hash ``after`` (see :func:`select_warm_page`)."""
+    return list(conn.execute(select_warm_page(env, after, limit)).all())
 
 
 def stats_groups(conn: Connection) -> list[Any]:

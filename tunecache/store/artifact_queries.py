@@ -31,6 +31,7 @@ from .artifact_rows import (
     LAST_USE,
     MAX_LABEL_CHARS,
     MAX_PAYLOAD_BYTES,
+    MAX_TORCH_CHARS,
     NOW,
     ArtifactInfo,
     info_of,
@@ -93,9 +94,13 @@ def _condition(where: GraphFilter | None) -> Any:
 
 # -- the statements -----------------------------------------------------------------------
 
-_INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key, artifacts.c.digest, artifacts.c.size,
-                 artifacts.c.torch_version, artifacts.c.created_at, artifacts.c.last_used_at,
-                 artifacts.c.hits)
+# The digest and torch version bounded in SQL (columns.bounded). Kind and key are the
+# primary key the pages are walked by, so they come back whole: PostgreSQL bounds them by
+# their types (varchar 32 and 512), SQLite keeps what the writer put.
+_INFO_COLUMNS = (artifacts.c.kind, artifacts.c.cache_key,
+                 columns.bounded(artifacts.c.digest, 64), artifacts.c.size,
+                 columns.bounded(artifacts.c.torch_version, MAX_TORCH_CHARS),
+                 artifacts.c.created_at, artifacts.c.last_used_at, artifacts.c.hits)
 # payload_size in SQL (SQLite sorts text and blobs above every number, so they fall
 # outside too; a fraction is no whole number of bytes).
 _SIZE_VALID = and_(artifacts.c.size.between(0, MAX_PAYLOAD_BYTES),

@@ -38,7 +38,7 @@ __all__ = [
 # The kinds tunecache shares today (Inductor's FX graph and AOTAutograd entries, Triton's
 # compiled kernels); any name of this shape is stored (a later tunecache may share more).
 ARTIFACT_KINDS = ("fxgraph", "autograd", "kernel")
-_KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 MAX_KEY_CHARS = 512
 MAX_SIGNATURE_BYTES = 4096
 MAX_TORCH_CHARS = 256

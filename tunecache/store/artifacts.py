@@ -90,7 +90,11 @@ logger = logging.getLogger("tunecache")
 
 # -- the statements -----------------------------------------------------------------------
 
-_META = (artifacts.c.digest, artifacts.c.signature, artifacts.c.size, artifacts.c.torch_version,
+# Text and bytes a row's writer chose are bounded in SQL (columns.bounded): past its bound
+# a value comes back NULL, never read, and the row is refused like any malformed one.
+_DIGEST = columns.bounded(artifacts.c.digest, 64)
+_META = (_DIGEST, columns.bounded(artifacts.c.signature, MAX_SIGNATURE_BYTES),
+         artifacts.c.size, columns.bounded(artifacts.c.torch_version, MAX_TORCH_CHARS),
          artifacts.c.created_at, artifacts.c.last_used_at)
 # PostgreSQL: the payload's length is read first (octet_length reads the stored value's
 # header, not the value), and the bytes only come back when they are as many as the row
@@ -129,7 +133,7 @@ def _pg_read_binary(conn: Connection, params: dict[str, Any]) -> Any:
                                       dialect=conn.dialect) from e
 
 
-_EXISTS = select(artifacts.c.digest, artifacts.c.size).where(IDENTITY)
+_EXISTS = select(_DIGEST, artifacts.c.size).where(IDENTITY)
 _TOUCH = (
     update(artifacts)
     .where(IDENTITY, or_(artifacts.c.last_used_at.is_(None),
@@ -156,7 +160,8 @@ _INSERT = {d: _insert_statement(d) for d in ("sqlite", "postgresql")}
 # still the ones the replacer read and refused. Compared untyped and null-safe (IS / IS NOT
 # DISTINCT FROM): a hostile SQLite row may hold NULL, text or a number in either column,
 # and must still be replaceable.
-_ROW_VERSION = select(artifacts.c.digest, artifacts.c.signature).where(IDENTITY)
+_ROW_VERSION = select(_DIGEST, columns.bounded(artifacts.c.signature, MAX_SIGNATURE_BYTES)
+                      ).where(IDENTITY)
 _UNCHANGED = and_(
     type_coerce(artifacts.c.digest, NullType()).is_not_distinct_from(
         bindparam("p_old_digest", type_=NullType())),

@@ -45,7 +45,7 @@ __all__ = ["BlobDir", "DIGEST", "blob_dir_for", "ORPHAN_SECONDS"]
 
 logger = logging.getLogger("tunecache")
 
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
+DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 # A blob (or temporary file, or lock) with no row for this long is an orphan: the row of
 # a put is inserted within a lock timeout of its blob, so an hour leaves every put in
 # flight alone.
@@ -55,9 +55,9 @@ _KEYS = "keys"  # the publishers' locks of (kind, key): <root>/keys/<h[:2]>/<h>.
 _LOCK = ".lock"
 _READ_CHUNK = 1 << 20
 # The names written here; prune touches nothing else.
-_SHARD = re.compile(r"^[0-9a-f]{2}$")
-_LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.lock$")
-_TMP_NAME = re.compile(r"^[0-9a-f]{64}\.tmp\.[0-9]+\.[0-9a-f]+$")
+_SHARD = re.compile(r"[0-9a-f]{2}\Z")
+_LOCK_NAME = re.compile(r"[0-9a-f]{64}\.lock\Z")
+_TMP_NAME = re.compile(r"[0-9a-f]{64}\.tmp\.[0-9]+\.[0-9a-f]+\Z")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     case,
     func,
     literal,
+    null,
     or_,
     select,
     update,
@@ -35,7 +36,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from ..keys import Key
+from ..keys import MAX_META_BYTES, MAX_TIMINGS_BYTES, Key
 from ..settings import IMPLAUSIBLE_LEASE_SECONDS
 from . import columns
 from .engine import Database
@@ -163,17 +164,24 @@ class StepOutcome:
     seen: dict[str, Entry]  # the rows read while looking for keys to claim
 
 
+# A key's own row, its text columns bounded in SQL (columns.bounded): a planted 32 MiB
+# value comes back NULL without leaving the database, and reads as no value. A state,
+# owner or error past its bound is none tunecache writes (the longest state is 7
+# characters, an owner a host name of 200 and a pid, an error 4000 characters).
+MAX_STATE = 64
+MAX_OWNER = 512
+MAX_ERROR = 4096
 _ENTRY_COLUMNS = (
     entries.c.key_hash,
-    entries.c.state,
-    entries.c.owner,
+    columns.bounded(entries.c.state, MAX_STATE),
+    columns.bounded(entries.c.owner, MAX_OWNER),
     entries.c.token,
     entries.c.lease_expires_at,
     entries.c.attempts,
-    entries.c.timings_json,
+    columns.bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
     entries.c.tune_seconds,
-    entries.c.error,
-    entries.c.meta_json,
+    columns.bounded(entries.c.error, MAX_ERROR),
+    columns.bounded(entries.c.meta_json, MAX_META_BYTES),
 )
 
 
@@ -258,14 +266,31 @@ _GIVE_BACK = (
     .values(lease_expires_at=_NOW, attempts=entries.c.attempts - 1, updated_at=_NOW)
     .returning(entries.c.state)
 )
-# A new key's neighbours: done entries of its kind and family, the most used first (a
-# family can hold thousands of sizes; the caller ranks the ones read by distance).
+# A new key's neighbours: done entries of its kind and family, the most recently
+# published first (a family can hold thousands of sizes; the caller ranks the ones read by
+# distance). Not the most used first: a hits count is whatever a row's writer put there,
+# and 64 rows planted with a huge one pushed every genuine neighbour out of the read. A
+# publish time is the database's clock, and one ahead of it (or not a number: SQLite keeps
+# text there, PostgreSQL NaN) ranks last, so no field of a planted row outranks a genuine
+# publish made after it.
+_PUBLISHED = case((entries.c.updated_at <= _NOW, entries.c.updated_at), else_=null())
+# What one neighbour read may cost: the caller keeps at most a few neighbours, and real
+# ones are small (a GEMM key under 2 KiB, its timings a few hundred candidates of ~150
+# characters, its meta a few hundred bytes), so each column is bounded far tighter than a
+# key's own read: at most 64 rows of 16 + 64 + 8 KiB, under 6 MiB, where the column
+# limits allow 72 MiB. A genuine neighbour past these bounds is skipped like any bad row
+# (the new key is tuned from the others, or in full).
+NEIGHBOUR_KEY_BYTES = 16 * 1024
+NEIGHBOUR_TIMINGS_BYTES = 64 * 1024
+NEIGHBOUR_META_BYTES = 8 * 1024
 _NEIGHBOURS = (
-    select(entries.c.key_hash, entries.c.key_json, entries.c.timings_json,
-           entries.c.meta_json)
+    select(entries.c.key_hash,
+           columns.bounded(entries.c.key_json, NEIGHBOUR_KEY_BYTES),
+           columns.bounded(entries.c.timings_json, NEIGHBOUR_TIMINGS_BYTES),
+           columns.bounded(entries.c.meta_json, NEIGHBOUR_META_BYTES))
     .where(entries.c.kind == bindparam("p_kind"), entries.c.family == bindparam("p_family"),
            entries.c.state == "done", entries.c.key_hash != bindparam("p_key_hash"))
-    .order_by(entries.c.hits.desc(), entries.c.updated_at.desc())
+    .order_by(_PUBLISHED.desc().nulls_last(), entries.c.key_hash)
     .limit(bindparam("p_limit"))
 )
 # Meta is the one part of a done row that may change after its publish (timings never

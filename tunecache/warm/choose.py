@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
+from .. import stored_json
 from ..store import Database, admin
 from .inputs import check_inputs, parse_inputs
 from .ops import WARM_OPS, not_warmed_reason
@@ -58,7 +58,12 @@ def task_of(key_hash: str, key_json: Any) -> tuple[WarmTask | None, SkippedKey |
     its base key is warmed anyway)."""
     op = None
     try:
-        key = json.loads(key_json)
+        if key_json is None:
+            raise ValueError(f"the recorded key is longer than {admin.WARM_KEY_BYTES} bytes "
+                             "(no GEMM's is), or not text")
+        key = stored_json.loads(key_json, admin.WARM_KEY_BYTES)
+        if not isinstance(key, dict):
+            raise ValueError("the recorded key is not a JSON object")
         op = str(key["op"])
         if op not in WARM_OPS:
             raise ValueError(not_warmed_reason(op))
@@ -74,7 +79,7 @@ def task_of(key_hash: str, key_json: Any) -> tuple[WarmTask | None, SkippedKey |
         # str(KeyError) is the bare quoted name; say what is missing instead.
         return None, {"key_hash": key_hash, "op": op,
                       "reason": _missing_field_reason(str(e.args[0]))}
-    except (ValueError, TypeError, RecursionError) as e:
+    except (ValueError, TypeError) as e:
         return None, {"key_hash": key_hash, "op": op, "reason": str(e)}
 
 
@@ -97,7 +102,7 @@ def select_tasks(
     skipped: list[SkippedKey] = []
     after = ""
     while True:
-        page = db.run(functools.partial(admin.done_page, env=env, after=after, limit=1000))
+        page = db.run(functools.partial(admin.warm_page, env=env, after=after, limit=1000))
         if not page:
             break
         for row in page:

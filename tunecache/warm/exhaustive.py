@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -27,6 +26,7 @@ from typing import Any
 import tunecache
 
 from .. import inductor as tc_inductor
+from .. import stored_json
 from ..core import Result
 from ..keys import KeyLike, key_hash, validate_meta, validate_timings
 from ..settings import Settings
@@ -40,7 +40,9 @@ __all__ = ["ExhaustiveTask", "select_transferred", "exhaustive"]
 
 log = logging.getLogger("tunecache")
 
-_PAGE = 1000
+# Rows per read: each may hold up to admin.WARM_KEY_BYTES + WARM_TIMINGS_BYTES + the meta
+# bound (144 KiB) of planted text, so a page costs at most ~14 MiB.
+_PAGE = 100
 
 
 @dataclasses.dataclass
@@ -109,7 +111,7 @@ def select_transferred(
                 continue
             try:
                 timings = validate_timings(columns.text(row.timings_json), row.key_hash)
-                key = json.loads(row.key_json)
+                key = stored_json.loads(row.key_json, admin.WARM_KEY_BYTES)
                 if key_hash(key)[0] != row.key_hash:
                     raise ValueError("the key does not hash to its key_hash")
             except Exception as e:  # noqa: BLE001 - a garbled row costs only itself

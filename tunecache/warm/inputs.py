@@ -9,7 +9,19 @@ from collections.abc import Sequence
 
 from .ops import ARITY
 
-__all__ = ["Input", "parse_inputs", "check_inputs"]
+__all__ = ["Input", "parse_inputs", "check_inputs", "input_bytes", "MAX_INPUT_BYTES"]
+
+# What warm may allocate for one key's inputs. The sizes come from the database, so a
+# planted key could ask for any amount (10**15 elements) and end a nightly run out of
+# memory; the largest GEMM inputs of real models are a few GiB (a 128256 x 8192 bf16
+# vocabulary projection is 2 GiB), so a key past this is skipped, with its reason.
+MAX_INPUT_BYTES = 8 << 30
+# Bytes per element, by the dtype's name; warm builds a floating tensor through a float32
+# one, so those count 4 more. A dtype not named here counts as 8 (warm refuses it later).
+_ITEM_BYTES = {"torch.float16": 2, "torch.bfloat16": 2, "torch.float32": 4,
+               "torch.float64": 8, "torch.int8": 1, "torch.uint8": 1, "torch.int16": 2,
+               "torch.int32": 4, "torch.int64": 8, "torch.float8_e4m3fn": 1,
+               "torch.float8_e5m2": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +60,24 @@ def parse_inputs(inputs: str) -> list[Input]:
     return out
 
 
+def input_bytes(spec: Input) -> int:
+    """What warm allocates for one input (its storage from offset 0, warm.build)."""
+    extent = spec.offset + 1 + sum((s - 1) * st for s, st in zip(spec.size, spec.stride)
+                                   if s > 0)
+    item = _ITEM_BYTES.get(spec.dtype, 8)
+    floating = "float" in spec.dtype
+    return max(extent, 1) * (item + (4 if floating else 0))
+
+
 def check_inputs(op: str, specs: Sequence[Input]) -> None:
     """Raise ValueError unless ``specs`` are inputs the call warm compiles for ``op`` can
-    take and that lead Inductor to autotune ``op`` over exactly these inputs."""
+    take and that lead Inductor to autotune ``op`` over exactly these inputs, within
+    :data:`MAX_INPUT_BYTES`."""
+    total = sum(input_bytes(s) for s in specs)
+    if total > MAX_INPUT_BYTES:
+        shown = f"{total >> 30} GiB" if total < 1 << 60 else "over 2**60 bytes"
+        raise ValueError(f"its inputs take {shown}, more than the {MAX_INPUT_BYTES >> 30} "
+                         "GiB warm allocates for one key")
     want = ARITY.get(op)
     if want is not None and len(specs) != want:
         raise ValueError(f"{op} takes {want} inputs, the inputs key has {len(specs)}")
@@ -73,3 +100,4 @@ def check_inputs(op: str, specs: Sequence[Input]) -> None:
                              " are not two products of equal sizes")
         if a.size[0] * b.size[1] == 0:
             raise ValueError("mm_plus_mm of an empty product is never autotuned")
+

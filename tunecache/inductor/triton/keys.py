@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import keys as tc_keys
+from ... import stored_json
 from ..fingerprint import dist_version
 
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
@@ -257,7 +257,7 @@ _OPTION_RANGES = {
 }
 # XBLOCK, YBLOCK, ZBLOCK, R0_BLOCK, R1_BLOCK, and a combo kernel's XBLOCK_0 ...:
 # Inductor's block sizes, each capped by TRITON_MAX_BLOCK[prefix].
-_INDUCTOR_BLOCK = re.compile(r"^(X|Y|Z|R0_|R1_)BLOCK(_\d+)?$")
+_INDUCTOR_BLOCK = re.compile(r"(X|Y|Z|R0_|R1_)BLOCK(_\d+)?\Z")
 
 
 @functools.lru_cache(maxsize=1)
@@ -404,9 +404,9 @@ def triton_entry_problem(
         return None, "the entry does not hold exactly one config"
     (name,) = timings
     try:
-        value = json.loads(name)
-    except ValueError:
-        return None, "the entry is not JSON"
+        value = stored_json.loads(name, tc_keys.MAX_CANDIDATE_NAME)
+    except stored_json.StoredJSONError:
+        return None, "the entry is not JSON tunecache reads"
     if not isinstance(value, dict):
         return None, "the entry is not a JSON object"
     problem = triton_config_problem(value)

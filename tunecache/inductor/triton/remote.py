@@ -5,7 +5,6 @@ benchmarks, over the shared TuneCache."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
+from ... import stored_json
 from ..gemm import to_ms
 from ..state import REGISTRY
 from .keys import (
@@ -85,8 +85,8 @@ class TritonCache:
     @staticmethod
     def _info(key_text: str) -> dict[str, Any]:
         try:
-            info = json.loads(key_text)
-        except ValueError:
+            info = stored_json.loads(key_text, tc_keys.MAX_KEY_BYTES)
+        except stored_json.StoredJSONError:
             info = None
         if not isinstance(info, dict) or "kernel" not in info:
             # Inductor's own key (the re-keying wrapper did not run): correct, but it
