@@ -100,4 +100,3 @@ def check_inputs(op: str, specs: Sequence[Input]) -> None:
                              " are not two products of equal sizes")
         if a.size[0] * b.size[1] == 0:
             raise ValueError("mm_plus_mm of an empty product is never autotuned")
-
