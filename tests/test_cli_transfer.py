@@ -303,7 +303,7 @@ def test_import_refuses_an_entry_whose_family_or_meta_is_malformed(db_url, tmp_p
     data = json.loads(run("import", str(path), "--db", db_url, "--json").stdout)
     assert (data["inserted"], data["invalid"]) == (1, 7)
     reasons = [b["reason"] for b in data["bad"]]
-    assert reasons[:3] == ['"family" is not text of 1 to 64 characters'] * 3
+    assert reasons[:3] == ['"family" is not a sha256 hex digest (64 characters 0-9, a-f)'] * 3
     assert reasons[3:5] == ['"meta" is not a JSON object'] * 2
     assert all(r.startswith('"meta" is not a JSON object tunecache stores') for r in reasons[5:])
     assert _provenance(db_url, gemm_key("mm", 7)) == (FAMILY, META)
@@ -346,3 +346,130 @@ def _current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# -- hostile numbers, meta and families (issue 26) ----------------------------------------
+
+BIG = "1" + "0" * 309  # a 310-digit integer: float() of it overflows
+
+
+def _set_columns(url, key, **values):
+    from sqlalchemy import create_engine, update
+
+    from tunecache.settings import resolve_db_url
+    from tunecache.store.schema import entries
+
+    engine = create_engine(resolve_db_url(url))
+    with engine.begin() as conn:
+        conn.execute(update(entries).where(
+            entries.c.key_hash == tunecache.keys.key_hash(key)[0]).values(**values))
+    engine.dispose()
+
+
+def test_a_310_digit_number_in_an_import_line_costs_only_that_line(db_url, tmp_path):
+    raw = [HEADER, _entry(gemm_key("mm", 0), {"aten": 1.0}),
+           _entry(gemm_key("mm", 1), {"aten": 1.0}).replace('"aten": 1.0', f'"aten": {BIG}'),
+           _entry(gemm_key("mm", 2), {"aten": 1.0}).replace('"inputs": 2', f'"inputs": {BIG}'),
+           _entry(gemm_key("mm", 3), {"aten": 1.0}).replace('"tune_seconds": 1.0',
+                                                          f'"tune_seconds": {BIG}'),
+           _entry(gemm_key("mm", 4), {"aten": 1.0}, created_at=0).replace(
+               '"created_at": 0', f'"created_at": -{BIG}'),
+           _entry(gemm_key("mm", 5), {"aten": 1.0})]
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(raw) + "\n")
+    result = run("import", str(path), "--db", db_url)
+    assert result.exit_code == 1
+    assert "2 new, 0 replaced, 0 kept, 0 busy (being tuned), 4 invalid" in result.stdout
+    number = f"number {BIG[:20]}\u2026 is out of range"
+    assert result.stderr.splitlines()[:4] == [
+        f"{path}: line {n}: not JSON ({number})" for n in (3, 4, 5)] + [
+        f"{path}: line 6: not JSON (number -{BIG[:19]}\u2026 is out of range)"]
+    assert sorted(r["key_hash"] for r in run_json("ls", "--db", db_url)) == sorted(
+        tunecache.keys.key_hash(gemm_key("mm", i))[0] for i in (0, 5))
+
+
+def test_export_and_merge_skip_a_row_holding_a_310_digit_number_with_one_warning(db_url,
+                                                                                tmp_path):
+    keys = [gemm_key("mm", i) for i in range(4)]
+    populate(db_url, keys)
+    hashes = [tunecache.keys.key_hash(k)[0] for k in keys]
+    _set_columns(db_url, keys[0], timings_json=f'{{"aten": {BIG}}}')
+    _set_columns(db_url, keys[1], key_json=f'{{"inputs": {BIG}}}')
+    _set_columns(db_url, keys[2], tune_seconds=float("inf"))  # what SQLite makes of it
+    result = run("export", "--db", db_url)
+    assert result.exit_code == 0, result.output
+    number = f"number {BIG[:20]}\u2026 is out of range"
+    why = sorted([(hashes[0], f"timings: {number}"),
+                  (hashes[1], f"key is not valid JSON ({number})"),
+                  (hashes[2], '"tune_seconds" is inf, not a non-negative number')])
+    assert result.stderr.splitlines() == ["exported 1 entries; skipped 3 invalid"] + [
+        f"  skipped {h[:16]}: {reason}" for h, reason in why]
+    assert [json.loads(line)["key_hash"] for line in result.stdout.splitlines()[1:]] == [
+        hashes[3]]
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    out = run("merge", db_url, "--into", merged, "--skip-invalid")
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith(f"imported into {merged}: 1 new, 0 replaced, 0 kept, 0 busy "
+                                 "(being tuned), 3 invalid")
+    # Each line names the source (as the database shows it) and the entry.
+    assert [line.split(": entry ", 1)[1] for line in out.stderr.splitlines()] == [
+        f"{h[:16]}: {reason}" for h, reason in why]
+
+
+def test_export_and_merge_keep_an_entry_whose_meta_holds_nan_without_its_meta_and_say_so(
+        db_url, tmp_path):
+    keys = [gemm_key("mm", i) for i in range(3)]
+    for key in keys:
+        _publish_with_provenance(db_url, key)
+    _set_columns(db_url, keys[0], meta_json='{"regret": NaN}')
+    _set_columns(db_url, keys[1], meta_json='{"regret": Infinity}', family="\x1b[31m")
+    result = run("export", "--db", db_url)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("exported 3 entries; 2 kept without their family or meta, "
+                             "which could not be read\n")
+    lines = {json.loads(line)["key"]["inputs"]: json.loads(line)
+             for line in result.stdout.splitlines()[1:]}
+    assert ("meta" in lines[0], "family" in lines[0]) == (False, True)
+    assert ("meta" in lines[1], "family" in lines[1]) == (False, False)
+    assert lines[2]["meta"] == META
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    out = run("merge", db_url, "--into", merged)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[0].startswith(f"imported into {merged}: 3 new, 0 replaced")
+    [line] = out.stderr.splitlines()
+    assert line.endswith(": 2 entries kept without their family or meta, which could not be "
+                         "read")
+    assert json.loads(run("merge", db_url, "--into", merged, "--json").stdout)[
+        "provenance_dropped"] == 2
+    assert _provenance(merged, keys[0]) == (FAMILY, {})
+    assert _provenance(merged, keys[2]) == (FAMILY, META)
+
+
+def test_import_takes_only_a_sha256_hex_digest_as_a_family(db_url, tmp_path):
+    lines = [HEADER,
+             _entry(gemm_key("mm", 0), {"aten": 1.0}, family="\x1b[31m" + "f" * 56),
+             _entry(gemm_key("mm", 1), {"aten": 1.0}, family="F" * 64),
+             _entry(gemm_key("mm", 2), {"aten": 1.0}, family="f" * 63 + "\n"),
+             _entry(gemm_key("mm", 3), {"aten": 1.0}, family=FAMILY)]
+    path = tmp_path / "families.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    data = json.loads(run("import", str(path), "--db", db_url, "--json").stdout)
+    assert (data["inserted"], data["invalid"]) == (1, 3)
+    assert {b["reason"] for b in data["bad"]} == {
+        '"family" is not a sha256 hex digest (64 characters 0-9, a-f)'}
+    assert _provenance(db_url, gemm_key("mm", 3))[0] == FAMILY
+
+
+def test_export_merge_and_import_queries_bound_every_text_column_they_read_in_sql():
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from tunecache.store import admin
+
+    for statement in (admin.select_done_page(None, "", 10), admin.read_for_import):
+        for dialect, length in ((postgresql.dialect(), "octet_length"),
+                                (sqlite.dialect(), "length")):
+            sql = str(statement.compile(dialect=dialect))
+            selected = sql[:sql.index("FROM ")]
+            for name in ("key_json", "timings_json", "family", "meta_json", "state"):
+                if f"tunecache_entries.{name}" in selected:
+                    assert f"{length}(tunecache_entries.{name}) <=" in selected, (name, sql)

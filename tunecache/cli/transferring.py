@@ -58,7 +58,9 @@ def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
     summary = (f"exported {report['exported']} entries"
                + (f", {report['graphs']} compiled graphs" if report["graphs"] else "")
                + (f"; skipped {len(report['skipped_invalid'])} invalid" if report["skipped_invalid"]
-                  else ""))
+                  else "")
+               + (f"; {report['provenance_dropped']} {_DROPPED}"
+                  if report["provenance_dropped"] else ""))
     if inv.as_json and output != "-":
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
@@ -95,6 +97,11 @@ def _output_file(path: str) -> Iterator[TextIO]:
         with contextlib.suppress(OSError):
             os.unlink(partial)
         raise
+
+
+# An entry whose family or meta is unreadable is still a good entry: exported and merged
+# without them, and counted.
+_DROPPED = "kept without their family or meta, which could not be read"
 
 
 def _umask() -> int:
@@ -140,6 +147,8 @@ def _import_report(ctx: click.Context, inv: Invocation, report: Mapping[str, Any
                        "already there (first publish wins)")
         for bad in report["bad"]:
             click.echo(f"{what}: {fmt.safe(bad['where'])}: {fmt.safe(bad['reason'])}", err=True)
+        if report.get("provenance_dropped"):
+            click.echo(f"{what}: {report['provenance_dropped']} entries {_DROPPED}", err=True)
 
     inv.emit(report, human)
     if report["invalid"] and not skip_invalid:

@@ -40,19 +40,23 @@ def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]
         after = page[-1].key_hash
 
 
-# What a deeply nested JSON text gets: json's C scanner recurses once per level and raises
-# RecursionError, not ValueError (a 200 KB '[[[...]]]' line, under every size limit, took
-# `tunecache import` down with a traceback). Everything here that parses JSON from a file
-# or a column goes through these two, so such a text is one more invalid entry.
+# What a deeply nested JSON text is refused for (stored_json turns json's RecursionError,
+# raised long before any size limit, into its own error): a 200 KB '[[[...]]]' line once
+# took `tunecache import` down with a traceback.
 TOO_DEEP = "nested too deeply"
 
 
-def loads(text: str | bytes) -> Any:
-    """json.loads, with a RecursionError turned into the ValueError of any other bad JSON."""
+def loads(text: str | bytes, limit: int) -> Any:
+    """stored_json.loads of a stored column or an import line: StoredJSONError (a
+    ValueError) for anything it refuses, a syntax error said by its column alone (the
+    caller names the line or the column)."""
     try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError(TOO_DEEP) from None
+        return stored_json.loads(text, limit)
+    except stored_json.StoredJSONError as e:
+        cause = e.__context__
+        if isinstance(cause, json.JSONDecodeError):
+            raise stored_json.StoredJSONError(f"{cause.msg} at column {cause.colno}") from None
+        raise
 
 
 def stored_timings(raw: Any, key_hash_: str) -> dict[str, float]:

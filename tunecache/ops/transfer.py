@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -22,7 +23,6 @@ from sqlalchemy import Connection
 from .. import __version__
 from ..errors import ConfigError, ExportFormatError, InvalidEntryError
 from ..keys import (
-    MAX_FAMILY,
     MAX_KEY_BYTES,
     best_candidate,
     key_hash,
@@ -127,31 +127,22 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
     """The lines of :func:`export` after its header, and its report."""
     written = 0
     skipped: list[dict[str, str]] = []
+    dropped = [0]
     for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
         for row in page:
             try:
-                timings = stored_timings(row.timings_json, row.key_hash)
-                key = stored_key(row.key_json)
-            except (InvalidEntryError, ValueError) as e:
+                record = _stored_entry(row, dropped)
+                # Checked as an import checks it: what export writes, import takes.
+                timings = _validated(row.key_hash, record).timings
+            except ValueError as e:
                 # A bad row is left behind (and reported), never shipped to other clusters.
-                skipped.append({"key_hash": row.key_hash,
-                                "reason": getattr(e, "reason", None) or str(e)})
+                skipped.append({"key_hash": row.key_hash, "reason": str(e)})
                 continue
             best = best_candidate(timings)
             if best_only:
                 timings = {name: (ms if name == best else math.inf)
                            for name, ms in timings.items()}
-            line = {
-                "key": key,
-                "key_hash": row.key_hash,
-                "timings": _json_safe_timings(timings),
-                "best": best,
-                "tune_seconds": row.tune_seconds,
-                "created_at": row.created_at,
-                "updated_at": row.updated_at,
-                "last_used_at": row.last_used_at,
-            }
-            line.update(_stored_provenance(row))
+            line = {**record, "timings": _json_safe_timings(timings), "best": best}
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":"),
                                  allow_nan=False) + "\n")
             written += 1
@@ -176,7 +167,8 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
             graphs_written += 1
         progress(len(infos))
     return {"database": db.display_url, "exported": written, "graphs": graphs_written,
-            "skipped_invalid": skipped, "best_only": best_only}
+            "skipped_invalid": skipped, "provenance_dropped": dropped[0],
+            "best_only": best_only}
 
 
 # -- import / merge ----------------------------------------------------------------------
@@ -197,24 +189,38 @@ class _Incoming:
     meta_json: str | None = None
 
 
-def _stored_provenance(row: Any) -> dict[str, Any]:
-    """An entry's family and meta as an export line carries them. A garbled column of the
-    source is left out (both only inform), never a reason to lose the entry."""
-    out: dict[str, Any] = {}
+def _stored_entry(row: Any, dropped: list[int]) -> dict[str, Any]:
+    """A done row of :func:`admin.select_done_page` as an export line carries it (not yet
+    validated as an import validates it); ValueError(reason) when its key or timings are
+    unreadable. Its family and meta only inform: one that is unreadable (garbled, NaN in
+    the meta, past its size) is left out and counted in ``dropped[0]``, the entry kept."""
+    try:
+        timings = stored_timings(row.timings_json, row.key_hash)
+    except InvalidEntryError as e:
+        raise ValueError(e.reason) from None
+    record = {"key": stored_key(row.key_json), "key_hash": row.key_hash, "timings": timings,
+              "tune_seconds": row.tune_seconds, **{name: getattr(row, name) for name in _TIMES}}
     family = columns.text(row.family)
     if family is not None and _family_error(family) is None:
-        out["family"] = family
+        record["family"] = family
     meta = validate_meta(columns.text(row.meta_json))
     if meta:
-        out["meta"] = meta
-    return out
+        record["meta"] = meta
+    if (row.has_family and "family" not in record) or (row.has_meta and "meta" not in record):
+        dropped[0] += 1
+    return record
+
+
+# A family is the sha256 hex digest of a key's structure (inductor.transfer.gemm_family):
+# neighbours are found by equal families, so any other text matches no key a job computes,
+# and only this form is taken from an import file or another database.
+_FAMILY = re.compile(r"[0-9a-f]{64}")
 
 
 def _family_error(family: Any) -> str | None:
-    """Why ``family`` is no family a key can have (keys.Key.of), or None."""
-    if not isinstance(family, str) or not family or len(family) > MAX_FAMILY \
-            or not storable(family):
-        return f'"family" is not text of 1 to {MAX_FAMILY} characters'
+    """Why ``family`` is no family tunecache writes, or None."""
+    if not isinstance(family, str) or _FAMILY.fullmatch(family) is None:
+        return '"family" is not a sha256 hex digest (64 characters 0-9, a-f)'
     return None
 
 
@@ -358,7 +364,7 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
         if raw.strip():
             seen = True
             try:
-                header = loads(raw)
+                header = loads(raw, _ENTRY_LINE_MAX)
             except ValueError:
                 header = None
             break
@@ -380,9 +386,7 @@ def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[
             yield f"line {number}", ValueError("line too long")
             continue
         try:
-            record = loads(raw)
-        except json.JSONDecodeError as e:
-            record = ValueError(f"not JSON ({e.msg} at column {e.colno})")
+            record = loads(raw, len(raw))
         except ValueError as e:
             record = ValueError(f"not JSON ({e})")
         yield f"line {number}", record
@@ -524,23 +528,13 @@ def import_records(
             **counts, "graphs": graphs, "invalid": len(bad), "bad": bad}
 
 
-def _source_records(src: Database) -> Iterator[tuple[str, Any]]:
+def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, Any]]:
     for page in pages(src, lambda after: admin.select_done_page(None, after, PAGE)):
         for row in page:
-            where = f"entry {row.key_hash[:16]}"
             try:
-                record = {"key": stored_key(row.key_json), "key_hash": row.key_hash,
-                          "timings": stored_timings(row.timings_json, row.key_hash),
-                          "tune_seconds": row.tune_seconds,
-                          **{name: getattr(row, name) for name in _TIMES}}
-                record.update(_stored_provenance(row))
-            except InvalidEntryError as e:
-                yield where, ValueError(e.reason)
-                continue
+                yield f"entry {row.key_hash[:16]}", _stored_entry(row, dropped)
             except ValueError as e:
-                yield where, e
-                continue
-            yield where, record
+                yield f"entry {row.key_hash[:16]}", e
     store = ArtifactStore(src)
     for infos in store.infos():
         for info in infos:
@@ -572,9 +566,11 @@ def merge(
         refuse_readonly(into, "merge")
     if on_total:
         on_total(int(src.run(lambda c: admin.scalar(c, admin.count_done(None)))))
-    report = import_records(into, _source_records(src), on_conflict=on_conflict,
+    dropped = [0]
+    report = import_records(into, _source_records(src, dropped), on_conflict=on_conflict,
                             dry_run=dry_run, progress=progress)
     report["source"] = src.display_url
+    report["provenance_dropped"] = dropped[0]
     return report
 
 

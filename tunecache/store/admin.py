@@ -42,7 +42,14 @@ from sqlalchemy import (
     update,
 )
 
-from ..keys import MAX_CANDIDATE_NAME, MAX_KEY_BYTES, MAX_LABEL, MAX_META_BYTES, MAX_TIMINGS_BYTES
+from ..keys import (
+    MAX_CANDIDATE_NAME,
+    MAX_FAMILY,
+    MAX_KEY_BYTES,
+    MAX_LABEL,
+    MAX_META_BYTES,
+    MAX_TIMINGS_BYTES,
+)
 from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 from .columns import bounded
 from .schema import artifacts, entries, usage
@@ -101,6 +108,7 @@ __all__ = [
 ]
 
 NOW = db_now()
+_MAX_STATE = 16  # "claimed", "done", "failed"
 
 # -- stats ----------------------------------------------------------------------------
 
@@ -413,18 +421,23 @@ delete_invalid = delete(entries).where(
 
 # -- export / merge ----------------------------------------------------------------------
 
+# Every text column bounded by the database (columns.bounded): a row's oversized value
+# comes back NULL, and the row is then skipped or its family and meta dropped, as for any
+# unreadable value, without the value ever being read.
 _EXPORT_COLUMNS = (
     entries.c.key_hash,
-    entries.c.key_json,
-    entries.c.timings_json,
-    entries.c.best,
+    bounded(entries.c.key_json, MAX_KEY_BYTES),
+    bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
     entries.c.tune_seconds,
     entries.c.created_at,
     entries.c.updated_at,
     entries.c.last_used_at,
-    # Provenance (migration 0006): an exported entry keeps how it was found.
-    entries.c.family,
-    entries.c.meta_json,
+    # Provenance (migration 0006): an exported entry keeps how it was found. has_* say
+    # whether one was stored, so that one dropped as unreadable is counted.
+    bounded(entries.c.family, MAX_FAMILY),
+    bounded(entries.c.meta_json, MAX_META_BYTES),
+    entries.c.family.is_not(None).label("has_family"),
+    entries.c.meta_json.is_not(None).label("has_meta"),
 )
 
 
@@ -481,13 +494,15 @@ def count_done(env: EntryFilter | None) -> Select[Any]:
     return select(func.count()).where(entries.c.state == "done", cond)
 
 
+# The state compared and the timings a conflict policy compares (`faster`), bounded: a
+# state past any real one's length, or timings past their limit, come back NULL (no
+# state a policy knows; invalid timings, which lose to any result).
 read_for_import = select(
     entries.c.key_hash,
-    entries.c.state,
+    bounded(entries.c.state, _MAX_STATE),
     entries.c.token,
     entries.c.lease_expires_at,
-    entries.c.timings_json,
-    entries.c.best,
+    bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
     NOW.label("now"),
 ).where(entries.c.key_hash.in_(bindparam("p_hashes", expanding=True)))
 
