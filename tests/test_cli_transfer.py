@@ -473,3 +473,82 @@ def test_export_merge_and_import_queries_bound_every_text_column_they_read_in_sq
             for name in ("key_json", "timings_json", "family", "meta_json", "state"):
                 if f"tunecache_entries.{name}" in selected:
                     assert f"{length}(tunecache_entries.{name}) <=" in selected, (name, sql)
+
+
+# -- a file cut short, Ctrl-C (issue 26) ----------------------------------------------------
+
+
+def test_an_export_file_cut_short_is_imported_as_far_as_it_goes_and_said_with_exit_1(
+        db_url, tmp_path):
+    header = json.dumps({"format": "tunecache-export", "version": 1, "entries": 5,
+                         "graphs": 0})
+    path = tmp_path / "cut.jsonl"
+    path.write_text("\n".join([header] + [_entry(gemm_key("mm", i), {"aten": 1.0})
+                                          for i in range(3)]) + "\n")
+    result = run("import", str(path), "--db", db_url, "--skip-invalid")
+    assert result.exit_code == 1
+    assert ": 3 new, 0 replaced, 0 kept, 0 busy (being tuned), 0 invalid" in result.stdout
+    assert result.stderr == (f"Error: {path}: the file ends after 3 of the 5 lines its header "
+                             "counts: it was cut short (the 3 present were imported); import "
+                             "a whole copy for the rest\n")
+    assert len(run_json("ls", "--db", db_url)) == 3
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(path.read_text().replace('"entries": 5', '"entries": 3'))
+    assert run("import", str(whole), "--db", db_url).exit_code == 0
+
+
+def _rows(url):
+    from sqlalchemy import create_engine, exc, func, select
+
+    from tunecache.settings import resolve_db_url
+    from tunecache.store.schema import entries
+
+    engine = create_engine(resolve_db_url(url))
+    try:
+        with engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(entries)).scalar_one()
+    except exc.DBAPIError:  # the import has not created the table yet
+        return 0
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_an_import_says_what_is_committed_up_to_where_and_exits_130(db_url,
+                                                                                 tmp_path):
+    """A real import reading its file from a pipe: the test feeds 700 lines, waits until
+    the first batch of 500 is in the database, sends SIGINT, then feeds the lines that
+    complete the second batch. The import stops once that batch is committed, says so,
+    and exits 130; running it again on the whole file finishes it."""
+    import signal
+    import subprocess
+    import sys
+
+    import procs
+
+    lines = [HEADER] + [_entry(gemm_key("mm", i), {"aten": 1.0}) for i in range(1010)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "import", "-", "--db", db_url],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("\n".join(lines[:701]) + "\n")  # the header and 700 entries
+        proc.stdin.flush()
+        procs.wait_until(lambda: _rows(db_url) >= 500 or proc.poll() is not None,
+                         "the first batch committed")
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.write("\n".join(lines[701:]) + "\n")  # the second batch, and 9 more
+        proc.stdin.flush()
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert stdout == ("interrupted by Ctrl-C: imported <stdin> up to line 1001, all committed "
+                      "(1000 new, 0 replaced, 0 kept, 0 busy (being tuned), 0 invalid); the "
+                      "rest is not; run the same command again to finish (what is in already "
+                      "stays as it is)\n")
+    assert _rows(db_url) == 1000
+    again = run("import", "-", "--db", db_url, input="\n".join(lines) + "\n")
+    assert again.exit_code == 0, again.output
+    assert again.stdout.startswith("imported into ")
+    assert ": 10 new, 0 replaced, 1000 kept, 0 busy (being tuned), 0 invalid" in again.stdout

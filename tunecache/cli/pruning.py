@@ -4,40 +4,16 @@ over tunecache.ops.pruning, imported when the command runs)."""
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
 from . import format as fmt
 from .app import BadArgument
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
 from .options import KINDS, ByteSize, Duration, Invocation, common, kind_option, op_option, opened
 
 __all__ = ["prune"]
-
-
-@contextlib.contextmanager
-def _ctrl_c_stops() -> Iterator[Callable[[], bool]]:
-    """While a prune deletes, Ctrl-C (SIGINT) asks it to stop after the batch in hand
-    instead of raising inside a transaction: the count it then prints is exactly what was
-    committed. A second Ctrl-C interrupts at once, as usual."""
-    asked = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield asked.is_set
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_sigint(signum: int, frame: object) -> None:
-        asked.set()
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield asked.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @click.command()
@@ -117,7 +93,7 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
     with opened(inv, writes=None if dry_run else "prune", read_only=dry_run) as db, \
             fmt.progress("pruning" if not dry_run else "listing", not inv.as_json,
                          percent=not dry_run) as (total, step), \
-            (_ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
+            (ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(
             db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
             progress=step, on_total=total, stop=stop,
@@ -184,5 +160,5 @@ def _interrupted(inv: Invocation, report: dict[str, Any]) -> None:
                    "(run the same prune again to finish)")
 
     inv.emit(report, human)
-    click.get_current_context().exit(130)
+    click.get_current_context().exit(EXIT_INTERRUPTED)
 

@@ -4,7 +4,6 @@ tunecache.ops.transfer, imported when a command runs)."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ import click
 from ..settings import Settings
 from . import format as fmt
 from .app import BadArgument
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
 from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
 
 __all__ = ["export", "import_", "merge"]
@@ -135,12 +135,24 @@ def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
 
 def _import_report(ctx: click.Context, inv: Invocation, report: Mapping[str, Any],
                    skip_invalid: bool, what: str) -> None:
+    """The report of an import or a merge, and its exit code: 130 when Ctrl-C stopped it,
+    1 for invalid entries unless ``skip_invalid``, or for a file cut short."""
+    counts = (f"{report['inserted']} new, {report['replaced']} replaced, "
+              f"{report['unchanged']} kept, {report['busy']} busy (being tuned), "
+              f"{report['invalid']} invalid")
+
     def human() -> None:
+        if report["interrupted"]:
+            through = report["done_through"]
+            click.echo(f"interrupted by Ctrl-C: imported {what} "
+                       + (f"up to {fmt.safe(through)}, all committed ({counts})"
+                          if through else "nothing yet")
+                       + "; the rest is not; run the same command again to finish (what "
+                       "is in already stays as it is)")
+            return
         verb = "would import" if report["dry_run"] else "imported"
-        click.echo(f"{verb} into {report['database']}: {report['inserted']} new, "
-                   f"{report['replaced']} replaced, {report['unchanged']} kept, "
-                   f"{report['busy']} busy (being tuned), {report['invalid']} invalid "
-                   f"(on conflict: {report['on_conflict']})")
+        click.echo(f"{verb} into {report['database']}: {counts} (on conflict: "
+                   f"{report['on_conflict']})")
         graphs = report["graphs"]
         if graphs["inserted"] or graphs["unchanged"]:
             click.echo(f"compiled graphs: {graphs['inserted']} new, {graphs['unchanged']} "
@@ -151,6 +163,15 @@ def _import_report(ctx: click.Context, inv: Invocation, report: Mapping[str, Any
             click.echo(f"{what}: {report['provenance_dropped']} entries {_DROPPED}", err=True)
 
     inv.emit(report, human)
+    if report["interrupted"]:
+        ctx.exit(EXIT_INTERRUPTED)
+    if report.get("cut_short"):
+        lines = report["lines"]
+        click.echo(f"Error: {what}: the file ends after {lines['read']} of the {lines['header']} "
+                   f"lines its header counts: it was cut short (the {lines['read']} present "
+                   f"{'would be' if report['dry_run'] else 'were'} imported); import a "
+                   "whole copy for the rest", err=True)
+        ctx.exit(1)
     if report["invalid"] and not skip_invalid:
         if not inv.as_json:
             click.echo(f"Error: {report['invalid']} invalid entries skipped; fix them or pass "
@@ -178,17 +199,19 @@ def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str,
 
     # The header is read before the target is opened: a file that is not an export
     # creates no database.
-    records = ops.parse_export(file, getattr(file, "name", "input"))
-    first = next(records, None)
+    name = getattr(file, "name", "input")
+    export_file = ops.parse_export(file, name)
     with opened(inv, create=True, writes=None if dry_run else "import",
                 read_only=dry_run) as db, \
-            fmt.progress("importing", not inv.as_json) as (_total, step):
+            fmt.progress("importing", not inv.as_json) as (total, step), \
+            (ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
+        if export_file.expected is not None:
+            total(export_file.expected)
         # on_conflict: a str from click.Choice(CONFLICT_POLICIES), which import_records
         # checks again.
-        report = ops.import_records(
-            db, itertools.chain([] if first is None else [first], records),
-            on_conflict=on_conflict, dry_run=dry_run, progress=step)  # type: ignore[arg-type]
-    _import_report(ctx, inv, report, skip_invalid, getattr(file, "name", "input"))
+        report = ops.import_file(db, export_file, on_conflict=on_conflict, dry_run=dry_run,
+                                 progress=step, stop=stop)
+    _import_report(ctx, inv, report, skip_invalid, name)
 
 
 @click.command()
@@ -214,9 +237,10 @@ def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on
     with ops.open_source(Settings.from_env(db=src_db)) as src, \
             opened(inv, create=True, writes=None if dry_run else "merge",
                    read_only=dry_run) as target, \
-            fmt.progress("merging", not inv.as_json) as (total, step):
+            fmt.progress("merging", not inv.as_json) as (total, step), \
+            (ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         # on_conflict: as for import.
         report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
-                           dry_run=dry_run, progress=step, on_total=total)
+                           dry_run=dry_run, progress=step, on_total=total, stop=stop)
     _import_report(ctx, inv, report, skip_invalid, src.display_url)
 

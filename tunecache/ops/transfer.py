@@ -46,7 +46,8 @@ from .opening import refuse_readonly
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
            "CONFLICT_POLICIES", "ConflictPolicy",
-           "IMPORT_BATCH", "export", "parse_export", "import_records", "merge"]
+           "IMPORT_BATCH", "ExportFile", "export", "parse_export", "import_records", "import_file",
+           "merge"]
 
 EXPORT_FORMAT = "tunecache-export"
 EXPORT_VERSION = 1
@@ -349,47 +350,71 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     return _IncomingGraph(kind, key, payload, signature, torch_version)
 
 
-def parse_export(lines: Iterable[str], source: str = "input") -> Iterator[tuple[str, Any]]:
-    """(where, record or ValueError) for each entry line of an export file.
+class ExportFile:
+    """The entry lines of an export file, (where, record or ValueError) each, read as
+    iterated. The header is read when this is made: a file that does not start with one
+    is refused whole (:class:`ExportFormatError`); a bad entry line only costs that line.
 
-    The header must come first; a file that does not start with one is refused whole
-    (:class:`ExportFormatError`), a bad entry line only costs that line.
+    ``expected``: the lines after the header that the header counts (entries and graphs),
+    None where it says no count; ``read``: the lines after it read so far. A file with
+    fewer lines than its header counts was cut short (a copy that stopped, a full disk).
     """
-    it = iter(lines)
-    number = 0
-    header: Any = None
-    seen = False  # a line that is not blank
-    for raw in it:
-        number += 1
-        if raw.strip():
-            seen = True
+
+    def __init__(self, lines: Iterable[str], source: str = "input") -> None:
+        self._it = iter(lines)
+        self.number = 0
+        self.read = 0
+        header: Any = None
+        seen = False  # a line that is not blank
+        for raw in self._it:
+            self.number += 1
+            if raw.strip():
+                seen = True
+                try:
+                    header = loads(raw, _ENTRY_LINE_MAX)
+                except ValueError:
+                    header = None
+                break
+        if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+            what = (f"line {self.number} is not a tunecache export header" if seen
+                    else "the file is empty, not a tunecache export")
+            raise ExportFormatError(source, what, EXPORT_FORMAT, EXPORT_VERSION)
+        if header.get("version") not in READABLE_VERSIONS:
+            raise ExportFormatError(
+                source, f"export format version {header.get('version')!r} is not supported "
+                f"(this tunecache reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}; upgrade tunecache)",
+                EXPORT_FORMAT, EXPORT_VERSION)
+        counts = [header.get("entries"), header.get("graphs", 0)]
+        self.expected: int | None = (
+            sum(counts) if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                               for n in counts) else None)
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for raw in self._it:
+            self.number += 1
+            if not raw.strip():
+                continue
+            self.read += 1
+            where = f"line {self.number}"
+            if len(raw) > (_GRAPH_LINE_MAX if raw.startswith(_GRAPH_LINE) else _ENTRY_LINE_MAX):
+                yield where, ValueError("line too long")
+                continue
             try:
-                header = loads(raw, _ENTRY_LINE_MAX)
-            except ValueError:
-                header = None
-            break
-    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
-        what = (f"line {number} is not a tunecache export header" if seen
-                else "the file is empty, not a tunecache export")
-        raise ExportFormatError(source, what, EXPORT_FORMAT, EXPORT_VERSION)
-    if header.get("version") not in READABLE_VERSIONS:
-        raise ExportFormatError(
-            source, f"export format version {header.get('version')!r} is not supported "
-            f"(this tunecache reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}; upgrade tunecache)",
-            EXPORT_FORMAT, EXPORT_VERSION)
-    for raw in it:
-        number += 1
-        if not raw.strip():
-            continue
-        if len(raw) > (_GRAPH_LINE_MAX if raw.startswith(_GRAPH_LINE) else _ENTRY_LINE_MAX):
-            yield f"line {number}", ValueError("line too long")
-            continue
-        try:
-            record = loads(raw, len(raw))
-        except ValueError as e:
-            record = ValueError(f"not JSON ({e})")
-        yield f"line {number}", record
+                record = loads(raw, len(raw))
+            except ValueError as e:
+                record = ValueError(f"not JSON ({e})")
+            yield where, record
+
+    def cut_short(self) -> bool:
+        """Whether the file, read to its end, holds fewer lines than its header counts."""
+        return self.expected is not None and self.read < self.expected
+
+
+def parse_export(lines: Iterable[str], source: str = "input") -> ExportFile:
+    """The :class:`ExportFile` of ``lines`` (its header read: ExportFormatError if it has
+    none)."""
+    return ExportFile(lines, source)
 
 
 def _fastest(timings: Mapping[str, float]) -> float:
@@ -403,8 +428,14 @@ def import_records(
     on_conflict: ConflictPolicy = "keep",
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Validate and write entries; see :data:`CONFLICT_POLICIES` and the CLI's help.
+
+    ``stop`` is asked whenever everything read so far is committed (the CLI's Ctrl-C):
+    once it says True, the import ends there and the report says ``interrupted``, with
+    ``done_through``, the last record (line or entry) whose outcome is committed. Running
+    the same import again finishes it: what is in already is left as it is (kept).
 
     For a key already in the target:
 
@@ -494,7 +525,16 @@ def import_records(
         graphs["inserted" if new else "unchanged"] += 1
 
     batch: list[_Incoming] = []
+    done_through: str | None = None  # the last record whose outcome is committed
+    last: str | None = None
+    interrupted = False
     for where, record in records:
+        if not batch:
+            done_through = last
+            if stop is not None and stop():
+                interrupted = True
+                break
+        last = where
         if isinstance(record, ValueError):
             bad.append({"where": where, "reason": str(record)})
             progress(1)
@@ -524,8 +564,21 @@ def import_records(
             batch = []
     if batch:
         flush(batch)
+    if not interrupted:
+        done_through = last
     return {"database": db.display_url, "on_conflict": on_conflict, "dry_run": dry_run,
-            **counts, "graphs": graphs, "invalid": len(bad), "bad": bad}
+            **counts, "graphs": graphs, "invalid": len(bad), "bad": bad,
+            "interrupted": interrupted, "done_through": done_through}
+
+
+def import_file(db: Database, export: ExportFile, **options: Any) -> dict[str, Any]:
+    """:func:`import_records` of an export file; the report says, with ``cut_short``,
+    whether the file held fewer lines than its header counts (``lines``: read, and
+    counted by the header), the lines present imported all the same."""
+    report = import_records(db, export, **options)
+    report["lines"] = {"read": export.read, "header": export.expected}
+    report["cut_short"] = not report["interrupted"] and export.cut_short()
+    return report
 
 
 def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, Any]]:
@@ -558,8 +611,10 @@ def merge(
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """Import every done entry of ``src`` into ``into`` (validated like an import file)."""
+    """Import every done entry of ``src`` into ``into`` (validated like an import file;
+    ``stop`` as for :func:`import_records`)."""
     if src.url == into.url:
         raise ConfigError("SRC_DB", src.display_url, "a database other than the target")
     if not dry_run:
@@ -568,7 +623,7 @@ def merge(
         on_total(int(src.run(lambda c: admin.scalar(c, admin.count_done(None)))))
     dropped = [0]
     report = import_records(into, _source_records(src, dropped), on_conflict=on_conflict,
-                            dry_run=dry_run, progress=progress)
+                            dry_run=dry_run, progress=progress, stop=stop)
     report["source"] = src.display_url
     report["provenance_dropped"] = dropped[0]
     return report
