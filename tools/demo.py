@@ -44,6 +44,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS_PER_PROCESS = 2  # bmm + packed_linear
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
+# The job processes running now, ended by cleanup() when the demo is interrupted.
+CHILDREN: list[subprocess.Popen[bytes]] = []
 
 
 def worker(out: str, ready: str, go: str, tunecache_on: bool) -> int:
@@ -100,6 +103,7 @@ def run_job(name: str, procs: int, tmp: Path, env: dict[str, str],
         cmd = [sys.executable, __file__, "--worker", str(out), "--ready", str(ready),
                "--go", str(go)] + ([] if tunecache_on else ["--off"])
         proc = subprocess.Popen(cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+        CHILDREN.append(proc)
         children.append((proc, out, ready, log))
     while not all(ready.exists() for _, _, ready, _ in children):
         if any(proc.poll() is not None for proc, _, _, _ in children):
@@ -109,6 +113,7 @@ def run_job(name: str, procs: int, tmp: Path, env: dict[str, str],
     results = []
     for i, (proc, out, _, log) in enumerate(children):
         rc = proc.wait()
+        CHILDREN.remove(proc)
         log.close()
         if rc != 0:
             sys.exit(f"{name} process {i} failed (rc={rc}); see {log.name}")
@@ -151,6 +156,20 @@ def against(job: dict[str, Any], off: dict[str, Any]) -> str:
     return text
 
 
+def cleanup(tmp: Path, keep: bool) -> None:
+    """End the job processes still running (Ctrl-C reaches them too from a terminal, not
+    when only the demo is signalled), wait for them, then remove the temporary directory
+    they write to, unless ``keep``."""
+    for proc in CHILDREN:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in CHILDREN:
+        proc.wait()
+    CHILDREN.clear()
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,6 +207,24 @@ def main() -> int:
     print(f"{args.procs} processes per job x {KEYS_PER_PROCESS} GEMM keys (bmm, frozen Linear), "
           f"fresh Inductor caches in every job, {args.rounds} rounds")
 
+    try:
+        run_demo(args, tmp, env)
+    except KeyboardInterrupt:
+        cleanup(tmp, args.keep)
+        print("interrupted: the demo stopped (Ctrl-C); "
+              + (f"kept {tmp}" if args.keep else f"removed {tmp}"), flush=True)
+        return EXIT_INTERRUPTED
+    except BaseException:
+        cleanup(tmp, keep=True)  # a job that failed names its log there
+        raise
+    cleanup(tmp, args.keep)
+    if args.keep:
+        print(f"  kept {tmp}")
+    return 0
+
+
+def run_demo(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> None:
+    """The rounds of jobs and their summary."""
     t0 = time.perf_counter()
     jobs = [
         ("job 0 (tunecache off)", "job0", False),
@@ -217,11 +254,6 @@ def main() -> int:
         print("  note: job 1 was already warm: the database held these keys from an earlier run "
               "(leave out --db for a cold start)")
     print(f"  demo wall time {time.perf_counter() - t0:.0f}s")
-    if args.keep:
-        print(f"  kept {tmp}")
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
