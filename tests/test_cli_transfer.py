@@ -503,6 +503,8 @@ def _rows(url):
     from tunecache.settings import resolve_db_url
     from tunecache.store.schema import entries
 
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        return 0  # connecting would create the file the import is about to create
     engine = create_engine(resolve_db_url(url))
     try:
         with engine.connect() as conn:

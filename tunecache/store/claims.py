@@ -307,20 +307,21 @@ _RECORD_HITS = (
 )
 
 
-def insert_if_absent(dialect: str, **values: Any) -> Any:
+def insert_if_absent(dialect: str, *, returning: bool = True, **values: Any) -> Any:
     """INSERT of a new row for a key (its hash, JSON and labels bound as p_*), doing nothing
-    if the key exists; RETURNING the token, so no row back means someone was first."""
+    if the key exists; RETURNING the token, so no row back means someone was first
+    (``returning=False``: nothing, for a driver's executemany of many rows)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     identity: dict[str, Any] = {name: bindparam(f"p_{name}") for name in (
         "key_hash", "key_json", "kind", "op", "device", "torch_version", "triton_version",
         "family")}
-    return (
+    statement = (
         insert(entries)
         .values(**{**identity, "token": 1, "created_at": _NOW, "updated_at": _NOW, "hits": 0,
                    **values})
         .on_conflict_do_nothing(index_elements=["key_hash"])
-        .returning(entries.c.token)
     )
+    return statement.returning(entries.c.token) if returning else statement
 
 
 def _insert_claim_statement(dialect: str) -> Any:
