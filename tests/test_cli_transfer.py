@@ -563,3 +563,63 @@ def test_ctrl_c_during_an_import_says_what_is_committed_up_to_where_and_exits_13
     assert again.exit_code == 0, again.output
     assert f": {1010 - new} new, 0 replaced, {new} kept, 0 busy (being tuned), 0 invalid" \
         in again.stdout
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_a_merge_says_up_to_which_entry_it_is_committed_and_exits_130(pg_url,
+                                                                                   tmp_path):
+    """A real merge into PostgreSQL, whose second batch waits on a row the test holds
+    uncommitted: SIGINT once the first batch is in, then the row let go. The merge stops
+    once everything it read is committed (after the first batch or the second, wherever
+    the signal finds it), says up to which source entry, and exits 130."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import procs
+    from sqlalchemy import create_engine, insert
+
+    from tunecache.settings import resolve_db_url
+    from tunecache.store import Database, ensure_schema
+    from tunecache.store.schema import entries
+
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    keys = [gemm_key("mm", i) for i in range(1100)]
+    populate(src, keys)
+    hashes = sorted(tunecache.keys.key_hash(k)[0] for k in keys)
+    target = Database(resolve_db_url(pg_url))
+    ensure_schema(target)
+    target.dispose()
+    engine = create_engine(resolve_db_url(pg_url))
+    holder = engine.connect()
+    held = holder.begin()
+    holder.execute(insert(entries).values(
+        key_hash=hashes[700], key_json="{}", state="claimed", token=1, attempts=1,
+        created_at=0.0, updated_at=0.0, hits=0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "merge", src, "--into", pg_url],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        procs.wait_until(lambda: _rows(pg_url) >= 500 or proc.poll() is not None,
+                         "the first batch committed")
+        proc.send_signal(signal.SIGINT)
+        held.rollback()
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        holder.close()
+        engine.dispose()
+    assert proc.returncode == 130, (stdout, stderr)
+    match = re.fullmatch(
+        rf"interrupted by Ctrl-C: imported {re.escape(src)} up to entry ([0-9a-f]{{16}}), all "
+        r"committed \((\d+) new, 0 replaced, 0 kept, 0 busy \(being tuned\), 0 invalid\); the "
+        r"rest is not; run the same command again to finish \(what is in already stays as it "
+        r"is\)\n", stdout)
+    assert match, stdout
+    through, new = match.group(1), int(match.group(2))
+    assert (through, new) in ((hashes[499][:16], 500), (hashes[999][:16], 1000))
+    assert _rows(pg_url) == new
+    again = run_json("merge", src, "--into", pg_url)
+    assert (again["inserted"], again["unchanged"]) == (1100 - new, new)
