@@ -623,3 +623,44 @@ def test_ctrl_c_during_a_merge_says_up_to_which_entry_it_is_committed_and_exits_
     assert _rows(pg_url) == new
     again = run_json("merge", src, "--into", pg_url)
     assert (again["inserted"], again["unchanged"]) == (1100 - new, new)
+
+
+@pytest.mark.timeout(300)
+def test_an_import_shows_its_progress_on_a_terminal_counted_from_the_header(sqlite_url,
+                                                                            tmp_path):
+    """stderr on a terminal (a pty), as an operator runs it: the bar counts the lines the
+    header announces."""
+    import pty
+    import re
+    import subprocess
+    import sys
+
+    header = json.dumps({"format": "tunecache-export", "version": 1, "entries": 1200,
+                         "graphs": 0})
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join([header] + [_entry(gemm_key("mm", i), {"aten": 1.0})
+                                          for i in range(1200)]) + "\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "import", str(path), "--db", sqlite_url],
+        stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "100"})
+    os.close(slave)
+    seen = ""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end closed (the process ended)
+                break
+            if not chunk:
+                break
+            seen += chunk.decode(errors="replace")
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 0, (stdout, seen)
+    assert re.search(r"importing.*\b1200/1200\b", seen), seen
+    assert ": 1200 new" in stdout
