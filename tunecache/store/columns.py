@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, null
+from sqlalchemy import ColumnElement, case, literal_column, null
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Integer
@@ -87,5 +87,7 @@ def bounded(column: ColumnElement[Any], limit: int) -> ColumnElement[Any]:
     """``column`` in a SELECT, as NULL where its text is longer than ``limit``: the bound
     is applied by the database, so an oversized value never leaves it (Python's readers
     then see None, which no reader trusts)."""
-    return case((_stored_length(column) <= limit, column), else_=null()).label(
-        getattr(column, "name", None))
+    # The limit is written into the SQL, not bound: some statements are run with a
+    # parameter dict of their own, which knows nothing of an extra bind parameter.
+    within = _stored_length(column) <= literal_column(str(int(limit)))
+    return case((within, column), else_=null()).label(getattr(column, "name", None))
