@@ -68,6 +68,15 @@ def run(*args: str, input: str | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
 
 
+def strict_json(text: str) -> Any:
+    """json.loads refusing the non-standard tokens NaN, Infinity and -Infinity."""
+
+    def refuse(token: str) -> Any:
+        raise ValueError(f"{token} is not standard JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def run_json(*args: str) -> Any:
     result = run(*args, "--json")
     assert result.exit_code == 0, result.output

@@ -3,8 +3,14 @@ winner's, per kind, per op and for the top keys) and how transferred entries did
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import sqlite3
+from pathlib import Path
+
+import gain_entries
 import pytest
-from cli_helpers import run, run_json
+from cli_helpers import run, run_json, strict_json
 from test_cli_hostile_rows import HOSTILE, _assert_clean, _set_entries
 
 import tunecache
@@ -41,7 +47,7 @@ def test_stats_reports_what_tuning_bought_per_kind_op_and_top_keys(db_url):
     _publish(db_url, _key("mm", 4), {"triton:mm:a": 1.0, "triton:mm:b": 2.0})
 
     gains = run_json("stats", "--db", db_url)["gains"]
-    assert gains["complete"] and gains["rows_read"] == 4  # a Triton row without meta: unread
+    assert (gains["rows_parsed"], gains["skipped"]) == (0, 0)  # every publish set the columns
     total = gains["total"]
     assert (total["entries"], total["baseline_ms"], total["best_ms"]) == (3, 14.5, 4.0)
     assert total["speedup"] == pytest.approx(14.5 / 4.0)
@@ -125,12 +131,88 @@ def test_stats_escapes_hostile_names_in_what_tuning_bought(db_url):
     assert "bought    1 entries" in result.stdout
 
 
-def test_stats_reads_at_most_gains_rows_entries_and_says_it_is_a_sample(sqlite_url):
-    for i in range(5):
-        _publish(sqlite_url, _key("mm", i), {"extern:a": 2.0, "triton:b": 1.0})
-    part = run_json("stats", "--db", sqlite_url, "--gains-rows", "2")["gains"]
-    assert (part["rows_read"], part["complete"], part["total"]["entries"]) == (2, False, 2)
-    assert "a sample: the first 2 done entries" in run(
-        "stats", "--db", sqlite_url, "--gains-rows", "2").stdout
-    full = run_json("stats", "--db", sqlite_url, "--gains-rows", "0")["gains"]
-    assert (full["rows_read"], full["complete"], full["total"]["entries"]) == (5, True, 5)
+def _strict_stats(url: str) -> dict:
+    """stats and stats --json exit 0; the JSON, parsed strictly."""
+    human = run("stats", "--db", url)
+    assert human.exit_code == 0, human.output
+    result = run("stats", "--db", url, "--json")
+    assert result.exit_code == 0, result.output
+    return strict_json(result.stdout)
+
+
+# Texts a writer of the shared database can plant, which no tunecache writer stores: each
+# must cost its own row only (counted as skipped, summed nowhere), never the command.
+TEN_TO_309 = "1" + "0" * 309  # 310 digits: float() of it overflows
+DIGITS_4300 = "9" * 4300  # past Python's int-to-text limit
+PLANTED = {
+    "a_310_digit_timing": ("gemm", f'{{"extern:a": {TEN_TO_309}, "triton:b": 1.0}}', None),
+    "a_310_digit_meta_number": (
+        "triton_config", None,
+        f'{{"baseline": {{"ms": {TEN_TO_309}}}, "best_ms": 1.0, "regret": {TEN_TO_309},'
+        f' "transfer": {{"benchmarked": {TEN_TO_309}, "generated": 1}}}}'),
+    "a_4300_digit_transfer_benchmarked": (
+        "triton_config", None,
+        f'{{"transfer": {{"benchmarked": {DIGITS_4300}, "generated": 3}}}}'),
+    "nan_in_meta": ("triton_config", None,
+                    '{"baseline": {"ms": NaN}, "best_ms": 1.0, "regret": NaN, '
+                    '"transfer": {"benchmarked": 1, "generated": 2}}'),
+    "infinity_in_meta": ("gemm", '{"extern:a": 2.0, "triton:b": 1.0}',
+                         '{"baseline": {"ms": Infinity}, "best_ms": 1.0, "regret": Infinity, '
+                         '"transfer": {"benchmarked": 1, "generated": 2}}'),
+}
+
+
+@pytest.mark.parametrize("planted", sorted(PLANTED))
+def test_stats_skips_a_planted_row_with_an_out_of_range_number_and_sums_the_rest(db_url,
+                                                                                  planted):
+    kind, timings_json, meta_json = PLANTED[planted]
+    good = _publish(db_url, _key("mm", 0), {"extern:a": 2.0, "triton:b": 1.0}, tune_seconds=1)
+    # Two planted rows (two 4300-digit values made stats raise where one did not).
+    for i in (1, 2):
+        h = _publish(db_url, _key("k", i, kind), {"extern:a": 2.0, "triton:b": 1.0})
+        values = {"meta_json": meta_json, "gain_state": None}  # as if no tunecache wrote it
+        if timings_json is not None:
+            values["timings_json"] = timings_json
+        _set_entries(db_url, h, **values)
+    data = _strict_stats(db_url)
+    gains = data["gains"]
+    assert (gains["rows_parsed"], gains["skipped"]) == (2, 2)
+    total = gains["total"]
+    assert (total["entries"], total["baseline_ms"], total["best_ms"]) == (1, 2.0, 1.0)
+    assert [t["key_hash"] for t in gains["top_keys"]] == [good]
+    assert data["transferred"]["by_kind"] == []
+    assert "2 entries skipped (their meta or timings do not read)" in run(
+        "stats", "--db", db_url).stdout
+
+
+def test_stats_json_is_standard_json_when_stored_times_are_infinite_or_denormal(db_url):
+    # A denormal best time makes an infinite speedup; an infinite tuning time (PostgreSQL's
+    # floats and SQLite's REAL hold one) an infinite sum. --json printed them as Infinity.
+    tiny = _publish(db_url, _key("k", 0, "triton_config"), {"c": 1.0},
+                    meta={"baseline": {"ms": 2.0}, "best_ms": 5e-324})
+    h = _publish(db_url, _key("mm", 1), {"extern:a": 2.0, "triton:b": 1.0}, tune_seconds=3)
+    _set_entries(db_url, h, tune_seconds=float("inf"))
+    data = _strict_stats(db_url)
+    assert data["gains"]["top_keys"][0]["key_hash"] == tiny
+    assert data["gains"]["top_keys"][0]["speedup"] is None  # inf: null, not Infinity
+    assert data["tune_seconds"] == 0.0  # the infinite time is summed nowhere
+
+
+def test_stats_of_a_database_upgraded_from_schema_0006_equal_a_fresh_ones(tmp_path):
+    """Migration 0007 computes the gain columns of the entries already there, with the
+    function every writer uses; a row whose meta does not read is counted, not summed."""
+    old = tmp_path / "old.db"
+    shutil.copyfile(Path(__file__).parent / "data" / "schema-0006.db", old)
+    with contextlib.closing(sqlite3.connect(old)) as conn, conn:
+        # Planted before the upgrade, on the one entry that has no baseline anyway.
+        conn.execute("UPDATE tunecache_entries SET meta_json = '{\"best_ms\": NaN}' "
+                     "WHERE json_extract(key_json, '$.i') = 1")
+    assert run("upgrade", "--db", str(old)).exit_code == 0
+    fresh = tmp_path / "fresh.db"
+    with tunecache.open(str(fresh)) as cache:
+        gain_entries.write(cache)
+    upgraded, new = run_json("stats", "--db", str(old)), run_json("stats", "--db", str(fresh))
+    assert (upgraded["gains"].pop("skipped"), new["gains"].pop("skipped")) == (1, 0)
+    assert upgraded["gains"]["rows_parsed"] == new["gains"]["rows_parsed"] == 0
+    assert upgraded["gains"]["total"]["entries"] == 3
+    assert (upgraded["gains"], upgraded["transferred"]) == (new["gains"], new["transferred"])

@@ -111,8 +111,10 @@ def _json_default(value: Any) -> Any:
 
 
 def dumps(data: Any) -> str:
-    """The --json document of a command's result."""
-    return json.dumps(data, indent=2, sort_keys=True, default=_json_default)
+    """The --json document of a command's result: standard JSON, so a non-finite float is
+    refused here rather than printed as the non-standard token Infinity or NaN (the
+    commands turn theirs into null first)."""
+    return json.dumps(data, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
 
 
 @contextlib.contextmanager

@@ -24,20 +24,14 @@ GAINS_OPS_SHOWN = 10
 
 
 @click.command()
-@click.option("--gains-rows", type=click.IntRange(0, None), default=None,
-              help="Read at most this many done entries for \"what tuning bought\" and "
-                   "\"transferred\" (default 50000; 0: all); past it they are a uniform "
-                   "sample (key hash order), and say so.")
 @common
-def stats(inv: Invocation, gains_rows: int | None) -> None:
+def stats(inv: Invocation) -> None:
     """Entries by state, environment and op; size; hits; time saved; claims; failures;
     what tuning bought (untuned vs tuned time); transferred entries and their regret."""
     from .. import ops
 
     with opened(inv, read_only=True) as db:
-        # None: the library's bound (ops.statistics.GAINS_ROWS); 0: no bound.
-        data = (ops.stats(db) if gains_rows is None
-                else ops.stats(db, gains_rows=gains_rows or None))
+        data = ops.stats(db)
 
     def human() -> None:
         size = data["size"]
@@ -118,16 +112,16 @@ def _x(value: float | None) -> str:
 
 def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
     """stats' "what tuning bought" and "transferred" lines (--json has every op)."""
-    sample = "" if gains["complete"] else (f" (a sample: the first {gains['rows_read']} "
-                                           "done entries by key hash; --gains-rows 0 reads all)")
+    skipped = (f"; {gains['skipped']} entries skipped (their meta or timings do not read)"
+               if gains["skipped"] else "")
     t = gains["total"]
     if not t["entries"]:
-        click.echo(f"bought    no entry records an untuned baseline{sample}")
+        click.echo(f"bought    no entry records an untuned baseline{skipped}")
     else:
         click.echo(f"bought    {t['entries']} entries with a baseline: one call of each "
                    f"{_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
                    f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} saved), found in "
-                   f"{fmt.dur(t['tune_seconds'])} of tuning{sample}")
+                   f"{fmt.dur(t['tune_seconds'])} of tuning{skipped}")
     moved = transferred["by_kind"]
     if moved:
         parts = []

@@ -4,6 +4,8 @@ One JSON-able dict."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import heapq
 import json
 import math
@@ -11,19 +13,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..keys import MAX_TIMINGS_BYTES, validate_meta
+from .. import stored_json
 from ..store import ArtifactStore, Database, admin, columns
+from ..store import gains as gain_columns
 from ..store.migrate import current_revision
 from .entries import pages
 
-__all__ = ["stats", "database_size", "graph_stats", "gains", "GAINS_ROWS", "TOP_KEYS"]
+__all__ = ["stats", "database_size", "graph_stats", "gains", "finite", "TOP_KEYS"]
 
-# "What tuning bought" reads each done entry's meta (and a GEMM's timings): past this many
-# rows it stops, and says so. Rows are read in key hash order, which is random with
-# respect to everything else, so a partial read is a uniform sample. Measured on a
-# million-entry SQLite cache (tools/bench_admin.py's rows, 2 shared cores): 100k rows
-# took 1.0 s to read and 1.6 s to parse; 50k keep `stats` within its 2 s.
-GAINS_ROWS = 50_000
+# Rows per page of the entries whose gain columns no writer computed (read one by one).
 GAINS_PAGE = 2000
 TOP_KEYS = 10
 
@@ -77,72 +75,6 @@ def graph_stats(db: Database) -> dict[str, Any]:
     return report
 
 
-def _ms(value: Any) -> float | None:
-    """A time in ms read from meta or timings: a finite positive number, else None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok and math.isfinite(value) and value > 0 else None
-
-
-def _from_timings(raw: Any) -> tuple[float | None, float | None, str | None]:
-    """A GEMM's (baseline ms, best ms, baseline candidate) from its timings: the fastest
-    extern (ATen) candidate, the choice Inductor makes without tuning, and the fastest of
-    all; Nones for timings that are no JSON object.
-
-    Lighter than keys.validate_timings, which checks every name as a store would need it
-    (measured: 80% of this section's time on a million entries): nothing here is stored
-    or run, a name is only compared and then printed escaped, and a value counts only if
-    it is a finite positive number.
-    """
-    if not isinstance(raw, str) or len(raw) > MAX_TIMINGS_BYTES:
-        return None, None, None
-    try:
-        timings = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None, None, None
-    if not isinstance(timings, dict):
-        return None, None, None
-    best = baseline = None
-    name = None
-    for candidate, ms in timings.items():
-        # type(), not isinstance: a bool is no time; NaN and inf fail the range test.
-        if type(ms) not in (float, int) or not 0 < ms < math.inf:
-            continue
-        if best is None or ms < best:
-            best = ms
-        if candidate.startswith("extern:") and (baseline is None or ms < baseline):
-            baseline, name = ms, candidate
-    return (None if baseline is None else float(baseline),
-            None if best is None else float(best), name)
-
-
-def _entry_gain(row: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(meta, gain) of one row: gain None when the entry has no usable baseline."""
-    meta = validate_meta(columns.text(row.meta_json))
-    given = meta.get("baseline")
-    baseline = _ms(given.get("ms")) if isinstance(given, dict) else None
-    candidate = given.get("candidate") if isinstance(given, dict) else None
-    best = _ms(meta.get("best_ms"))
-    source = "meta"
-    if row.kind == "gemm" and (baseline is None or best is None):
-        # Entries tuned before meta existed: both times are in the timings.
-        t_base, t_best, t_name = _from_timings(row.timings_json)
-        if baseline is None:
-            baseline, candidate = t_base, t_name
-        best = best if best is not None else t_best
-        source = "timings"
-    if baseline is None or best is None:
-        return meta, None
-    seconds = columns.time(row.tune_seconds)
-    return meta, {
-        "key_hash": row.key_hash, "kind": row.kind, "op": row.op,
-        "baseline_candidate": candidate if isinstance(candidate, str) else None,
-        "baseline_ms": baseline, "best_ms": best, "speedup": baseline / best,
-        "ms_saved_per_call": baseline - best,
-        "tune_seconds": seconds if seconds is not None and seconds >= 0 else 0.0,
-        "hits": columns.integer(row.hits) or 0, "from": source,
-    }
-
-
 def _gain_row(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**fields, "entries": 0, "baseline_ms": 0.0, "best_ms": 0.0, "tune_seconds": 0.0}
 
@@ -158,10 +90,94 @@ def _transfer_row(kind: Any) -> dict[str, Any]:
             "regret_measured": 0, "regret_mean": None, "regret_max": None, "_sum": 0.0}
 
 
-def gains(db: Database, *, max_rows: int | None = GAINS_ROWS,
-          top: int = TOP_KEYS) -> dict[str, Any]:
-    """What tuning bought and how transferred entries did, from the done entries' meta
-    (and, for GEMM entries without it, their timings).
+def _seconds(value: Any) -> float:
+    seconds = columns.time(value)
+    return seconds if seconds is not None and seconds >= 0 else 0.0
+
+
+def _top_key(row: Any, gain: gain_columns.Gain) -> dict[str, Any]:
+    assert gain.baseline_ms is not None and gain.best_ms is not None
+    return {
+        "key_hash": row.key_hash, "kind": row.kind, "op": row.op,
+        "baseline_candidate": gain.candidate,
+        "baseline_ms": gain.baseline_ms, "best_ms": gain.best_ms,
+        "speedup": gain.baseline_ms / gain.best_ms,
+        "ms_saved_per_call": gain.baseline_ms - gain.best_ms,
+        "tune_seconds": _seconds(row.tune_seconds),
+        "hits": columns.integer(row.hits) or 0, "from": gain.source,
+    }
+
+
+class _Sums:
+    """The sums of "what tuning bought" and "transferred", from the SQL aggregates of the
+    gain columns and from rows read one by one."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.total = _gain_row({})
+        self.by_kind: dict[Any, dict[str, Any]] = {}
+        self.by_op: dict[tuple[Any, Any], dict[str, Any]] = {}
+        self.transferred: dict[Any, dict[str, Any]] = {}
+        self.best_keys: list[tuple[float, str, dict[str, Any]]] = []
+        self.skipped = 0
+
+    def add_gain(self, kind: Any, op: Any, entries: int, baseline_ms: float, best_ms: float,
+                 tune_seconds: float) -> None:
+        kind_acc = self.by_kind.get(kind)
+        if kind_acc is None:
+            kind_acc = self.by_kind[kind] = _gain_row({"kind": kind})
+        op_acc = self.by_op.get((kind, op))
+        if op_acc is None:
+            op_acc = self.by_op[kind, op] = _gain_row({"kind": kind, "op": op})
+        for acc in (self.total, kind_acc, op_acc):
+            acc["entries"] += entries
+            acc["baseline_ms"] += baseline_ms
+            acc["best_ms"] += best_ms
+            acc["tune_seconds"] += tune_seconds
+
+    def add_transferred(self, kind: Any, entries: int, benchmarked: int, generated: int,
+                        regret_measured: int, regret_sum: float,
+                        regret_max: float | None) -> None:
+        t = self.transferred.setdefault(kind, _transfer_row(kind))
+        t["entries"] += entries
+        t["benchmarked"] += benchmarked
+        t["generated"] += generated
+        t["regret_measured"] += regret_measured
+        t["_sum"] += regret_sum
+        if regret_max is not None:
+            t["regret_max"] = max(t["regret_max"] or regret_max, regret_max)
+
+    def add_top(self, key: dict[str, Any]) -> None:
+        item = (key["ms_saved_per_call"], key["key_hash"], key)
+        if len(self.best_keys) < self.top:
+            heapq.heappush(self.best_keys, item)
+        elif item[:2] > self.best_keys[0][:2]:
+            heapq.heapreplace(self.best_keys, item)
+
+    def add_row(self, row: Any) -> None:
+        """One entry whose gain columns no writer computed, read from its texts."""
+        gain = gain_columns.compute(row.kind, row.timings_json, row.meta_json)
+        if not gain.readable:
+            self.skipped += 1
+            return
+        if gain.generated is not None:
+            self.add_transferred(row.kind, 1, gain.benchmarked or 0, gain.generated,
+                                 int(gain.regret is not None), gain.regret or 0.0, gain.regret)
+        if gain.baseline_ms is None or gain.best_ms is None:
+            return
+        self.add_gain(row.kind, row.op, 1, gain.baseline_ms, gain.best_ms,
+                      _seconds(row.tune_seconds))
+        self.add_top(_top_key(row, gain))
+
+
+def _number(value: Any) -> float:
+    """An SQL SUM of bounded values (PostgreSQL: a Decimal for integers; None: no rows)."""
+    number = stored_json.number(float(value)) if value is not None else None
+    return number if number is not None else 0.0
+
+
+def gains(db: Database, *, top: int = TOP_KEYS) -> dict[str, Any]:
+    """What tuning bought and how transferred entries did, over every done entry.
 
     Per kind and per op: the entries with a baseline (the untuned choice's time), the
     sums of their baseline and best times (one call of each), the speedup and ms saved
@@ -169,56 +185,36 @@ def gains(db: Database, *, max_rows: int | None = GAINS_ROWS,
     Transferred entries (meta "transfer"): how many per kind, candidates benchmarked of
     those generated, and the regret ``tunecache warm --exhaustive`` measured.
 
-    Streams pages of rows and keeps only sums and the top keys, so memory stays flat;
-    stops after ``max_rows`` rows (None: all) and says so in ``complete``. A row whose
-    meta or timings do not validate, or hold the wrong types, is skipped.
+    Sums the gain columns in SQL (tunecache.store.gains); the rows whose columns no
+    writer computed are read and parsed here, in pages. A row whose meta or timings do
+    not read is counted in ``skipped`` and summed nowhere.
     """
-    total = _gain_row({})
-    by_kind: dict[Any, dict[str, Any]] = {}
-    by_op: dict[tuple[Any, Any], dict[str, Any]] = {}
-    transferred: dict[Any, dict[str, Any]] = {}
-    best_keys: list[tuple[float, str, dict[str, Any]]] = []
+    sums = _Sums(top)
+    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_BY_OP)):
+        sums.add_gain(r.kind, r.op, int(r.entries), _number(r.baseline_ms),
+                      _number(r.best_ms), _number(r.tune_seconds))
+    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_TRANSFERRED)):
+        regret_max = stored_json.number(r.regret_max)
+        sums.add_transferred(r.kind, int(r.entries), int(_number(r.benchmarked)),
+                             int(_number(r.generated)), int(r.regret_measured),
+                             _number(r.regret_sum), regret_max)
+    top_rows = db.run(lambda c: c.execute(admin.GAINS_TOP, {"p_limit": top}).all())
+    for r in top_rows:
+        baseline, best = columns.time(r.gain_baseline_ms), columns.time(r.gain_best_ms)
+        if baseline is None or best is None:
+            continue
+        # The candidate's name is in the texts; the times are the columns stats summed.
+        named = gain_columns.compute(r.kind, r.timings_json, r.meta_json)
+        gain = dataclasses.replace(named, baseline_ms=baseline, best_ms=best)
+        sums.add_top(_top_key(r, gain))
+    sums.skipped += int(db.run(functools.partial(admin.scalar,
+                                                 statement=admin.GAINS_UNREADABLE)))
     read = 0
-    complete = True
     for page in pages(db, lambda after: admin.select_gains_page(after, GAINS_PAGE)):
-        if max_rows is not None and read + len(page) > max_rows:
-            page = page[:max_rows - read]
-            complete = False
-        for row in page:
-            meta, gain = _entry_gain(row)
-            moved = meta.get("transfer")
-            if isinstance(moved, dict):
-                t = transferred.setdefault(row.kind, _transfer_row(row.kind))
-                t["entries"] += 1
-                for name in ("benchmarked", "generated"):
-                    n = columns.integer(moved.get(name))
-                    t[name] += n if n is not None and n >= 0 else 0
-                regret = _ms(meta.get("regret"))
-                if regret is not None:
-                    t["regret_measured"] += 1
-                    t["_sum"] += regret
-                    t["regret_max"] = max(t["regret_max"] or regret, regret)
-            if gain is None:
-                continue
-            kind_acc = by_kind.get(row.kind)
-            if kind_acc is None:
-                kind_acc = by_kind[row.kind] = _gain_row({"kind": row.kind})
-            op_acc = by_op.get((row.kind, row.op))
-            if op_acc is None:
-                op_acc = by_op[row.kind, row.op] = _gain_row({"kind": row.kind, "op": row.op})
-            for acc in (total, kind_acc, op_acc):
-                acc["entries"] += 1
-                for name in ("baseline_ms", "best_ms", "tune_seconds"):
-                    acc[name] += gain[name]
-            item = (gain["ms_saved_per_call"], gain["key_hash"], gain)
-            if len(best_keys) < top:
-                heapq.heappush(best_keys, item)
-            elif item[:2] > best_keys[0][:2]:
-                heapq.heapreplace(best_keys, item)
         read += len(page)
-        if not complete:
-            break
-    for t in transferred.values():
+        for row in page:
+            sums.add_row(row)
+    for t in sums.transferred.values():
         total_regret = t.pop("_sum")
         if t["regret_measured"]:
             t["regret_mean"] = total_regret / t["regret_measured"]
@@ -228,20 +224,32 @@ def gains(db: Database, *, max_rows: int | None = GAINS_ROWS,
                                                       default=str))
 
     return {
-        "rows_read": read,
-        "complete": complete,
-        "total": _finish_gain(total),
-        "by_kind": sorted((_finish_gain(r) for r in by_kind.values()), key=order),
-        "by_op": sorted((_finish_gain(r) for r in by_op.values()), key=order),
-        "top_keys": [g for _, _, g in sorted(best_keys, key=lambda i: (-i[0], i[1]))],
-        "transferred": sorted(transferred.values(),
+        "rows_parsed": read,
+        "skipped": sums.skipped,
+        "total": _finish_gain(sums.total),
+        "by_kind": sorted((_finish_gain(r) for r in sums.by_kind.values()), key=order),
+        "by_op": sorted((_finish_gain(r) for r in sums.by_op.values()), key=order),
+        "top_keys": [g for _, _, g in sorted(sums.best_keys, key=lambda i: (-i[0], i[1]))],
+        "transferred": sorted(sums.transferred.values(),
                               key=lambda r: (-r["entries"], json.dumps(r["kind"], default=str))),
     }
 
 
-def stats(db: Database, *, listed: int = 20,
-          gains_rows: int | None = GAINS_ROWS) -> dict[str, Any]:
-    """Everything `tunecache stats` reports, as one JSON-able dict."""
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float in it (a sum over PostgreSQL's infinities, a
+    speedup over a denormal time) as None: standard JSON has no NaN or Infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
+    """Everything `tunecache stats` reports, as one JSON-able dict (standard JSON: no
+    NaN or Infinity)."""
     groups = db.run(admin.stats_groups)
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -280,9 +288,9 @@ def stats(db: Database, *, listed: int = 20,
         return (-row["entries"], json.dumps([v for k, v in row.items() if isinstance(v, str)]))
 
     claimed = by_state.get("claimed", 0)
-    bought = gains(db, max_rows=gains_rows)
+    bought = gains(db)
     transferred = bought.pop("transferred")
-    return {
+    return finite({
         "database": db.display_url,
         "backend": db.dialect,
         "schema": revision,
@@ -294,8 +302,7 @@ def stats(db: Database, *, listed: int = 20,
         "by_op": sorted(by_op.values(), key=sort_key),
         "graphs": graph_stats(db),
         "gains": bought,
-        "transferred": {"rows_read": bought["rows_read"], "complete": bought["complete"],
-                        "by_kind": transferred},
+        "transferred": {"by_kind": transferred},
         "hits": hits,
         "tune_seconds": tune_seconds,
         "seconds_saved": saved,
@@ -325,4 +332,4 @@ def stats(db: Database, *, listed: int = 20,
             "keys": [{"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
                       "error": r.error} for r in failed],
         },
-    }
+    })

@@ -42,6 +42,7 @@ from sqlalchemy import (
     update,
 )
 
+from .. import stored_json
 from ..keys import (
     MAX_CANDIDATE_NAME,
     MAX_FAMILY,
@@ -50,6 +51,7 @@ from ..keys import (
     MAX_META_BYTES,
     MAX_TIMINGS_BYTES,
 )
+from . import columns, gains
 from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
 from .columns import bounded
 from .schema import artifacts, entries, usage
@@ -89,6 +91,10 @@ __all__ = [
     "read_for_import",
     "stats_groups",
     "select_gains_page",
+    "GAINS_BY_OP",
+    "GAINS_TRANSFERRED",
+    "GAINS_UNREADABLE",
+    "GAINS_TOP",
     "stored_labels",
     "usage_totals",
     "live_claims",
@@ -123,12 +129,20 @@ _STATS_GROUP = (
     entries.c.torch_version,
     entries.c.triton_version,
 )
+# Each row's counts and times are summed only within the range a writer stores, so a
+# planted NaN, infinity, huge integer (SQLite's SUM raises on overflow) or text costs only
+# its own row: text compares greater than any number in SQLite, NaN greater than any on
+# PostgreSQL.
+_HITS = case((and_(entries.c.hits >= 0, entries.c.hits <= 2**31 - 1), entries.c.hits), else_=0)
+_TUNE_SECONDS = case((and_(entries.c.tune_seconds >= 0,
+                           entries.c.tune_seconds <= stored_json.MAX_NUMBER),
+                      entries.c.tune_seconds), else_=0.0)
 STATS_GROUPS = select(
     *_STATS_GROUP,
     func.count().label("entries"),
-    func.coalesce(func.sum(entries.c.hits), 0).label("hits"),
-    func.coalesce(func.sum(entries.c.tune_seconds), 0.0).label("tune_seconds"),
-    func.coalesce(func.sum(entries.c.hits * entries.c.tune_seconds), 0.0).label("saved_seconds"),
+    func.coalesce(func.sum(_HITS), 0).label("hits"),
+    func.coalesce(func.sum(_TUNE_SECONDS), 0.0).label("tune_seconds"),
+    func.coalesce(func.sum(_HITS * _TUNE_SECONDS), 0.0).label("saved_seconds"),
 ).group_by(*_STATS_GROUP)
 
 USAGE_TOTALS = select(
@@ -172,18 +186,71 @@ FAILED_KEYS = (
 
 
 
+# "What tuning bought" sums the gain columns each writer computed (tunecache.store.gains),
+# each within the range a writer stores (as STATS_GROUPS does).
+def _ms(col: ColumnElement[Any]) -> ColumnElement[bool]:
+    return and_(col > 0, col <= stored_json.MAX_NUMBER)
+
+
+def _count(col: ColumnElement[Any]) -> ColumnElement[Any]:
+    return case((and_(col >= 0, col <= gains.MAX_COUNT), col), else_=0)
+
+
+_COMPUTED = and_(entries.c.state == "done", entries.c.gain_state == gains.COMPUTED)
+_HAS_GAIN = and_(_COMPUTED, _ms(entries.c.gain_baseline_ms), _ms(entries.c.gain_best_ms))
+GAINS_BY_OP = (
+    select(entries.c.kind, entries.c.op, func.count().label("entries"),
+           func.sum(entries.c.gain_baseline_ms).label("baseline_ms"),
+           func.sum(entries.c.gain_best_ms).label("best_ms"),
+           func.sum(_TUNE_SECONDS).label("tune_seconds"))
+    .where(_HAS_GAIN)
+    .group_by(entries.c.kind, entries.c.op)
+)
+_REGRET = case((_ms(entries.c.transfer_regret), entries.c.transfer_regret), else_=null())
+GAINS_TRANSFERRED = (
+    select(entries.c.kind, func.count().label("entries"),
+           func.sum(_count(entries.c.transfer_benchmarked)).label("benchmarked"),
+           func.sum(_count(entries.c.transfer_generated)).label("generated"),
+           func.count(_REGRET).label("regret_measured"),
+           func.sum(_REGRET).label("regret_sum"), func.max(_REGRET).label("regret_max"))
+    .where(_COMPUTED, entries.c.transfer_generated.is_not(None))
+    .group_by(entries.c.kind)
+)
+GAINS_UNREADABLE = select(func.count()).where(entries.c.state == "done",
+                                              entries.c.gain_state == gains.UNREADABLE)
+
+
+def _gain_texts() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """An entry's meta and (GEMM only: no other kind's baseline comes from them) timings,
+    NULL past the size a reader takes, so Triton entries' candidate lists are never read."""
+    return (columns.bounded(entries.c.meta_json, MAX_META_BYTES),
+            case((entries.c.kind == "gemm",
+                  columns.bounded(entries.c.timings_json, MAX_TIMINGS_BYTES)),
+                 else_=null()).label("timings_json"))
+
+
+# The top keys by ms saved per call, with the texts that name their baseline candidate.
+GAINS_TOP = (
+    select(entries.c.key_hash, entries.c.kind, entries.c.op, entries.c.hits,
+           entries.c.tune_seconds, entries.c.gain_baseline_ms, entries.c.gain_best_ms,
+           *_gain_texts())
+    .where(_HAS_GAIN)
+    .order_by((entries.c.gain_baseline_ms - entries.c.gain_best_ms).desc(),
+              entries.c.key_hash.desc())
+    .limit(bindparam("p_limit"))
+)
+
+
 def select_gains_page(after: str, limit: int) -> Select[Any]:
-    """A page (keyset by key_hash) of the done entries stats' "what tuning bought" reads:
-    GEMM entries (a baseline is derivable from their timings) and any other with a meta
-    object; their timings only for GEMM (no other kind's baseline comes from them), so
-    Triton entries' candidate lists are never read."""
-    is_gemm = entries.c.kind == "gemm"
+    """A page (keyset by key_hash) of the done entries whose gain columns no writer
+    computed (``gain_state`` NULL), which stats reads itself: GEMM entries (a baseline is
+    derivable from their timings) and any other with a meta object."""
     return (
         select(entries.c.key_hash, entries.c.kind, entries.c.op, entries.c.hits,
-               entries.c.tune_seconds, entries.c.meta_json,
-               case((is_gemm, entries.c.timings_json), else_=null()).label("timings_json"))
-        .where(entries.c.state == "done", entries.c.key_hash > after,
-               or_(is_gemm, entries.c.meta_json.is_not(None)))
+               entries.c.tune_seconds, *_gain_texts())
+        .where(entries.c.state == "done", entries.c.gain_state.is_(None),
+               entries.c.key_hash > after,
+               or_(entries.c.kind == "gemm", entries.c.meta_json.is_not(None)))
         .order_by(entries.c.key_hash)
         .limit(limit)
     )
@@ -550,6 +617,7 @@ def insert_done(dialect: str, owner: str) -> Any:
         best=bindparam("p_best"),
         tune_seconds=bindparam("p_tune_seconds"),
         meta_json=bindparam("p_meta_json"),
+        **gains.assignments(),
         # The source's times, where it gave them: an imported entry is as old, and was
         # last used as long ago, as where it came from (prune --older-than reads them).
         created_at=func.coalesce(bindparam("p_created_at", type_=Float), NOW),
@@ -577,6 +645,7 @@ OVERWRITE_DONE = (
         family=bindparam("p_family"),
         meta_json=bindparam("p_meta_json"),
         updated_at=NOW,
+        **gains.assignments(),
     )
 )
 
@@ -710,7 +779,8 @@ class ImportedEntry:
     def _result(self) -> dict[str, Any]:
         return {"p_key_hash": self.key_hash, "p_timings_json": self.timings_json,
                 "p_best": self.best, "p_tune_seconds": self.tune_seconds,
-                "p_family": self.family, "p_meta_json": self.meta_json}
+                "p_family": self.family, "p_meta_json": self.meta_json,
+                **gains.params(self.labels.get("kind"), self.timings_json, self.meta_json)}
 
 
 # The rows of an import batch that went in: the importer's own owner on a done row of

@@ -38,7 +38,7 @@ from sqlalchemy.sql.expression import FunctionElement
 
 from ..keys import MAX_META_BYTES, MAX_TIMINGS_BYTES, Key
 from ..settings import IMPLAUSIBLE_LEASE_SECONDS
-from . import columns
+from . import columns, gains
 from .engine import Database
 from .notify import Waiter, notify
 from .schema import STATES, entries, usage
@@ -243,6 +243,7 @@ _PUBLISH = (
         error=None,
         updated_at=_NOW,
         last_used_at=_NOW,
+        **gains.publish_assignments(),
     )
 )
 _HEARTBEAT = (
@@ -298,7 +299,9 @@ _NEIGHBOURS = (
 _SET_META = (
     update(entries)
     .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.state == "done")
-    .values(meta_json=bindparam("p_meta_json"))
+    # The gain columns are recomputed by the next `stats` that reads the row (its
+    # timings are not at hand here).
+    .values(meta_json=bindparam("p_meta_json"), gain_state=None)
 )
 _RECORD_HITS = (
     update(entries)
@@ -482,8 +485,9 @@ class ClaimStore:
     def _publish(self, conn: Connection, pub: Publication) -> bool:
         result = conn.execute(
             _PUBLISH,
-            self._fence(pub.claim, timings_json=pub.timings_json, best=pub.best,
-                        tune_seconds=pub.tune_seconds, meta_json=pub.meta_json),
+            {**self._fence(pub.claim, timings_json=pub.timings_json, best=pub.best,
+                           tune_seconds=pub.tune_seconds, meta_json=pub.meta_json),
+             **gains.publish_params(pub.timings_json, pub.meta_json)},
         )
         return result.rowcount == 1
 

@@ -61,6 +61,14 @@ entries = Table(
     # A JSON object beside the timings, validated on every read (keys.validate_meta):
     # the untuned choice's time, how the entry was found (transfer provenance), regret.
     Column("meta_json", Text),
+    # What tuning bought, computed from meta (and a GEMM's timings) by whoever writes the
+    # entry, so `tunecache stats` sums them in SQL (tunecache.store.gains; migration 0007).
+    Column("gain_state", Integer),
+    Column("gain_baseline_ms", Float),
+    Column("gain_best_ms", Float),
+    Column("transfer_benchmarked", Integer),
+    Column("transfer_generated", Integer),
+    Column("transfer_regret", Float),
     # Claims and failed keys (a few thousand at most) are found by state.
     Index("ix_tunecache_entries_state", "state"),
     # No index on last_used_at: prune filters on coalesce(last_used_at, updated_at),
