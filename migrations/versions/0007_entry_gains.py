@@ -32,14 +32,14 @@ def upgrade() -> None:
     op.add_column("tunecache_entries", sa.Column("transfer_generated", sa.Integer))
     op.add_column("tunecache_entries", sa.Column("transfer_regret", sa.Float))
     conn = op.get_bind()
-    # Only rows stats reads: GEMM entries and any other with meta. A text past a reader's
-    # limit comes back NULL from the database, and the row reads as unreadable.
+    # Every done entry, as a writer would (one that stats need not read gets empty columns:
+    # only rows no writer computed are left NULL). A text past a reader's limit comes back
+    # NULL from the database, and the row reads as unreadable.
     page = (
         sa.select(entries.c.key_hash, entries.c.kind,
                   columns.bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
                   columns.bounded(entries.c.meta_json, MAX_META_BYTES))
-        .where(entries.c.state == "done", entries.c.key_hash > sa.bindparam("p_after"),
-               sa.or_(entries.c.kind == "gemm", entries.c.meta_json.is_not(None)))
+        .where(entries.c.state == "done", entries.c.key_hash > sa.bindparam("p_after"))
         .order_by(entries.c.key_hash)
         .limit(_PAGE)
     )
@@ -57,9 +57,15 @@ def upgrade() -> None:
                              **gains.params(r.kind, r.timings_json, r.meta_json)}
                             for r in rows])
         after = rows[-1].key_hash
+    # After the fill, which would otherwise update the index row by row.
+    op.create_index("ix_tunecache_entries_gains", "tunecache_entries",
+                    ["state", "gain_state", "key_hash", "kind", "op", "gain_baseline_ms",
+                     "gain_best_ms", "tune_seconds", "transfer_benchmarked",
+                     "transfer_generated", "transfer_regret"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_tunecache_entries_gains", table_name="tunecache_entries")
     with op.batch_alter_table("tunecache_entries") as batch:
         for name in reversed(gains.COLUMNS):
             batch.drop_column(name)

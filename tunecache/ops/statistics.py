@@ -190,25 +190,24 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> dict[str, Any]:
     not read is counted in ``skipped`` and summed nowhere.
     """
     sums = _Sums(top)
-    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_BY_OP)):
-        sums.add_gain(r.kind, r.op, int(r.entries), _number(r.baseline_ms),
-                      _number(r.best_ms), _number(r.tune_seconds))
-    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_TRANSFERRED)):
-        regret_max = stored_json.number(r.regret_max)
-        sums.add_transferred(r.kind, int(r.entries), int(_number(r.benchmarked)),
-                             int(_number(r.generated)), int(r.regret_measured),
-                             _number(r.regret_sum), regret_max)
-    top_rows = db.run(lambda c: c.execute(admin.GAINS_TOP, {"p_limit": top}).all())
-    for r in top_rows:
+    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_GROUPS)):
+        if _number(r.entries):
+            sums.add_gain(r.kind, r.op, int(_number(r.entries)), _number(r.baseline_ms),
+                          _number(r.best_ms), _number(r.tune_seconds))
+        if _number(r.transferred):
+            sums.add_transferred(r.kind, int(_number(r.transferred)),
+                                 int(_number(r.benchmarked)), int(_number(r.generated)),
+                                 int(r.regret_measured), _number(r.regret_sum),
+                                 stored_json.number(r.regret_max))
+        sums.skipped += int(_number(r.skipped))
+    for r in db.run(lambda c: admin.top_gains(c, top)):
         baseline, best = columns.time(r.gain_baseline_ms), columns.time(r.gain_best_ms)
         if baseline is None or best is None:
             continue
         # The candidate's name is in the texts; the times are the columns stats summed.
         named = gain_columns.compute(r.kind, r.timings_json, r.meta_json)
-        gain = dataclasses.replace(named, baseline_ms=baseline, best_ms=best)
-        sums.add_top(_top_key(r, gain))
-    sums.skipped += int(db.run(functools.partial(admin.scalar,
-                                                 statement=admin.GAINS_UNREADABLE)))
+        sums.add_top(_top_key(r, dataclasses.replace(named, baseline_ms=baseline,
+                                                      best_ms=best)))
     read = 0
     for page in pages(db, lambda after: admin.select_gains_page(after, GAINS_PAGE)):
         read += len(page)
