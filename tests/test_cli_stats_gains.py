@@ -216,3 +216,17 @@ def test_stats_of_a_database_upgraded_from_schema_0006_equal_a_fresh_ones(tmp_pa
     assert upgraded["gains"]["rows_parsed"] == new["gains"]["rows_parsed"] == 0
     assert upgraded["gains"]["total"]["entries"] == 3
     assert (upgraded["gains"], upgraded["transferred"]) == (new["gains"], new["transferred"])
+
+
+def test_a_meta_update_recomputes_the_gain_columns_stats_sums(db_url):
+    # As `warm --exhaustive` records a transferred entry's regret after the fact.
+    key = _key("mm", 0)
+    _publish(db_url, key, {"extern:a": 2.0, "triton:b": 1.0},
+             meta={"transfer": {"from": [], "benchmarked": 1, "generated": 4}})
+    with tunecache.open(db_url) as cache:
+        assert cache.update_meta(key, regret=1.5)
+    data = run_json("stats", "--db", db_url)
+    assert data["gains"]["rows_parsed"] == 0  # the columns were written with the meta
+    [gemm] = data["transferred"]["by_kind"]
+    assert (gemm["regret_measured"], gemm["regret_max"]) == (1, 1.5)
+    assert data["gains"]["total"]["baseline_ms"] == 2.0  # still from the timings

@@ -299,9 +299,7 @@ _NEIGHBOURS = (
 _SET_META = (
     update(entries)
     .where(entries.c.key_hash == bindparam("p_key_hash"), entries.c.state == "done")
-    # The gain columns are recomputed by the next `stats` that reads the row (its
-    # timings are not at hand here).
-    .values(meta_json=bindparam("p_meta_json"), gain_state=None)
+    .values(meta_json=bindparam("p_meta_json"), **gains.assignments())
 )
 _RECORD_HITS = (
     update(entries)
@@ -389,8 +387,11 @@ class ClaimStore:
         """Replace a done entry's meta; False if it is not done (or not there)."""
 
         def work(conn: Connection) -> bool:
-            return conn.execute(_SET_META, _params(key_hash=key_hash,
-                                                   meta_json=meta_json)).rowcount == 1
+            # The gain columns follow the meta; a GEMM's may come from its timings.
+            row = conn.execute(gains.SOURCE, {"p_key_hash": key_hash}).first()
+            stored = gains.params(row.kind, row.timings_json, meta_json) if row else {}
+            return conn.execute(_SET_META, {**_params(key_hash=key_hash, meta_json=meta_json),
+                                            **stored}).rowcount == 1
 
         return self.db.run(work, write=True)
 

@@ -3,8 +3,8 @@
 `tunecache stats` reports, per kind and op, the untuned choice's time against the tuned
 winner's and how transferred entries did. Those inputs are in the meta object (and, for a
 GEMM entry tuned before meta existed, in its timings); parsing them on every `stats` cost
-most of its time (about 2 s per 100,000 entries). So each writer of a done entry
-(publish, import, merge, `warm --exhaustive`'s meta update, migration 0007 for older rows)
+most of its time (about 2 s per 100,000 entries). So each writer of a done entry (publish,
+import, merge, a meta update such as `warm --exhaustive`'s, migration 0007 for older rows)
 stores them here, and stats sums them in SQL.
 
 ``gain_state`` says what the other columns hold: NULL, not computed (a writer that did not
@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, cast
+from sqlalchemy import ColumnElement, bindparam, case, cast, select
 
 from .. import stored_json
 from ..keys import MAX_META_BYTES, MAX_TIMINGS_BYTES
+from . import columns
 from .schema import entries
 
 __all__ = ["Gain", "COLUMNS", "COMPUTED", "UNREADABLE", "MAX_COUNT", "compute", "values",
-           "params", "assignments", "publish_params", "publish_assignments"]
+           "params", "assignments", "publish_params", "publish_assignments", "SOURCE"]
 
 COMPUTED = 1
 UNREADABLE = 2
@@ -139,6 +140,14 @@ def params(kind: Any, timings_json: Any, meta_json: Any) -> dict[str, Any]:
 def assignments() -> dict[str, Any]:
     """The gain columns' values in an INSERT or UPDATE whose writer knows the kind."""
     return {c: bindparam(f"p_{c}", type_=entries.c[c].type) for c in COLUMNS}
+
+
+# What a writer that has only the meta (a meta update) reads of the row: its kind, and the
+# timings a GEMM's baseline may come from, NULL past the size a reader takes.
+SOURCE = (
+    select(entries.c.kind, columns.bounded(entries.c.timings_json, MAX_TIMINGS_BYTES))
+    .where(entries.c.key_hash == bindparam("p_key_hash"))
+)
 
 
 def publish_params(timings_json: Any, meta_json: Any) -> dict[str, Any]:
