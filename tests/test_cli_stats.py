@@ -203,3 +203,21 @@ def test_ls_marks_a_cut_winner_with_an_ellipsis_and_survives_garbage_columns(sql
     [odd_line] = [line for line in result.stdout.splitlines()
                   if line.startswith(odd.key_hash[:12])]
     assert odd_line.split()[5:7] == ["aten", "?"]
+
+
+def test_stats_bounds_stored_text_in_sql_so_an_oversized_op_or_error_never_leaves_it(db_url):
+    from test_cli_hostile_rows import _set_entries
+
+    from tunecache.keys import key_hash
+
+    fail_key(db_url, gemm_key("addmm", 9))
+    sqlite = db_url.startswith("sqlite")  # PostgreSQL's varchar(256) refuses a long op
+    _set_entries(db_url, key_hash(gemm_key("addmm", 9))[0], error="e" * 100_000,
+                 **({"op": "x" * 100_000} if sqlite else {}))
+    for args in ((), ("--json",)):
+        assert run("stats", "--db", db_url, *args).exit_code == 0
+    data = run_json("stats", "--db", db_url)
+    [failed] = data["failed"]["keys"]
+    op = None if sqlite else "addmm"
+    assert (failed["op"], failed["error"]) == (op, None)
+    assert [r["op"] for r in data["by_op"]] == [op]

@@ -136,7 +136,9 @@ _TUNE_SECONDS = case((and_(entries.c.tune_seconds >= 0,
                            entries.c.tune_seconds <= stored_json.MAX_NUMBER),
                       entries.c.tune_seconds), else_=0.0)
 STATS_GROUPS = select(
-    *_STATS_GROUP,
+    # Each label as NULL past the length a writer stores (keys.MAX_LABEL): a planted
+    # megabyte-long op never leaves the database (grouped by the stored value all the same).
+    *(columns.bounded(c, MAX_LABEL) for c in _STATS_GROUP),
     func.count().label("entries"),
     func.coalesce(func.sum(_HITS), 0).label("hits"),
     func.coalesce(func.sum(_TUNE_SECONDS), 0.0).label("tune_seconds"),
@@ -156,9 +158,9 @@ USAGE_TOTALS = select(
 )
 
 _CLAIM_COLUMNS = (
-    entries.c.key_hash,
-    entries.c.op,
-    entries.c.owner,
+    columns.bounded(entries.c.key_hash, 64),
+    columns.bounded(entries.c.op, MAX_LABEL),
+    columns.bounded(entries.c.owner, MAX_LABEL),
     entries.c.token,
     entries.c.attempts,
     entries.c.updated_at,
@@ -175,7 +177,8 @@ CLAIMS_LIVE = (
 # Expired: passed, or a lease no owner could have set (claims.lease_passed).
 CLAIMS_EXPIRED_COUNT = select(func.count()).where(entries.c.state == "claimed", LEASE_PASSED)
 FAILED_KEYS = (
-    select(entries.c.key_hash, entries.c.op, entries.c.attempts, entries.c.error,
+    select(columns.bounded(entries.c.key_hash, 64), columns.bounded(entries.c.op, MAX_LABEL),
+           entries.c.attempts, columns.bounded(entries.c.error, MAX_ERROR),
            entries.c.updated_at)
     .where(entries.c.state == "failed")
     .order_by(entries.c.updated_at.desc())
@@ -207,7 +210,7 @@ _REGRET = _when(and_(_MOVED, _ms(entries.c.transfer_regret)), entries.c.transfer
 # Per kind and op (and gain_state): entries with a gain and their sums; transferred
 # entries and theirs; entries whose texts did not read (skipped).
 GAINS_GROUPS = (
-    select(entries.c.kind, entries.c.op,
+    select(columns.bounded(entries.c.kind, MAX_LABEL), columns.bounded(entries.c.op, MAX_LABEL),
            func.sum(_when(_HAS_GAIN, 1)).label("entries"),
            func.sum(_when(_HAS_GAIN, entries.c.gain_baseline_ms, 0.0)).label("baseline_ms"),
            func.sum(_when(_HAS_GAIN, entries.c.gain_best_ms, 0.0)).label("best_ms"),
@@ -243,7 +246,8 @@ def _gain_texts() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
 
 
 _TOP_ROWS = (
-    select(entries.c.key_hash, entries.c.kind, entries.c.op, entries.c.hits,
+    select(columns.bounded(entries.c.key_hash, 64), columns.bounded(entries.c.kind, MAX_LABEL),
+           columns.bounded(entries.c.op, MAX_LABEL), entries.c.hits,
            entries.c.tune_seconds, entries.c.gain_baseline_ms, entries.c.gain_best_ms,
            *_gain_texts())
     .where(entries.c.key_hash.in_(bindparam("p_hashes", expanding=True)))
@@ -262,7 +266,10 @@ def select_gains_page(after: str, limit: int) -> Select[Any]:
     computed (``gain_state`` NULL), which stats reads itself: GEMM entries (a baseline is
     derivable from their timings) and any other with a meta object."""
     return (
-        select(entries.c.key_hash, entries.c.kind, entries.c.op, entries.c.hits,
+        # key_hash as stored: it is the page's keyset (a primary key no writer makes
+        # longer than 64).
+        select(entries.c.key_hash, columns.bounded(entries.c.kind, MAX_LABEL),
+               columns.bounded(entries.c.op, MAX_LABEL), entries.c.hits,
                entries.c.tune_seconds, *_gain_texts())
         .where(entries.c.state == "done", entries.c.gain_state.is_(None),
                entries.c.key_hash > after,

@@ -80,18 +80,22 @@ def _from_timings(timings: Any) -> tuple[float | None, float | None, str | None]
     return baseline, best, name
 
 
+def _object(text: Any, limit: int) -> dict[str, Any] | None:
+    """A stored JSON object, or None for anything else (not text, not JSON, not read)."""
+    try:
+        value = stored_json.loads(text, limit)
+    except stored_json.StoredJSONError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def compute(kind: Any, timings_json: Any, meta_json: Any) -> Gain:
     """The gain inputs of one entry from its stored texts (read through stored_json);
     ``readable`` False when its meta, or a GEMM's timings where they are needed, do not
     read as a JSON object."""
-    meta: Any = {}
-    if meta_json is not None:
-        try:
-            meta = stored_json.loads(meta_json, MAX_META_BYTES)
-        except stored_json.StoredJSONError:
-            return Gain(readable=False)
-        if not isinstance(meta, dict):
-            return Gain(readable=False)
+    meta = {} if meta_json is None else _object(meta_json, MAX_META_BYTES)
+    if meta is None:
+        return Gain(readable=False)
     given = meta.get("baseline")
     baseline = _ms(given.get("ms")) if isinstance(given, dict) else None
     candidate = given.get("candidate") if isinstance(given, dict) else None
@@ -99,11 +103,8 @@ def compute(kind: Any, timings_json: Any, meta_json: Any) -> Gain:
     source = "meta"
     if kind == "gemm" and (baseline is None or best is None):
         # Entries tuned before meta existed: both times are in the timings.
-        try:
-            timings = stored_json.loads(timings_json, MAX_TIMINGS_BYTES)
-        except stored_json.StoredJSONError:
-            return Gain(readable=False)
-        if not isinstance(timings, dict):
+        timings = _object(timings_json, MAX_TIMINGS_BYTES)
+        if timings is None:
             return Gain(readable=False)
         t_base, t_best, t_name = _from_timings(timings)
         if baseline is None:
@@ -112,15 +113,13 @@ def compute(kind: Any, timings_json: Any, meta_json: Any) -> Gain:
         source = "timings"
     if baseline is None or best is None:
         baseline = best = None
+    named = candidate if isinstance(candidate, str) else None
     moved = meta.get("transfer")
-    transferred = isinstance(moved, dict)
-    return Gain(
-        baseline_ms=baseline, best_ms=best,
-        candidate=candidate if isinstance(candidate, str) else None, source=source,
-        benchmarked=_count(moved.get("benchmarked")) if transferred else None,
-        generated=_count(moved.get("generated")) if transferred else None,
-        regret=_ms(meta.get("regret")) if transferred else None,
-    )
+    if not isinstance(moved, dict):
+        return Gain(baseline_ms=baseline, best_ms=best, candidate=named, source=source)
+    return Gain(baseline_ms=baseline, best_ms=best, candidate=named, source=source,
+                benchmarked=_count(moved.get("benchmarked")),
+                generated=_count(moved.get("generated")), regret=_ms(meta.get("regret")))
 
 
 def values(kind: Any, timings_json: Any, meta_json: Any) -> dict[str, Any]:
