@@ -104,17 +104,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "
         click.echo((indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip())
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
+def _standard(value: Any) -> Any:
+    """``value`` with each float that is not finite as None, in lists and dicts too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _standard(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_standard(v) for v in value]
+    return value
 
 
 def dumps(data: Any) -> str:
-    """The --json document of a command's result: standard JSON, so a non-finite float is
-    refused here rather than printed as the non-standard token Infinity or NaN (the
-    commands turn theirs into null first)."""
-    return json.dumps(data, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+    """The --json document of a command's result, standard JSON: a value that is not
+    finite (a sum over a stored infinity) is null, never the token Infinity or NaN that
+    strict parsers refuse."""
+    return json.dumps(_standard(data), indent=2, sort_keys=True, default=str, allow_nan=False)
 
 
 @contextlib.contextmanager

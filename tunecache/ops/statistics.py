@@ -19,7 +19,7 @@ from ..store import gains as gain_columns
 from ..store.migrate import current_revision
 from .entries import pages
 
-__all__ = ["stats", "database_size", "graph_stats", "gains", "finite", "TOP_KEYS"]
+__all__ = ["stats", "database_size", "graph_stats", "gains", "TOP_KEYS"]
 
 # Rows per page of the entries whose gain columns no writer computed (read one by one).
 GAINS_PAGE = 2000
@@ -79,8 +79,14 @@ def _gain_row(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**fields, "entries": 0, "baseline_ms": 0.0, "best_ms": 0.0, "tune_seconds": 0.0}
 
 
+def _speedup(baseline_ms: float, best_ms: float) -> float | None:
+    """baseline / best, or None where that is no finite number (a denormal best time)."""
+    ratio = baseline_ms / best_ms if best_ms > 0 else math.inf
+    return ratio if math.isfinite(ratio) else None
+
+
 def _finish_gain(row: dict[str, Any]) -> dict[str, Any]:
-    row["speedup"] = row["baseline_ms"] / row["best_ms"] if row["best_ms"] > 0 else None
+    row["speedup"] = _speedup(row["baseline_ms"], row["best_ms"])
     row["ms_saved_per_call"] = row["baseline_ms"] - row["best_ms"]
     return row
 
@@ -101,7 +107,7 @@ def _top_key(row: Any, gain: gain_columns.Gain) -> dict[str, Any]:
         "key_hash": row.key_hash, "kind": row.kind, "op": row.op,
         "baseline_candidate": gain.candidate,
         "baseline_ms": gain.baseline_ms, "best_ms": gain.best_ms,
-        "speedup": gain.baseline_ms / gain.best_ms,
+        "speedup": _speedup(gain.baseline_ms, gain.best_ms),
         "ms_saved_per_call": gain.baseline_ms - gain.best_ms,
         "tune_seconds": _seconds(row.tune_seconds),
         "hits": columns.integer(row.hits) or 0, "from": gain.source,
@@ -234,21 +240,8 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> dict[str, Any]:
     }
 
 
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float in it (a sum over PostgreSQL's infinities, a
-    speedup over a denormal time) as None: standard JSON has no NaN or Infinity."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
 def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
-    """Everything `tunecache stats` reports, as one JSON-able dict (standard JSON: no
-    NaN or Infinity)."""
+    """Everything `tunecache stats` reports, as one JSON-able dict."""
     groups = db.run(admin.stats_groups)
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -289,7 +282,7 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
     claimed = by_state.get("claimed", 0)
     bought = gains(db)
     transferred = bought.pop("transferred")
-    return finite({
+    return {
         "database": db.display_url,
         "backend": db.dialect,
         "schema": revision,
@@ -331,4 +324,4 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
             "keys": [{"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
                       "error": r.error} for r in failed],
         },
-    })
+    }
