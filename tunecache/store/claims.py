@@ -389,9 +389,11 @@ class ClaimStore:
         def work(conn: Connection) -> bool:
             # The gain columns follow the meta; a GEMM's may come from its timings.
             row = conn.execute(gains.SOURCE, {"p_key_hash": key_hash}).first()
-            stored = gains.params(row.kind, row.timings_json, meta_json) if row else {}
+            if row is None:
+                return False
             return conn.execute(_SET_META, {**_params(key_hash=key_hash, meta_json=meta_json),
-                                            **stored}).rowcount == 1
+                                            **gains.params(row.kind, row.timings_json,
+                                                           meta_json)}).rowcount == 1
 
         return self.db.run(work, write=True)
 
