@@ -52,7 +52,14 @@ from ..keys import (
     MAX_TIMINGS_BYTES,
 )
 from . import columns, gains
-from .claims import LEASE_PASSED, LEASE_RUNNING, db_now, insert_if_absent
+from .claims import (
+    LEASE_PASSED,
+    LEASE_RUNNING,
+    MAX_ERROR_BYTES,
+    MAX_STATE,
+    db_now,
+    insert_if_absent,
+)
 from .columns import bounded
 from .schema import artifacts, entries, usage
 
@@ -112,7 +119,6 @@ __all__ = [
 ]
 
 NOW = db_now()
-_MAX_STATE = 16  # "claimed", "done", "failed"
 
 # -- stats ----------------------------------------------------------------------------
 
@@ -178,7 +184,7 @@ CLAIMS_LIVE = (
 CLAIMS_EXPIRED_COUNT = select(func.count()).where(entries.c.state == "claimed", LEASE_PASSED)
 FAILED_KEYS = (
     select(columns.bounded(entries.c.key_hash, 64), columns.bounded(entries.c.op, MAX_LABEL),
-           entries.c.attempts, columns.bounded(entries.c.error, MAX_ERROR),
+           entries.c.attempts, columns.bounded(entries.c.error, MAX_ERROR_BYTES),
            entries.c.updated_at)
     .where(entries.c.state == "failed")
     .order_by(entries.c.updated_at.desc())
@@ -380,7 +386,6 @@ def prune_condition(
 # Stored text as ls, show and prune read it: a column longer than any writer stores comes
 # back NULL from the database itself (columns.bounded), so a planted 32 MiB value is
 # never read into memory; the readers already treat NULL as absent or invalid.
-_ERROR_CHARS = 4000  # a failed claim's error, as claims store it
 _LISTING_COLUMNS = (
     entries.c.key_hash,
     bounded(entries.c.state, MAX_LABEL),
@@ -589,7 +594,7 @@ def count_done(env: EntryFilter | None) -> Select[Any]:
 # state a policy knows; invalid timings, which lose to any result).
 read_for_import = select(
     entries.c.key_hash,
-    bounded(entries.c.state, _MAX_STATE),
+    bounded(entries.c.state, MAX_STATE),
     entries.c.token,
     entries.c.lease_expires_at,
     bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
@@ -617,7 +622,7 @@ def select_by_prefix(prefix: str, limit: int = 2) -> Select[Any]:
         select(*_LISTING_COLUMNS, bounded(entries.c.key_json, MAX_KEY_BYTES),
                bounded(entries.c.timings_json, MAX_TIMINGS_BYTES), entries.c.token,
                entries.c.attempts, entries.c.lease_expires_at,
-               bounded(entries.c.error, _ERROR_CHARS), NOW.label("now"))
+               bounded(entries.c.error, MAX_ERROR_BYTES), NOW.label("now"))
         .where(entries.c.key_hash >= prefix, entries.c.key_hash < upper)
         .order_by(entries.c.key_hash)
         .limit(limit)

@@ -168,9 +168,11 @@ class StepOutcome:
 # value comes back NULL without leaving the database, and reads as no value. A state,
 # owner or error past its bound is none tunecache writes (the longest state is 7
 # characters, an owner a host name of 200 and a pid, an error 4000 characters).
-MAX_STATE = 64
+MAX_STATE = 16
 MAX_OWNER = 512
-MAX_ERROR = 4096
+MAX_ERROR = 4000
+# Read bounds are in bytes on PostgreSQL (octet_length): 4000 characters of UTF-8.
+MAX_ERROR_BYTES = 4 * MAX_ERROR
 _ENTRY_COLUMNS = (
     entries.c.key_hash,
     columns.bounded(entries.c.state, MAX_STATE),
@@ -180,7 +182,7 @@ _ENTRY_COLUMNS = (
     entries.c.attempts,
     columns.bounded(entries.c.timings_json, MAX_TIMINGS_BYTES),
     entries.c.tune_seconds,
-    columns.bounded(entries.c.error, MAX_ERROR),
+    columns.bounded(entries.c.error, MAX_ERROR_BYTES),
     columns.bounded(entries.c.meta_json, MAX_META_BYTES),
 )
 
@@ -527,7 +529,7 @@ class ClaimStore:
         def work(conn: Connection) -> str | None:
             row = conn.execute(
                 _RELEASE_FAILED if failed else _GIVE_BACK,
-                self._fence(claim, error=error[:4000], max_attempts=max_attempts),
+                self._fence(claim, error=error[:MAX_ERROR], max_attempts=max_attempts),
             ).first()
             if row is not None:
                 self._notify(conn)
