@@ -98,18 +98,10 @@ def test_neighbours_of_32_mib_are_skipped_without_reading_them(db_url, tmp_path)
     assert int(out[1]) < 16 << 20
 
 
-def test_a_planted_hits_count_does_not_push_genuine_neighbours_out(db_url):
-    planted = [_neighbour(100 + i, hits=2**31 - 1, timings_json="not json") for i in range(64)]
-    _plant(db_url, planted)
-    with tunecache.open(db_url) as cache:
-        cache.get_or_tune(Key.of({"kind": "test", "op": "mm", "m": 1}, family="fam"),
-                          lambda: {"a": 1.0})
-        found = cache.neighbours(Key.of({"kind": "test", "op": "mm", "m": 4}, family="fam"))
-    assert [n.key["m"] for n in found] == [1]
-
-
-def test_a_publish_time_ahead_of_the_clock_does_not_push_genuine_neighbours_out(db_url):
-    planted = [_neighbour(100 + i, at=4.0e9, timings_json="not json") for i in range(64)]
+@pytest.mark.parametrize("planted_with", [{"hits": 2**31 - 1}, {"at": 4.0e9}],
+                         ids=["a huge hits count", "a publish time ahead of the clock"])
+def test_planted_rows_do_not_push_genuine_neighbours_out(db_url, planted_with):
+    planted = [_neighbour(100 + i, timings_json="not json", **planted_with) for i in range(64)]
     _plant(db_url, planted)
     with tunecache.open(db_url) as cache:
         cache.get_or_tune(Key.of({"kind": "test", "op": "mm", "m": 1}, family="fam"),
