@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import os
@@ -144,6 +143,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     tails = [k.removeprefix("TUNECACHE_") for k in known]
 
     def nearest(name: str) -> str | None:
+        import difflib  # only once a name is unknown: not on every job's start
+
         close = difflib.get_close_matches(name.removeprefix("TUNECACHE_"), tails, n=1)
         return f"TUNECACHE_{close[0]}" if close else None
 
