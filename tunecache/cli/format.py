@@ -4,6 +4,7 @@ progress bars on stderr (stdout stays clean for --json and export)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -105,7 +106,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "
 
 
 def _standard(value: Any) -> Any:
-    """``value`` with each float that is not finite as None, in lists and dicts too."""
+    """``value`` with each float that is not finite as None, in lists and dicts too; a
+    report (a dataclass) as its ``to_json()``, or its fields where it has none."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _standard(value.to_json() if hasattr(value, "to_json")
+                         else dataclasses.asdict(value))
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

@@ -4,12 +4,11 @@ tunecache.ops.transfer, imported when a command runs)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TextIO, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
@@ -18,6 +17,9 @@ from . import format as fmt
 from .app import BadArgument
 from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
 from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
+
+if TYPE_CHECKING:
+    from ..ops import ImportReport
 
 __all__ = ["export", "import_", "merge"]
 
@@ -55,19 +57,18 @@ def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
         with fmt.progress("exporting", output != "-" and not inv.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
                                 graphs=graphs, progress=step, on_total=total)
-    summary = (f"exported {report['exported']} entries"
-               + (f", {report['graphs']} compiled graphs" if report["graphs"] else "")
-               + (f"; skipped {len(report['skipped_invalid'])} invalid" if report["skipped_invalid"]
+    summary = (f"exported {report.exported} entries"
+               + (f", {report.graphs} compiled graphs" if report.graphs else "")
+               + (f"; skipped {len(report.skipped_invalid)} invalid" if report.skipped_invalid
                   else "")
-               + (f"; {report['provenance_dropped']} {_DROPPED}"
-                  if report["provenance_dropped"] else ""))
+               + (f"; {report.provenance_dropped} {_DROPPED}" if report.provenance_dropped
+                  else ""))
     if inv.as_json and output != "-":
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        click.echo(fmt.dumps(report))
     else:
         click.echo(summary, err=True)
-        for s in report["skipped_invalid"]:
-            click.echo(f"  skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
-                       err=True)
+        for s in report.skipped_invalid:
+            click.echo(f"  skipped {fmt.safe(s.key_hash[:16])}: {fmt.safe(s.reason)}", err=True)
 
 
 @contextlib.contextmanager
@@ -133,48 +134,48 @@ def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
     return decorate
 
 
-def _import_report(ctx: click.Context, inv: Invocation, report: Mapping[str, Any],
+def _import_report(ctx: click.Context, inv: Invocation, report: ImportReport,
                    skip_invalid: bool, what: str) -> None:
     """The report of an import or a merge, and its exit code: 130 when Ctrl-C stopped it,
     1 for invalid entries unless ``skip_invalid``, or for a file cut short."""
-    counts = (f"{report['inserted']} new, {report['replaced']} replaced, "
-              f"{report['unchanged']} kept, {report['busy']} busy (being tuned), "
-              f"{report['invalid']} invalid")
+    counts = (f"{report.inserted} new, {report.replaced} replaced, "
+              f"{report.unchanged} kept, {report.busy} busy (being tuned), "
+              f"{report.invalid} invalid")
 
     def human() -> None:
-        if report["interrupted"]:
-            through = report["done_through"]
+        if report.interrupted:
+            through = report.done_through
             click.echo(f"interrupted by Ctrl-C: imported {what} "
                        + (f"up to {fmt.safe(through)}, all committed ({counts})"
                           if through else "nothing yet")
                        + "; the rest is not; run the same command again to finish (what "
                        "is in already stays as it is)")
             return
-        verb = "would import" if report["dry_run"] else "imported"
-        click.echo(f"{verb} into {report['database']}: {counts} (on conflict: "
-                   f"{report['on_conflict']})")
-        graphs = report["graphs"]
-        if graphs["inserted"] or graphs["unchanged"]:
-            click.echo(f"compiled graphs: {graphs['inserted']} new, {graphs['unchanged']} "
+        verb = "would import" if report.dry_run else "imported"
+        click.echo(f"{verb} into {report.database}: {counts} (on conflict: "
+                   f"{report.on_conflict})")
+        graphs = report.graphs
+        if graphs.inserted or graphs.unchanged:
+            click.echo(f"compiled graphs: {graphs.inserted} new, {graphs.unchanged} "
                        "already there (first publish wins)")
-        for bad in report["bad"]:
-            click.echo(f"{what}: {fmt.safe(bad['where'])}: {fmt.safe(bad['reason'])}", err=True)
-        if report.get("provenance_dropped"):
-            click.echo(f"{what}: {report['provenance_dropped']} entries {_DROPPED}", err=True)
+        for bad in report.bad:
+            click.echo(f"{what}: {fmt.safe(bad.where)}: {fmt.safe(bad.reason)}", err=True)
+        if report.provenance_dropped:
+            click.echo(f"{what}: {report.provenance_dropped} entries {_DROPPED}", err=True)
 
     inv.emit(report, human)
-    if report["interrupted"]:
+    if report.interrupted:
         ctx.exit(EXIT_INTERRUPTED)
-    if report.get("cut_short"):
-        lines = report["lines"]
-        click.echo(f"Error: {what}: the file ends after {lines['read']} of the {lines['header']} "
-                   f"lines its header counts: it was cut short (the {lines['read']} present "
-                   f"{'would be' if report['dry_run'] else 'were'} imported); import a "
+    if report.cut_short and report.lines is not None:
+        lines = report.lines
+        click.echo(f"Error: {what}: the file ends after {lines.read} of the {lines.header} "
+                   f"lines its header counts: it was cut short (the {lines.read} present "
+                   f"{'would be' if report.dry_run else 'were'} imported); import a "
                    "whole copy for the rest", err=True)
         ctx.exit(1)
-    if report["invalid"] and not skip_invalid:
+    if report.invalid and not skip_invalid:
         if not inv.as_json:
-            click.echo(f"Error: {report['invalid']} invalid entries skipped; fix them or pass "
+            click.echo(f"Error: {report.invalid} invalid entries skipped; fix them or pass "
                        "--skip-invalid to accept the rest silently", err=True)
         ctx.exit(1)
 

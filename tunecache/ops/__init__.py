@@ -13,6 +13,7 @@ from ..store.artifact_rows import ARTIFACT_KINDS
 from .browse import ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
+from .importing import ImportReport, import_file, import_records, merge
 from .opening import open_database, open_source, opened, upgrade
 from .pruning import PruneSpec, prune, prune_graphs
 from .size import SIZE_HELP, parse_size
@@ -21,10 +22,8 @@ from .transfer import (
     CONFLICT_POLICIES,
     EXPORT_FORMAT,
     EXPORT_VERSION,
+    ExportReport,
     export,
-    import_file,
-    import_records,
-    merge,
     parse_export,
 )
 
@@ -48,8 +47,10 @@ __all__ = [
     "EXPORT_FORMAT",
     "EXPORT_VERSION",
     "CONFLICT_POLICIES",
+    "ExportReport",
     "export",
     "parse_export",
+    "ImportReport",
     "import_records",
     "import_file",
     "merge",

@@ -9,19 +9,15 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, Literal, TextIO
 
-from sqlalchemy import Connection
-
 from .. import __version__
-from ..errors import ConfigError, ExportFormatError, InvalidEntryError
+from ..errors import ExportFormatError, InvalidEntryError
 from ..keys import (
     MAX_KEY_BYTES,
     best_candidate,
@@ -40,14 +36,12 @@ from ..store.artifact_rows import (
     MAX_TORCH_CHARS,
     validate_identity,
 )
-from ..store.claims import lease_passed
 from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
-from .opening import refuse_readonly
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
-           "CONFLICT_POLICIES", "ConflictPolicy",
-           "IMPORT_BATCH", "ExportFile", "export", "parse_export", "import_records", "import_file",
-           "merge"]
+           "CONFLICT_POLICIES", "ConflictPolicy", "IMPORT_BATCH", "SkippedEntry", "ExportReport",
+           "ExportFile", "export", "parse_export", "Incoming", "IncomingGraph", "stored_entry",
+           "validated_entry", "validated_graph"]
 
 EXPORT_FORMAT = "tunecache-export"
 EXPORT_VERSION = 1
@@ -70,6 +64,27 @@ _SPOOL_BYTES = 16 * 1024 * 1024
 _TIMES = ("created_at", "updated_at", "last_used_at")
 
 
+@dataclasses.dataclass(frozen=True)
+class SkippedEntry:
+    """A stored entry (or ``kind:key`` of a compiled graph) an export left behind, and why."""
+
+    key_hash: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    """What an export wrote: entries and compiled graphs, and what it left behind
+    (``provenance_dropped``: entries written without their unreadable family or meta)."""
+
+    database: str
+    exported: int
+    graphs: int
+    skipped_invalid: tuple[SkippedEntry, ...]
+    provenance_dropped: int
+    best_only: bool
+
+
 def _json_safe_timings(timings: Mapping[str, float]) -> dict[str, float | None]:
     return {k: (None if v == math.inf else v) for k, v in sorted(timings.items())}
 
@@ -83,7 +98,7 @@ def export(
     graphs: bool = True,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     """Write done entries as JSON lines: a header, then one entry per line, then (with
     ``graphs``, those ``env`` selects: see GraphFilter.of_entries) one compiled graph per
     line, its payload and signature in base64; unreadable graphs are skipped, reported.
@@ -108,13 +123,13 @@ def export(
                                progress)
         header = {
             "format": EXPORT_FORMAT,
-            "version": GRAPHS_EXPORT_VERSION if report["graphs"] else EXPORT_VERSION,
+            "version": GRAPHS_EXPORT_VERSION if report.graphs else EXPORT_VERSION,
             "tunecache": __version__,
             "exported_at": exported_at,
             "source": db.display_url,
             "best_only": best_only,
-            "entries": report["exported"],
-            "graphs": report["graphs"],
+            "entries": report.exported,
+            "graphs": report.graphs,
         }
         out.write(json.dumps(header, sort_keys=True) + "\n")
         body.seek(0)
@@ -124,20 +139,20 @@ def export(
 
 def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: GraphFilter | None,
                   best_only: bool, env: admin.EntryFilter | None,
-                  progress: Callable[[int], None]) -> dict[str, Any]:
+                  progress: Callable[[int], None]) -> ExportReport:
     """The lines of :func:`export` after its header, and its report."""
     written = 0
-    skipped: list[dict[str, str]] = []
+    skipped: list[SkippedEntry] = []
     dropped = [0]
     for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
         for row in page:
             try:
-                record = _stored_entry(row, dropped)
+                record = stored_entry(row, dropped)
                 # Checked as an import checks it: what export writes, import takes.
-                timings = _validated(row.key_hash, record).timings
+                timings = validated_entry(row.key_hash, record).timings
             except ValueError as e:
                 # A bad row is left behind (and reported), never shipped to other clusters.
-                skipped.append({"key_hash": row.key_hash, "reason": str(e)})
+                skipped.append(SkippedEntry(row.key_hash, str(e)))
                 continue
             best = best_candidate(timings)
             if best_only:
@@ -156,7 +171,7 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
                 continue  # pruned since the page was read
             if isinstance(found, str):
                 # Unreadable here is unreadable everywhere: left behind, reported.
-                skipped.append({"key_hash": f"{info.kind}:{info.key}", "reason": found})
+                skipped.append(SkippedEntry(f"{info.kind}:{info.key}", found))
                 continue
             line = {"graph": {
                 "kind": found.kind, "key": found.key, "digest": found.digest,
@@ -167,16 +182,15 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
             graphs_written += 1
         progress(len(infos))
-    return {"database": db.display_url, "exported": written, "graphs": graphs_written,
-            "skipped_invalid": skipped, "provenance_dropped": dropped[0],
-            "best_only": best_only}
+    return ExportReport(db.display_url, written, graphs_written, tuple(skipped), dropped[0],
+                        best_only)
 
 
 # -- import / merge ----------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class _Incoming:
+class Incoming:
     where: str
     key_hash: str
     key_json: str
@@ -190,7 +204,7 @@ class _Incoming:
     meta_json: str | None = None
 
 
-def _stored_entry(row: Any, dropped: list[int]) -> dict[str, Any]:
+def stored_entry(row: Any, dropped: list[int]) -> dict[str, Any]:
     """A done row of :func:`admin.select_done_page` as an export line carries it (not yet
     validated as an import validates it); ValueError(reason) when its key or timings are
     unreadable. Its family and meta only inform: one that is unreadable (garbled, NaN in
@@ -261,7 +275,7 @@ def _times(record: Mapping[str, Any]) -> dict[str, float | None]:
     return times
 
 
-def _validated(where: str, record: Any) -> _Incoming:
+def validated_entry(where: str, record: Any) -> Incoming:
     """Check one imported entry; raise ValueError(reason). Nothing supplied is trusted:
     the hash is recomputed from the key, the winner from the timings."""
     if not isinstance(record, dict):
@@ -292,12 +306,12 @@ def _validated(where: str, record: Any) -> _Incoming:
     # winner, as the core publishes them.
     best = best_candidate(timings) or ""
     family, meta_json = _provenance(record)
-    return _Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
+    return Incoming(where, h, key_json, key_labels(key), timings, timings_to_json(timings),
                      best, seconds, _times(record), family, meta_json)
 
 
 @dataclasses.dataclass(frozen=True)
-class _IncomingGraph:
+class IncomingGraph:
     kind: str
     key: str
     payload: bytes
@@ -323,7 +337,7 @@ def _decoded(value: Any, name: str, limit: int) -> bytes:
     return data
 
 
-def _validated_graph(record: Any) -> _IncomingGraph:
+def validated_graph(record: Any) -> IncomingGraph:
     """Check one imported compiled graph; raise ValueError(reason). The digest is
     recomputed from the payload; the signature is kept for the readers to verify (the
     store never runs what it stores)."""
@@ -347,7 +361,7 @@ def _validated_graph(record: Any) -> _IncomingGraph:
     torch_version = record.get("torch")
     if not isinstance(torch_version, str) or len(torch_version) > MAX_TORCH_CHARS:
         raise ValueError(f'"torch" is not a string of at most {MAX_TORCH_CHARS} characters')
-    return _IncomingGraph(kind, key, payload, signature, torch_version)
+    return IncomingGraph(kind, key, payload, signature, torch_version)
 
 
 class ExportFile:
@@ -415,217 +429,3 @@ def parse_export(lines: Iterable[str], source: str = "input") -> ExportFile:
     """The :class:`ExportFile` of ``lines`` (its header read: ExportFormatError if it has
     none)."""
     return ExportFile(lines, source)
-
-
-def _fastest(timings: Mapping[str, float]) -> float:
-    return min((ms for ms in timings.values() if math.isfinite(ms)), default=math.inf)
-
-
-def import_records(
-    db: Database,
-    records: Iterable[tuple[str, Any]],
-    *,
-    on_conflict: ConflictPolicy = "keep",
-    dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """Validate and write entries; see :data:`CONFLICT_POLICIES` and the CLI's help.
-
-    ``stop`` is asked whenever everything read so far is committed (the CLI's Ctrl-C):
-    once it says True, the import ends there and the report says ``interrupted``, with
-    ``done_through``, the last record (line or entry) whose outcome is committed. Running
-    the same import again finishes it: what is in already is left as it is (kept).
-
-    For a key already in the target:
-
-    - done: ``keep`` leaves it as it is (a done entry is immutable); ``replace`` overwrites
-      it; ``faster`` overwrites it only if the incoming fastest timing is lower;
-    - claimed and its lease running: left alone under every policy (someone is tuning it;
-      reported as busy);
-    - failed, or a claim whose lease has passed: replaced by the done entry under every
-      policy (a result beats no result; the old owner's late publish is fenced out).
-    """
-    if on_conflict not in CONFLICT_POLICIES:
-        raise ConfigError("--on-conflict", on_conflict, " or ".join(CONFLICT_POLICIES))
-    if not dry_run:
-        refuse_readonly(db, "import")
-    progress = progress or noop
-    owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
-    counts = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
-    bad: list[dict[str, str]] = []
-    seen: set[str] = set()
-
-    def flush(batch: list[_Incoming]) -> None:
-        def work(conn: Connection) -> dict[str, int]:
-            got = {"inserted": 0, "replaced": 0, "unchanged": 0, "busy": 0}
-            existing = admin.existing_for_import(conn, [i.key_hash for i in batch])
-            inserts: list[admin.ImportedEntry] = []
-            overwrites: list[tuple[admin.ImportedEntry, Any]] = []
-            for inc in batch:
-                entry = admin.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
-                                            inc.timings_json, inc.best, inc.tune_seconds,
-                                            inc.times, inc.family, inc.meta_json)
-                row = existing.get(inc.key_hash)
-                if row is None:
-                    inserts.append(entry)
-                    continue
-                if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
-                    got["busy"] += 1
-                    continue
-                if row.state == "done":
-                    if on_conflict == "keep" or row.timings_json == inc.timings_json:
-                        got["unchanged"] += 1
-                        continue
-                    if on_conflict == "faster":
-                        try:
-                            old = _fastest(stored_timings(row.timings_json, row.key_hash))
-                        except InvalidEntryError:
-                            old = math.inf  # an invalid stored entry loses to any result
-                        if not _fastest(inc.timings) < old:
-                            got["unchanged"] += 1
-                            continue
-                overwrites.append((entry, row))
-            if dry_run:
-                got["inserted"] += len(inserts)
-                got["replaced"] += len(overwrites)
-                return got
-            if inserts:
-                done = admin.insert_done_rows(conn, owner, inserts)
-                got["inserted"] += done
-                got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
-            for entry, row in overwrites:
-                if admin.overwrite_done(conn, entry, token=row.token, state=row.state,
-                                        owner=owner):
-                    got["replaced"] += 1
-                else:
-                    got["busy"] += 1
-            return got
-
-        for name, n in db.run(work, write=True).items():
-            counts[name] += n
-        progress(len(batch))
-
-    graphs = {"inserted": 0, "unchanged": 0}
-    seen_graphs: set[tuple[str, str]] = set()
-    store = ArtifactStore(db)
-
-    def add_graph(record: Any) -> None:
-        """First publish wins, as for the jobs: a graph already there stays (under every
-        --on-conflict policy: a graph's bytes are checked by its signature, not ranked)."""
-        g = _validated_graph(record)
-        if (g.kind, g.key) in seen_graphs:
-            graphs["unchanged"] += 1
-            return
-        seen_graphs.add((g.kind, g.key))
-        if dry_run:
-            new = not store.exists(g.kind, g.key)
-        else:
-            new = store.put(g.kind, g.key, g.payload, g.signature, g.torch_version)
-        graphs["inserted" if new else "unchanged"] += 1
-
-    batch: list[_Incoming] = []
-    done_through: str | None = None  # the last record whose outcome is committed
-    last: str | None = None
-    interrupted = False
-    for where, record in records:
-        if not batch:
-            done_through = last
-            if stop is not None and stop():
-                interrupted = True
-                break
-        last = where
-        if isinstance(record, ValueError):
-            bad.append({"where": where, "reason": str(record)})
-            progress(1)
-            continue
-        if isinstance(record, dict) and "graph" in record:
-            try:
-                add_graph(record["graph"])
-            except ValueError as e:
-                bad.append({"where": where, "reason": str(e)})
-            progress(1)
-            continue
-        try:
-            inc = _validated(where, record)
-        except ValueError as e:
-            bad.append({"where": where, "reason": str(e)})
-            progress(1)
-            continue
-        if inc.key_hash in seen:
-            # Two entries of one key in one file: the first wins, like `keep` would.
-            counts["unchanged"] += 1
-            progress(1)
-            continue
-        seen.add(inc.key_hash)
-        batch.append(inc)
-        if len(batch) >= IMPORT_BATCH:
-            flush(batch)
-            batch = []
-    if batch:
-        flush(batch)
-    if not interrupted:
-        done_through = last
-    return {"database": db.display_url, "on_conflict": on_conflict, "dry_run": dry_run,
-            **counts, "graphs": graphs, "invalid": len(bad), "bad": bad,
-            "interrupted": interrupted, "done_through": done_through}
-
-
-def import_file(db: Database, export: ExportFile, **options: Any) -> dict[str, Any]:
-    """:func:`import_records` of an export file; the report says, with ``cut_short``,
-    whether the file held fewer lines than its header counts (``lines``: read, and
-    counted by the header), the lines present imported all the same."""
-    report = import_records(db, export, **options)
-    report["lines"] = {"read": export.read, "header": export.expected}
-    report["cut_short"] = not report["interrupted"] and export.cut_short()
-    return report
-
-
-def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, Any]]:
-    for page in pages(src, lambda after: admin.select_done_page(None, after, PAGE)):
-        for row in page:
-            try:
-                yield f"entry {row.key_hash[:16]}", _stored_entry(row, dropped)
-            except ValueError as e:
-                yield f"entry {row.key_hash[:16]}", e
-    store = ArtifactStore(src)
-    for infos in store.infos():
-        for info in infos:
-            where = f"graph {info.kind} {info.key[:40]}"
-            found = store.inspect(info.kind, info.key)
-            if found is None:
-                continue
-            if isinstance(found, str):
-                yield where, ValueError(found)
-                continue
-            yield where, {"graph": {"kind": found.kind, "key": found.key,
-                                    "payload": found.payload, "signature": found.signature,
-                                    "torch": found.torch_version}}
-
-
-def merge(
-    src: Database,
-    into: Database,
-    *,
-    on_conflict: ConflictPolicy = "keep",
-    dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
-    on_total: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """Import every done entry of ``src`` into ``into`` (validated like an import file;
-    ``stop`` as for :func:`import_records`)."""
-    if src.url == into.url:
-        raise ConfigError("SRC_DB", src.display_url, "a database other than the target")
-    if not dry_run:
-        refuse_readonly(into, "merge")
-    if on_total:
-        on_total(int(src.run(lambda c: admin.scalar(c, admin.count_done(None)))))
-    dropped = [0]
-    report = import_records(into, _source_records(src, dropped), on_conflict=on_conflict,
-                            dry_run=dry_run, progress=progress, stop=stop)
-    report["source"] = src.display_url
-    report["provenance_dropped"] = dropped[0]
-    return report
-
-
