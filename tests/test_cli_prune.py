@@ -177,7 +177,7 @@ def test_prune_leaves_the_pooled_sqlite_connection_as_it_found_it(sqlite_url):
     before = read()
     report = prune_mod.prune(db, prune_mod.PruneSpec(only={"torch": ["2.12.0"]}),
                              batch=8, vacuum="never")
-    assert report["deleted"] == 20 and report["batches"] == 3
+    assert report.deleted == 20 and report.batches == 3
     assert read() == before
     db.dispose()
 
@@ -279,7 +279,7 @@ def test_sqlite_prune_stops_where_the_table_ended_when_it_started(sqlite_url, tm
     left = set(db.run(lambda c: c.execute(select(entries.c.key_hash)).scalars().all()))
     db.dispose()
     assert len(newer) >= 20 and set(newer) <= left
-    assert report["deleted"] >= 300
+    assert report.deleted >= 300
     assert run_json("ls", "--db", sqlite_url, "--torch", "2.13.0") == []  # the 300 went
 
 
@@ -400,7 +400,7 @@ def test_prune_reports_the_running_count_of_rows_deleted(db_url):
     with opened(Settings.from_env(db=db_url)) as db:
         report = ops.prune(db, ops.PruneSpec(only={"torch": ["2.12.0"]}), batch=8,
                            on_deleted=counts.append)
-    assert report["deleted"] == 30 and counts == [8, 16, 24, 30]
+    assert report.deleted == 30 and counts == [8, 16, 24, 30]
 
 
 def test_a_310_digit_number_in_a_row_is_found_listed_and_removed_by_prune_invalid(db_url):

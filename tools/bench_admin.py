@@ -246,7 +246,7 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
         for w in workers:
             w.join()
         t0 = time.perf_counter()
-        prune_mod.run_vacuum(db, "always", report["deleted"])
+        prune_mod.run_vacuum(db, "always", report.deleted or 0)
         vacuum_s = time.perf_counter() - t0
         size_after = stats_mod.database_size(db)["bytes"]
         db.dispose()
@@ -259,9 +259,9 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
     return {
         "backend": backend, "entries": count,
         # Rows per batch: the size asked for, else the largest of the sizes prune chose.
-        "batch": batch or report["largest_batch"], "pause": pause,
+        "batch": batch or report.largest_batch, "pause": pause,
         "build_s": build_s, "size_mb": size / 2**20,
-        "stats_s": min(stats_times), "deleted": report["deleted"], "batches": report["batches"],
+        "stats_s": min(stats_times), "deleted": report.deleted, "batches": report.batches,
         "prune_s": prune_s, "vacuum_s": vacuum_s, "size_after_mb": size_after / 2**20,
         "lookups": len(lookups), "lookup_p50_ms": _pct(lookups, 0.5),
         "lookup_p99_ms": _pct(lookups, 0.99), "lookup_max_ms": _pct(lookups, 1.0),

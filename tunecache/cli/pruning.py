@@ -4,7 +4,7 @@ over tunecache.ops.pruning, imported when the command runs)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +12,9 @@ from . import format as fmt
 from .app import BadArgument
 from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
 from .options import KINDS, ByteSize, Duration, Invocation, common, kind_option, op_option, opened
+
+if TYPE_CHECKING:
+    from ..ops import PruneReport
 
 __all__ = ["prune"]
 
@@ -99,21 +102,22 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
             progress=step, on_total=total, stop=stop,
             on_deleted=lambda n: step(0, f"{n} deleted"),
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
-    if report.get("interrupted"):
+    if report.interrupted:
         _interrupted(inv, report)
 
-    for warning in report["warnings"]:  # on stderr, with --json too
+    for warning in report.warnings:  # on stderr, with --json too
         click.echo(f"Warning: {warning}", err=True)
 
     def human() -> None:
-        g = report["graphs"]
-        orphans = g["orphans"]
+        g = report.graphs
+        assert g is not None  # only a prune Ctrl-C stopped has none, reported above
+        orphans = g.orphans
         # Said only when there is something to say: a cache without graphs reads as before.
-        graph_line = bool(g["selected"] or g["over_budget"] or orphans["orphan_blobs"]
-                          or g["max_graph_bytes"] is not None)
+        graph_line = bool(g.selected or g.over_budget or orphans["orphan_blobs"]
+                          or g.max_graph_bytes is not None)
         if dry_run:
-            click.echo(f"would delete {report['would_delete']} entries (dry run)")
-            rows = report["entries"]
+            click.echo(f"would delete {report.would_delete} entries (dry run)")
+            rows = report.entries or ()
             if rows:
                 fmt.table(("key", "state", "op", "device", "torch", "triton", "last used", "why"),
                        [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
@@ -122,40 +126,42 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
                 if len(rows) > 20:
                     click.echo(f"  ... and {len(rows) - 20} more (--json lists all)")
             if graph_line:
-                click.echo(f"would delete {g['would_delete']} compiled graphs "
-                           f"({fmt.size(g['bytes'])}) and {orphans['orphan_blobs']} orphan "
+                listed = g.graphs or ()
+                click.echo(f"would delete {g.would_delete} compiled graphs "
+                           f"({fmt.size(g.bytes)}) and {orphans['orphan_blobs']} orphan "
                            f"blob files ({fmt.size(orphans['orphan_bytes'])})")
                 fmt.table(("kind", "key", "size", "torch", "last used"),
                           [(x["kind"], fmt.clip(x["key"], 24), fmt.size(x["size"]),
                             x["torch_version"], fmt.when(x["last_used_at"] or x["created_at"]))
-                           for x in g["graphs"][:20]])
-                if len(g["graphs"]) > 20:
-                    click.echo(f"  ... and {len(g['graphs']) - 20} more (--json lists all)")
+                           for x in listed[:20]])
+                if len(listed) > 20:
+                    click.echo(f"  ... and {len(listed) - 20} more (--json lists all)")
             return
-        click.echo(f"deleted {report['deleted']} entries in {report['batches']} batches "
-                   f"({fmt.dur(report['seconds'])})")
-        v = report["vacuum"]
-        click.echo(f"vacuum: {'ran' if v['ran'] else 'skipped'} ({v['why']})")
-        click.echo(f"size: {fmt.size(report['size_before']['bytes'])} -> "
-                   f"{fmt.size(report['size_after']['bytes'])}")
+        click.echo(f"deleted {report.deleted} entries in {report.batches} batches "
+                   f"({fmt.dur(report.seconds)})")
+        v = report.vacuum
+        assert v is not None and report.size_before is not None \
+            and report.size_after is not None  # a prune that finished has them
+        click.echo(f"vacuum: {'ran' if v.ran else 'skipped'} ({v.why})")
+        click.echo(f"size: {fmt.size(report.size_before['bytes'])} -> "
+                   f"{fmt.size(report.size_after['bytes'])}")
         if graph_line:
-            kept = (f"; {g['kept_because_used']} kept, used meanwhile"
-                    if g["kept_because_used"] else "")
-            click.echo(f"deleted {g['deleted']} compiled graphs "
-                       f"({fmt.size(g['freed_bytes'])}){kept}, {orphans['orphan_blobs']} "
+            kept = (f"; {g.kept_because_used} kept, used meanwhile"
+                    if g.kept_because_used else "")
+            click.echo(f"deleted {g.deleted} compiled graphs "
+                       f"({fmt.size(g.freed_bytes)}){kept}, {orphans['orphan_blobs']} "
                        f"orphan blob files ({fmt.size(orphans['orphan_bytes'])})")
 
     inv.emit(report, human)
 
 
-def _interrupted(inv: Invocation, report: dict[str, Any]) -> None:
+def _interrupted(inv: Invocation, report: PruneReport) -> None:
     """Ctrl-C: say what was deleted (all of it committed), then exit 130 like a shell."""
-    g = report["graphs"]
-    graphs = g["deleted"] if g else 0
+    graphs = report.graphs.deleted if report.graphs else 0
 
     def human() -> None:
-        click.echo(f"interrupted: deleted {report['deleted']} entries (of them "
-                   f"{report['invalid_deleted']} invalid) in {report['batches']} batches and "
+        click.echo(f"interrupted: deleted {report.deleted} entries (of them "
+                   f"{report.invalid_deleted} invalid) in {report.batches} batches and "
                    f"{graphs} compiled graphs before Ctrl-C; the rest is left as it was "
                    "(run the same prune again to finish)")
 

@@ -15,7 +15,7 @@ from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
 from .importing import ImportReport, import_file, import_records, merge
 from .opening import open_database, open_source, opened, upgrade
-from .pruning import PruneSpec, prune, prune_graphs
+from .pruning import PruneReport, PruneSpec, prune, prune_graphs
 from .size import SIZE_HELP, parse_size
 from .statistics import graph_stats, stats
 from .transfer import (
@@ -42,6 +42,7 @@ __all__ = [
     "parse_size",
     "SIZE_HELP",
     "PruneSpec",
+    "PruneReport",
     "prune",
     "prune_graphs",
     "EXPORT_FORMAT",

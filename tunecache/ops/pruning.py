@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from sqlalchemy import Connection
@@ -34,11 +34,10 @@ from .entries import (
 from .opening import refuse_readonly
 from .statistics import database_size
 
-__all__ = ["PruneSpec", "prune", "prune_graphs", "unmatched_labels", "PRUNE_BATCH",
-           "PRUNE_BATCH_SECONDS",
-           "PRUNE_BATCH_MIN",
-           "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH", "VACUUM_FREE_SHARE",
-           "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
+__all__ = ["PruneSpec", "PruneReport", "GraphPruneReport", "VacuumReport", "prune",
+           "prune_graphs", "unmatched_labels", "PRUNE_BATCH", "PRUNE_BATCH_SECONDS",
+           "PRUNE_BATCH_MIN", "PRUNE_BATCH_MAX", "PRUNE_PAUSE", "DELETE_BATCH",
+           "VACUUM_FREE_SHARE", "VACUUM_AUTO_MAX_BYTES", "run_vacuum"]
 
 # Rows per delete transaction. PostgreSQL blocks nobody with a delete, and its cost per
 # row does not fall with the batch (1M entries, half pruned: 29-33 s at 2000, 39 s at
@@ -100,6 +99,82 @@ class PruneSpec:
 
 
 _LABEL_NAMES = {"torch": "torch version", "triton": "triton version", "device": "device"}
+
+
+def _json(report: Any, optional: tuple[str, ...]) -> dict[str, Any]:
+    """The --json document of a prune report: its fields (a nested report as its own
+    document), less those of ``optional`` it does not have (None: the other mode's)."""
+    data: dict[str, Any] = {}
+    for field in dataclasses.fields(report):
+        value = getattr(report, field.name)
+        if value is None and field.name in optional:
+            continue
+        data[field.name] = value.to_json() if hasattr(value, "to_json") else value
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class VacuumReport:
+    """Whether a prune ran VACUUM, why (or why not), and how long it took when it ran."""
+
+    ran: bool
+    why: str
+    seconds: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self, ("seconds",))
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphPruneReport:
+    """The compiled graphs a prune selected (by its filters, and over --max-graph-bytes)
+    and the orphan blob files it swept; a dry run lists ``graphs`` it ``would_delete``, a
+    prune says what it ``deleted`` and freed."""
+
+    selected: int
+    over_budget: int
+    bytes: int
+    max_graph_bytes: int | None
+    orphans: Mapping[str, int]
+    would_delete: int | None = None
+    graphs: tuple[Mapping[str, Any], ...] | None = None
+    deleted: int | None = None
+    freed_bytes: int | None = None
+    kept_because_used: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self, ("would_delete", "graphs", "deleted", "freed_bytes",
+                            "kept_because_used"))
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneReport:
+    """What a prune deleted, or (``dry_run``) every entry it would delete (``entries``).
+
+    ``graphs`` is None when Ctrl-C stopped it before the graphs (``interrupted``); one
+    stopped before VACUUM has no ``vacuum`` and sizes."""
+
+    database: str
+    dry_run: bool
+    warnings: tuple[str, ...]
+    graphs: GraphPruneReport | None
+    seconds: float
+    would_delete: int | None = None
+    entries: tuple[Mapping[str, Any], ...] | None = None
+    deleted: int | None = None
+    batches: int | None = None
+    largest_batch: int | None = None
+    invalid: int | None = None
+    invalid_deleted: int | None = None
+    interrupted: bool | None = None
+    vacuum: VacuumReport | None = None
+    size_before: Mapping[str, Any] | None = None
+    size_after: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self, ("would_delete", "entries", "deleted", "batches",
+                            "largest_batch", "invalid", "invalid_deleted", "interrupted",
+                            "vacuum", "size_before", "size_after"))
 
 
 def check_filters(db: Database, spec: PruneSpec) -> list[str]:
@@ -173,7 +248,7 @@ def prune(
     on_total: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     on_deleted: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> PruneReport:
     """Delete (or, dry run, list) what ``spec`` selects; see :class:`PruneSpec`.
 
     ``progress`` and ``on_total`` follow how far the walk is through the table, per
@@ -215,13 +290,13 @@ def prune(
         failed=spec.failed, expired_claims=spec.expired_claims,
     )
     size_before = database_size(db)
-    report: dict[str, Any] = {"database": db.display_url, "dry_run": dry_run,
-                              "warnings": warnings}
     invalid = list(_invalid_hashes(db)) if spec.invalid else []
     if dry_run:
-        report["graphs"] = prune_graphs(db, spec, dry_run=True)
-        return _prune_listing(db, spec, condition, invalid, report, started, progress,
-                              on_total)
+        graphs = prune_graphs(db, spec, dry_run=True)
+        would, entries = _prune_listing(db, spec, condition, invalid, progress, on_total)
+        return PruneReport(db.display_url, dry_run, tuple(warnings), graphs,
+                           time.perf_counter() - started, would_delete=would,
+                           entries=tuple(entries))
 
     # No count first: on SQLite that is a scan of the whole file (6 s for a million
     # entries), so the progress bar follows the walk's position instead (per mille).
@@ -279,24 +354,26 @@ def prune(
         batches += 1
         if on_deleted:
             on_deleted(deleted)
-    report.update(deleted=deleted, batches=batches, largest_batch=largest, invalid=len(invalid),
-                  invalid_deleted=invalid_deleted, interrupted=False)
+
+    def done(graphs: GraphPruneReport | None, **rest: Any) -> PruneReport:
+        return PruneReport(db.display_url, dry_run, tuple(warnings), graphs,
+                           time.perf_counter() - started, deleted=deleted, batches=batches,
+                           largest_batch=largest, invalid=len(invalid),
+                           invalid_deleted=invalid_deleted, **rest)
+
     if stop is not None and stop():
-        report.update(interrupted=True, graphs=None, seconds=time.perf_counter() - started)
-        return report
-    report["graphs"] = prune_graphs(db, spec, dry_run=False)
+        return done(None, interrupted=True)
+    graphs = prune_graphs(db, spec, dry_run=False)
     if stop is not None and stop():
         # Graphs are few and deleted in one go; VACUUM, which could be long, is skipped.
-        report.update(interrupted=True, seconds=time.perf_counter() - started)
-        return report
-    report["vacuum"] = run_vacuum(db, vacuum, deleted)
-    report["size_before"] = size_before
-    report["size_after"] = database_size(db)
-    report["seconds"] = time.perf_counter() - started
-    return report
+        return done(graphs, interrupted=True)
+    vacuumed = run_vacuum(db, vacuum, deleted)
+    return done(graphs, interrupted=False, vacuum=vacuumed, size_before=size_before,
+                size_after=database_size(db))
 
 
-def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dict[str, Any]:
+def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False
+                 ) -> GraphPruneReport:
     """Delete the compiled graphs ``spec`` selects (its entry filters, see
     :attr:`PruneSpec.graphs`), then, with ``max_graph_bytes``, the least recently used of
     the rest until what remains fits; on SQLite also the blob files no row references
@@ -330,21 +407,14 @@ def prune_graphs(db: Database, spec: PruneSpec, *, dry_run: bool = False) -> dic
                 over_budget += rest[i:]  # this one and every one used less recently
                 break
     doomed = selected + over_budget
-    report: dict[str, Any] = {
-        "selected": len(selected), "over_budget": len(over_budget),
-        "bytes": sum(x.size or 0 for x in doomed),
-        "max_graph_bytes": spec.max_graph_bytes,
-    }
+    counted = functools.partial(GraphPruneReport, len(selected), len(over_budget),
+                                sum(x.size or 0 for x in doomed), spec.max_graph_bytes)
     if dry_run:
-        report["would_delete"] = len(doomed)
-        report["graphs"] = [x.as_dict() for x in doomed]
-        report["orphans"] = store.sweep_orphans(dry_run=True)
-        return report
+        return counted(store.sweep_orphans(dry_run=True), would_delete=len(doomed),
+                     graphs=tuple(x.as_dict() for x in doomed))
     deleted, freed = store.delete(doomed)
-    report.update(deleted=deleted, freed_bytes=freed,
-                  kept_because_used=len(doomed) - deleted)
-    report["orphans"] = store.sweep_orphans()
-    return report
+    return counted(store.sweep_orphans(), deleted=deleted, freed_bytes=freed,
+                 kept_because_used=len(doomed) - deleted)
 
 
 def _next_batch_size(size: int, held: float) -> int:
@@ -401,12 +471,11 @@ def _prune_listing(
     spec: PruneSpec,
     condition: Any,
     invalid: list[tuple[str, str]],
-    report: dict[str, Any],
-    started: float,
     progress: Callable[[int], None],
     on_total: Callable[[int], None] | None,
-) -> dict[str, Any]:
-    """--dry-run: every entry a prune would delete, in key order."""
+) -> tuple[int, list[dict[str, Any]]]:
+    """--dry-run: how many entries a prune would delete, and each of them, in key
+    order."""
     matched = int(db.run(lambda c: admin.scalar(c, admin.count_pruned(condition))))
     if on_total:
         on_total(matched + len(invalid))
@@ -429,29 +498,30 @@ def _prune_listing(
         rows.append({**{k: got[k] for k in LISTING_KEYS}, "invalid": reason,
                      "why": f"--invalid: {reason}"})
         progress(1)
-    report.update(would_delete=len(rows), entries=rows, seconds=time.perf_counter() - started)
-    return report
+    return len(rows), rows
 
 
-def run_vacuum(db: Database, mode: str, deleted: int) -> dict[str, Any]:
+def run_vacuum(db: Database, mode: str, deleted: int) -> VacuumReport:
     if mode == "never" or (mode == "auto" and not deleted):
-        return {"ran": False, "why": "not asked" if mode == "never" else "nothing deleted"}
+        return VacuumReport(False, "not asked" if mode == "never" else "nothing deleted")
     if db.is_sqlite:
         size = database_size(db)
         share = size["free_bytes"] / size["bytes"] if size["bytes"] else 0.0
         if mode == "auto" and share < VACUUM_FREE_SHARE:
-            return {"ran": False, "why": f"free pages are {share:.0%} of the file "
-                    f"(under {VACUUM_FREE_SHARE:.0%}); SQLite reuses them for new entries"}
+            return VacuumReport(False, f"free pages are {share:.0%} of the file "
+                                f"(under {VACUUM_FREE_SHARE:.0%}); SQLite reuses them for new "
+                                "entries")
         if mode == "auto" and size["bytes"] > VACUUM_AUTO_MAX_BYTES:
-            return {"ran": False, "why": f"free pages are {share:.0%} of the file, but "
-                    f"VACUUM of {size['bytes'] / 2**20:.0f} MiB would hold the lock for "
-                    "tens of seconds; run `tunecache prune --vacuum ...` when no job runs"}
+            return VacuumReport(False, f"free pages are {share:.0%} of the file, but "
+                                f"VACUUM of {size['bytes'] / 2**20:.0f} MiB would hold the "
+                                "lock for tens of seconds; run `tunecache prune --vacuum ...` "
+                                "when no job runs")
         why = "asked" if mode == "always" else f"free pages were {share:.0%} of the file"
     else:
         why = "asked" if mode == "always" else "rows deleted; plain VACUUM makes space reusable"
     started = time.perf_counter()
     # VACUUM cannot run inside a transaction: a "read" run is autocommit on both engines.
     db.run(admin.vacuum)
-    return {"ran": True, "why": why, "seconds": time.perf_counter() - started}
+    return VacuumReport(True, why, time.perf_counter() - started)
 
 
