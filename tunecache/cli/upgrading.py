@@ -19,10 +19,10 @@ def upgrade(inv: Invocation) -> None:
     report = ops.upgrade(inv.settings)
 
     def human() -> None:
-        if report["from"] == report["to"]:
-            click.echo(f"{report['database']}: schema already at revision {report['to']}")
+        if report.from_revision == report.to_revision:
+            click.echo(f"{report.database}: schema already at revision {report.to_revision}")
         else:
-            click.echo(f"{report['database']}: schema upgraded from revision "
-                       f"{report['from'] or '(none)'} to {report['to']}")
+            click.echo(f"{report.database}: schema upgraded from revision "
+                       f"{report.from_revision or '(none)'} to {report.to_revision}")
 
     inv.emit(report, human)

@@ -14,7 +14,7 @@ from .browse import ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
 from .importing import ImportReport, import_file, import_records, merge
-from .opening import open_database, open_source, opened, upgrade
+from .opening import UpgradeReport, open_database, open_source, opened, upgrade
 from .pruning import PruneReport, PruneSpec, prune, prune_graphs
 from .size import SIZE_HELP, parse_size
 from .statistics import graph_stats, stats
@@ -34,6 +34,7 @@ __all__ = [
     "open_database",
     "opened",
     "open_source",
+    "UpgradeReport",
     "upgrade",
     "parse_duration",
     "DURATION_HELP",

@@ -7,6 +7,7 @@ readonly process must refuse a write up front, in one line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from ..settings import Settings
 from ..store import Database, ensure_schema
 from ..store.migrate import current_revision
 
-__all__ = ["open_database", "opened", "open_source", "refuse_readonly", "upgrade"]
+__all__ = ["open_database", "opened", "open_source", "refuse_readonly", "UpgradeReport", "upgrade"]
 
 
 def open_database(settings: Settings, *, create: bool = False,
@@ -87,7 +88,20 @@ def open_source(settings: Settings, name: str = "SRC_DB") -> Iterator[Database]:
         db.dispose()
 
 
-def upgrade(settings: Settings) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class UpgradeReport:
+    """The schema revision a database was at (None: a new database) and is at now."""
+
+    database: str
+    from_revision: str | None
+    to_revision: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"database": self.database, "from": self.from_revision,
+                "to": self.to_revision}
+
+
+def upgrade(settings: Settings) -> UpgradeReport:
     """Run the migrations now (`tunecache upgrade`)."""
     db = Database(settings.db_url, settings.lock_seconds,
                   own_directory=settings.owns_directory)
@@ -99,6 +113,6 @@ def upgrade(settings: Settings) -> dict[str, Any]:
     try:
         before = db.run(current_revision)
         ensure_schema(db, may_migrate=True)
-        return {"database": db.display_url, "from": before, "to": db.run(current_revision)}
+        return UpgradeReport(db.display_url, before, db.run(current_revision))
     finally:
         db.dispose()
