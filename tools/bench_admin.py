@@ -218,7 +218,7 @@ def measure(backend: str, count: int, pg_admin: str, workdir: str, lookers: int,
             t0 = time.perf_counter()
             data = ops.stats(db)
             stats_times.append(time.perf_counter() - t0)
-        assert data["entries"]["total"] == count, data["entries"]
+        assert data.entries.total == count, data.entries
         if not db.is_sqlite:
             # Fresh bulk-loaded tables have no statistics yet; a real cache has them.
             db.run(lambda c: c.exec_driver_sql("VACUUM ANALYZE tunecache_entries"))

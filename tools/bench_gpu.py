@@ -220,7 +220,7 @@ def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
         db = cache.database()
         if db is None:
             return None
-        kernels = [k for k in ops.graph_stats(db)["by_kind"] if k["kind"] == "kernel"]
+        kernels = [k for k in ops.graph_stats(db).by_kind if k["kind"] == "kernel"]
     except Exception as e:  # noqa: BLE001 - a database not created yet
         print(f"kernel counts not read: {e!r}", file=sys.stderr)
         return {"count": 0, "hits": 0}

@@ -7,13 +7,16 @@ SQLAlchemy, and ``tunecache --help`` starts without it).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from . import format as fmt
 from .app import BadArgument
 from .options import Invocation, Selection, common, entry_filters, opened
+
+if TYPE_CHECKING:
+    from ..ops.statistics import GainsReport, TransferredReport
 
 __all__ = ["stats", "ls", "show", "doctor"]
 
@@ -34,70 +37,70 @@ def stats(inv: Invocation) -> None:
         data = ops.stats(db)
 
     def human() -> None:
-        size = data["size"]
+        size = data.size
         free = f", {fmt.size(size['free_bytes'])} free" if size["free_bytes"] else ""
-        click.echo(f"database  {data['database']} ({data['backend']}, {fmt.size(size['bytes'])}"
-                   f"{free}, schema {fmt.safe(data['schema'])})")
-        states = data["entries"]["by_state"]
-        click.echo(f"entries   {data['entries']['total']} (done {states['done']}, "
+        click.echo(f"database  {data.database} ({data.backend}, {fmt.size(size['bytes'])}"
+                   f"{free}, schema {fmt.safe(data.schema)})")
+        states = data.entries.by_state
+        click.echo(f"entries   {data.entries.total} (done {states['done']}, "
                    f"claimed {states['claimed']}, failed {states['failed']})")
         # Two counts that differ on purpose: the entries' counters add up the results
         # each stored entry served (cache hits and waits for a peer's result), and go
         # when the entry is pruned; the processes' reports split hits from peers' results
         # and keep counting pruned entries.
-        click.echo(f"hits      {data['hits']} results served by the stored entries (cache hits "
-                   f"and peers' results); tuning stored {fmt.dur(data['tune_seconds'])}, "
-                   f"saved {fmt.dur(data['seconds_saved'])}")
-        u = data["usage"]
-        click.echo(f"processes {u['reports']} reported: {u['hits']} cache hits, {u['peer']} "
-                   f"peers' results, {u['tuned']} tuned, {u['local']} tuned without the "
-                   f"database; saved {fmt.dur(u['seconds_saved'])}, "
-                   f"tuning {fmt.dur(u['seconds_tuning'])}")
-        claims = data["claims"]
-        click.echo(f"claims    {claims['in_flight']} in flight, {claims['expired']} expired")
-        click.echo(f"failed    {data['failed']['count']} keys")
-        graphs = data["graphs"]
-        kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs["by_kind"])
-        click.echo(f"graphs    {graphs['count']} compiled graphs, {fmt.size(graphs['bytes'])}"
-                   + (f" ({kinds})" if kinds else "") + f", {graphs['hits']} loads"
-                   + (f"; {graphs['invalid']} with an invalid size (not counted; prune "
-                      "--max-graph-bytes removes them)" if graphs["invalid"] else ""))
-        _human_gains(data["gains"], data["transferred"])
-        if data["by_kind"]:
+        click.echo(f"hits      {data.hits} results served by the stored entries (cache hits "
+                   f"and peers' results); tuning stored {fmt.dur(data.tune_seconds)}, "
+                   f"saved {fmt.dur(data.seconds_saved)}")
+        u = data.usage
+        click.echo(f"processes {u.reports} reported: {u.hits} cache hits, {u.peer} "
+                   f"peers' results, {u.tuned} tuned, {u.local} tuned without the "
+                   f"database; saved {fmt.dur(u.seconds_saved)}, "
+                   f"tuning {fmt.dur(u.seconds_tuning)}")
+        claims = data.claims
+        click.echo(f"claims    {claims.in_flight} in flight, {claims.expired} expired")
+        click.echo(f"failed    {data.failed.count} keys")
+        graphs = data.graphs
+        kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs.by_kind)
+        click.echo(f"graphs    {graphs.count} compiled graphs, {fmt.size(graphs.bytes)}"
+                   + (f" ({kinds})" if kinds else "") + f", {graphs.hits} loads"
+                   + (f"; {graphs.invalid} with an invalid size (not counted; prune "
+                      "--max-graph-bytes removes them)" if graphs.invalid else ""))
+        _human_gains(data.gains, data.transferred)
+        if data.by_kind:
             click.echo("by kind:")
             fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
                    [(r["kind"], r["entries"], r["done"], r["hits"], fmt.dur(r["tune_seconds"]),
-                     fmt.dur(r["seconds_saved"])) for r in data["by_kind"]])
-        if data["by_environment"]:
+                     fmt.dur(r["seconds_saved"])) for r in data.by_kind])
+        if data.by_environment:
             click.echo("by environment:")
             fmt.table(("device", "torch", "triton", "entries", "done", "hits", "saved"),
                    [(r["device"], r["torch"], r["triton"], r["entries"], r["done"], r["hits"],
-                     fmt.dur(r["seconds_saved"])) for r in data["by_environment"]])
-        if data["by_op"]:
+                     fmt.dur(r["seconds_saved"])) for r in data.by_environment])
+        if data.by_op:
             # One op per Triton kernel name: a large cache has thousands.
-            shown = data["by_op"][:BY_OP_SHOWN]
+            shown = data.by_op[:BY_OP_SHOWN]
             click.echo("by op:")
             fmt.table(("kind", "op", "entries", "done", "hits", "tuning", "saved"),
                    [(r["kind"], r["op"], r["entries"], r["done"], r["hits"],
                      fmt.dur(r["tune_seconds"]), fmt.dur(r["seconds_saved"])) for r in shown])
-            if len(data["by_op"]) > len(shown):
-                click.echo(f"  ... and {len(data['by_op']) - len(shown)} more ops "
+            if len(data.by_op) > len(shown):
+                click.echo(f"  ... and {len(data.by_op) - len(shown)} more ops "
                            "(--json lists all)")
-        if graphs["groups"]:
+        if graphs.groups:
             click.echo("compiled graphs by kind and torch:")
             fmt.table(("kind", "torch", "graphs", "size", "loads", "last used"),
                       [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]), g["hits"],
-                        fmt.when(g["last_used_at"])) for g in graphs["groups"]])
-        if claims["live"]:
+                        fmt.when(g["last_used_at"])) for g in graphs.groups])
+        if claims.live:
             click.echo("claims in flight:")
             fmt.table(("key", "op", "owner", "age", "lease left"),
                    [(c["key_hash"][:12], c["op"], c["owner"], fmt.dur(c["age_seconds"]),
-                     fmt.dur(c["expires_in_seconds"])) for c in claims["live"]])
-        if data["failed"]["keys"]:
+                     fmt.dur(c["expires_in_seconds"])) for c in claims.live])
+        if data.failed.keys:
             click.echo("failed keys:")
             fmt.table(("key", "op", "attempts", "error"),
                    [(f["key_hash"][:12], f["op"], f["attempts"], (f["error"] or "")[:60])
-                    for f in data["failed"]["keys"]])
+                    for f in data.failed.keys])
 
     inv.emit(data, human)
 
@@ -110,11 +113,11 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}x"
 
 
-def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
+def _human_gains(gains: GainsReport, transferred: TransferredReport) -> None:
     """stats' "what tuning bought" and "transferred" lines (--json has every op)."""
-    skipped = (f"; {gains['skipped']} entries skipped (their meta or timings do not read)"
-               if gains["skipped"] else "")
-    t = gains["total"]
+    skipped = (f"; {gains.skipped} entries skipped (their meta or timings do not read)"
+               if gains.skipped else "")
+    t = gains.total
     if not t["entries"]:
         click.echo(f"bought    no entry records an untuned baseline{skipped}")
     else:
@@ -122,7 +125,7 @@ def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
                    f"{_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
                    f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} saved), found in "
                    f"{fmt.dur(t['tune_seconds'])} of tuning{skipped}")
-    moved = transferred["by_kind"]
+    moved = transferred.by_kind
     if moved:
         parts = []
         for r in moved:
@@ -133,24 +136,24 @@ def _human_gains(gains: dict[str, Any], transferred: dict[str, Any]) -> None:
                          f"re-tuned in full, {regret})")
         click.echo("transfer  " + "; ".join(parts))
     if t["entries"]:
-        rows = [("kind", r["kind"], "") for r in gains["by_kind"]] + \
-            [("op", r["kind"], r["op"]) for r in gains["by_op"][:GAINS_OPS_SHOWN]]
+        rows = [("kind", r["kind"], "") for r in gains.by_kind] + \
+            [("op", r["kind"], r["op"]) for r in gains.by_op[:GAINS_OPS_SHOWN]]
         click.echo("what tuning bought (per call, by kind, then by op):")
-        table = gains["by_kind"] + gains["by_op"][:GAINS_OPS_SHOWN]
+        table = gains.by_kind + gains.by_op[:GAINS_OPS_SHOWN]
         fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "saved",
                    "tuning"),
                   [(*label, r["entries"], _ms(r["baseline_ms"]), _ms(r["best_ms"]),
                     _x(r["speedup"]), _ms(r["ms_saved_per_call"]), fmt.dur(r["tune_seconds"]))
                    for label, r in zip(rows, table)])
-        if len(gains["by_op"]) > GAINS_OPS_SHOWN:
-            click.echo(f"  ... and {len(gains['by_op']) - GAINS_OPS_SHOWN} more ops "
+        if len(gains.by_op) > GAINS_OPS_SHOWN:
+            click.echo(f"  ... and {len(gains.by_op) - GAINS_OPS_SHOWN} more ops "
                        "(--json lists all)")
         click.echo("top keys by time saved per call:")
         fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "saved", "tuning",
                    "hits"),
                   [(k["key_hash"][:12], k["kind"], k["op"], _ms(k["baseline_ms"]),
                     _ms(k["best_ms"]), _x(k["speedup"]), _ms(k["ms_saved_per_call"]),
-                    fmt.dur(k["tune_seconds"]), k["hits"]) for k in gains["top_keys"]])
+                    fmt.dur(k["tune_seconds"]), k["hits"]) for k in gains.top_keys])
 
 
 @click.command("ls")

@@ -1,6 +1,7 @@
 """What `tunecache stats` reports: entries by state, environment and op; size; hits; time
 saved; claims in flight; failed keys; what tuning bought and how transferred entries did.
-One JSON-able dict."""
+One frozen :class:`StatsReport`, its parts reports of their own; the rows of its tables
+are mappings, as --json prints them."""
 
 from __future__ import annotations
 
@@ -19,11 +20,112 @@ from ..store import gains as gain_columns
 from ..store.migrate import current_revision
 from .entries import pages
 
-__all__ = ["stats", "database_size", "graph_stats", "gains", "TOP_KEYS"]
+__all__ = ["stats", "database_size", "graph_stats", "gains", "TOP_KEYS", "StatsReport",
+           "EntryCounts", "UsageTotals", "ClaimsReport", "FailedKeys", "GraphStats",
+           "GainsReport", "TransferredReport"]
 
 # Rows per page of the entries whose gain columns no writer computed (read one by one).
 GAINS_PAGE = 2000
 TOP_KEYS = 10
+
+Row = Mapping[str, Any]  # a row of one of the report's tables
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryCounts:
+    total: int
+    by_state: Mapping[str, int]  # done, claimed, failed
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageTotals:
+    """What the processes reported (tunecache_usage), pruned entries included."""
+
+    reports: int
+    hits: int
+    tuned: int
+    peer: int
+    local: int
+    seconds_saved: float
+    seconds_tuning: float
+    first_at: float | None
+    last_at: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimsReport:
+    in_flight: int
+    expired: int
+    live: tuple[Row, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedKeys:
+    count: int
+    keys: tuple[Row, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphStats:
+    """Compiled graphs: count, payload bytes, rows whose size no tunecache writes
+    (``invalid``: counted, summed nowhere) and loads by jobs, in all and by kind, torch
+    version and both; on SQLite (``blob_dir``) what the blob directory holds."""
+
+    count: int
+    bytes: int
+    invalid: int
+    hits: int
+    by_kind: tuple[Row, ...]
+    by_torch: tuple[Row, ...]
+    groups: tuple[Row, ...]
+    blob_dir: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.blob_dir is None:
+            del data["blob_dir"]
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class GainsReport:
+    """What tuning bought: see :func:`gains`."""
+
+    rows_parsed: int
+    skipped: int
+    total: Row
+    by_kind: tuple[Row, ...]
+    by_op: tuple[Row, ...]
+    top_keys: tuple[Row, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferredReport:
+    by_kind: tuple[Row, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsReport:
+    database: str
+    backend: str
+    schema: str | None
+    size: Mapping[str, Any]
+    entries: EntryCounts
+    by_kind: tuple[Row, ...]
+    by_environment: tuple[Row, ...]
+    by_op: tuple[Row, ...]
+    graphs: GraphStats
+    gains: GainsReport
+    transferred: TransferredReport
+    hits: int
+    tune_seconds: float
+    seconds_saved: float
+    usage: UsageTotals
+    claims: ClaimsReport
+    failed: FailedKeys
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "graphs": self.graphs.to_json()}
 
 
 def database_size(db: Database) -> dict[str, Any]:
@@ -39,7 +141,7 @@ def database_size(db: Database) -> dict[str, Any]:
             "free_bytes": None}
 
 
-def graph_stats(db: Database) -> dict[str, Any]:
+def graph_stats(db: Database) -> GraphStats:
     """Compiled graphs: count and payload bytes, in all and by kind, by torch version,
     and by both; on SQLite also what the blob directory holds (orphans included: a blob
     whose row a prune has not yet removed, or whose publisher died)."""
@@ -56,23 +158,21 @@ def graph_stats(db: Database) -> dict[str, Any]:
             row["invalid"] += g["invalid"]
             row["hits"] += g["hits"]
 
-    def order(row: dict[str, Any]) -> tuple[int, str]:
+    def order(row: Row) -> tuple[int, str]:
         return (-row["bytes"], json.dumps(row, sort_keys=True, default=str))
 
-    report: dict[str, Any] = {
-        "count": sum(g["count"] for g in groups),
-        "bytes": sum(g["bytes"] for g in groups),
+    return GraphStats(
+        count=sum(g["count"] for g in groups),
+        bytes=sum(g["bytes"] for g in groups),
         # Rows whose size no tunecache writes: counted here, summed nowhere; prune
         # --max-graph-bytes removes them first.
-        "invalid": sum(g["invalid"] for g in groups),
-        "hits": sum(g["hits"] for g in groups),  # loads by jobs
-        "by_kind": sorted(by_kind.values(), key=order),
-        "by_torch": sorted(by_torch.values(), key=order),
-        "groups": sorted(groups, key=order),
-    }
-    if store.blobs is not None:
-        report["blob_dir"] = {"path": store.blobs.root, **store.blobs.usage()}
-    return report
+        invalid=sum(g["invalid"] for g in groups),
+        hits=sum(g["hits"] for g in groups),  # loads by jobs
+        by_kind=tuple(sorted(by_kind.values(), key=order)),
+        by_torch=tuple(sorted(by_torch.values(), key=order)),
+        groups=tuple(sorted(groups, key=order)),
+        blob_dir=(None if store.blobs is None
+                  else {"path": store.blobs.root, **store.blobs.usage()}))
 
 
 def _gain_row(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,7 +282,7 @@ def _number(value: Any) -> float:
     return number if number is not None else 0.0
 
 
-def gains(db: Database, *, top: int = TOP_KEYS) -> dict[str, Any]:
+def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, TransferredReport]:
     """What tuning bought and how transferred entries did, over every done entry.
 
     Per kind and per op: the entries with a baseline (the untuned choice's time), the
@@ -224,24 +324,24 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> dict[str, Any]:
         if t["regret_measured"]:
             t["regret_mean"] = total_regret / t["regret_measured"]
 
-    def order(row: dict[str, Any]) -> tuple[float, str]:
+    def order(row: Row) -> tuple[float, str]:
         return (-row["ms_saved_per_call"], json.dumps([row.get("kind"), row.get("op")],
                                                       default=str))
 
-    return {
-        "rows_parsed": read,
-        "skipped": sums.skipped,
-        "total": _finish_gain(sums.total),
-        "by_kind": sorted((_finish_gain(r) for r in sums.by_kind.values()), key=order),
-        "by_op": sorted((_finish_gain(r) for r in sums.by_op.values()), key=order),
-        "top_keys": [g for _, _, g in sorted(sums.best_keys, key=lambda i: (-i[0], i[1]))],
-        "transferred": sorted(sums.transferred.values(),
-                              key=lambda r: (-r["entries"], json.dumps(r["kind"], default=str))),
-    }
+    bought = GainsReport(
+        rows_parsed=read,
+        skipped=sums.skipped,
+        total=_finish_gain(sums.total),
+        by_kind=tuple(sorted((_finish_gain(r) for r in sums.by_kind.values()), key=order)),
+        by_op=tuple(sorted((_finish_gain(r) for r in sums.by_op.values()), key=order)),
+        top_keys=tuple(g for _, _, g in sorted(sums.best_keys, key=lambda i: (-i[0], i[1]))))
+    return bought, TransferredReport(tuple(sorted(
+        sums.transferred.values(),
+        key=lambda r: (-r["entries"], json.dumps(r["kind"], default=str)))))
 
 
-def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
-    """Everything `tunecache stats` reports, as one JSON-able dict."""
+def stats(db: Database, *, listed: int = 20) -> StatsReport:
+    """Everything `tunecache stats` reports."""
     groups = db.run(admin.stats_groups)
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -276,52 +376,51 @@ def stats(db: Database, *, listed: int = 20) -> dict[str, Any]:
     failed = db.run(lambda c: admin.failed_keys(c, listed))
     revision = db.run(current_revision)
 
-    def sort_key(row: dict[str, Any]) -> tuple[int, str]:
+    def sort_key(row: Row) -> tuple[int, str]:
         return (-row["entries"], json.dumps([v for k, v in row.items() if isinstance(v, str)]))
 
     claimed = by_state.get("claimed", 0)
-    bought = gains(db)
-    transferred = bought.pop("transferred")
-    return {
-        "database": db.display_url,
-        "backend": db.dialect,
-        "schema": revision,
-        "size": database_size(db),
-        "entries": {"total": sum(by_state.values()),
-                    "by_state": {s: by_state.get(s, 0) for s in ("done", "claimed", "failed")}},
-        "by_kind": sorted(by_kind.values(), key=sort_key),
-        "by_environment": sorted(by_env.values(), key=sort_key),
-        "by_op": sorted(by_op.values(), key=sort_key),
-        "graphs": graph_stats(db),
-        "gains": bought,
-        "transferred": {"by_kind": transferred},
-        "hits": hits,
-        "tune_seconds": tune_seconds,
-        "seconds_saved": saved,
-        "usage": {
-            "reports": int(usage.reports),
-            "hits": int(usage.hits),
-            "tuned": int(usage.tuned),
-            "peer": int(usage.peer),
-            "local": int(usage.local),
-            "seconds_saved": float(usage.seconds_saved),
-            "seconds_tuning": float(usage.seconds_tuning),
-            "first_at": usage.first,
-            "last_at": usage.last,
-        },
-        "claims": {
-            "in_flight": claimed - expired,
-            "expired": expired,
-            "live": [
+    bought, transferred = gains(db)
+    return StatsReport(
+        database=db.display_url,
+        backend=db.dialect,
+        schema=revision,
+        size=database_size(db),
+        entries=EntryCounts(sum(by_state.values()),
+                            {s: by_state.get(s, 0) for s in ("done", "claimed", "failed")}),
+        by_kind=tuple(sorted(by_kind.values(), key=sort_key)),
+        by_environment=tuple(sorted(by_env.values(), key=sort_key)),
+        by_op=tuple(sorted(by_op.values(), key=sort_key)),
+        graphs=graph_stats(db),
+        gains=bought,
+        transferred=transferred,
+        hits=hits,
+        tune_seconds=tune_seconds,
+        seconds_saved=saved,
+        usage=UsageTotals(
+            reports=int(usage.reports),
+            hits=int(usage.hits),
+            tuned=int(usage.tuned),
+            peer=int(usage.peer),
+            local=int(usage.local),
+            seconds_saved=float(usage.seconds_saved),
+            seconds_tuning=float(usage.seconds_tuning),
+            first_at=usage.first,
+            last_at=usage.last,
+        ),
+        claims=ClaimsReport(
+            in_flight=claimed - expired,
+            expired=expired,
+            live=tuple(
                 {"key_hash": r.key_hash, "op": r.op, "owner": r.owner, "token": r.token,
                  "attempts": r.attempts, "age_seconds": max(0.0, r.now - r.updated_at),
                  "expires_in_seconds": (r.lease_expires_at or r.now) - r.now}
                 for r in live
-            ],
-        },
-        "failed": {
-            "count": by_state.get("failed", 0),
-            "keys": [{"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
-                      "error": r.error} for r in failed],
-        },
-    }
+            ),
+        ),
+        failed=FailedKeys(
+            count=by_state.get("failed", 0),
+            keys=tuple({"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
+                        "error": r.error} for r in failed),
+        ),
+    )
