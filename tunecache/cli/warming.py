@@ -4,14 +4,20 @@ compiles)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import format as fmt
 from .app import BadArgument
 from .options import Invocation, LibraryChoice, common, opened
+
+if TYPE_CHECKING:
+    from ..warm import ExhaustiveReport, ExhaustiveTask, WarmTask
+    from ..warm.choose import SkippedKey
 
 __all__ = ["warm"]
 
@@ -52,51 +58,101 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     _warn_unmatched(inv, from_torch, from_device)
     if again and not exhaustive:
         raise BadArgument("--again only applies to --exhaustive")
-    if exhaustive:
-        _exhaustive(ctx, inv, op, from_torch, from_device, limit, dry_run, again)
-        return
     with opened(inv, read_only=dry_run) as db:
-        tasks, skipped = warm_mod.select_tasks(db, op or None,
-                                               from_torch=from_torch, from_device=from_device,
-                                               limit=limit)
+        tasks: Any  # WarmTask, or ExhaustiveTask with --exhaustive (each has its printer)
+        if exhaustive:
+            tasks, skipped = warm_mod.select_transferred(
+                db, op or None, from_torch=from_torch, from_device=from_device, again=again,
+                limit=limit)
+        else:
+            tasks, skipped = warm_mod.select_tasks(
+                db, op or None, from_torch=from_torch, from_device=from_device, limit=limit)
         if dry_run:
             data = {"database": db.display_url, "dry_run": True, "keys": len(tasks),
-                    "tasks": [t.as_dict() for t in tasks], "skipped": skipped}
-
-            def human_dry() -> None:
-                click.echo(f"would warm {len(tasks)} GEMMs (dry run)")
-                fmt.table(("op", "precision", "inputs", "seen in"),
-                          [(t.op, t.precision, t.inputs,
-                            ", ".join(f"{s['device']}/torch {s['torch']}" for s in t.seen_in))
-                           for t in tasks])
-                _echo_skipped(skipped)
-
-            inv.emit(data, human_dry)
+                    "tasks": [t.as_dict() for t in tasks], "skipped": skipped,
+                    **({"exhaustive": True} if exhaustive else {})}
+            dry = _human_dry_exhaustive if exhaustive else _human_dry
+            inv.emit(data, functools.partial(dry, tasks, skipped))
             return
-        with fmt.progress("warming", not inv.as_json) as (total, step):
+        with fmt.progress("re-tuning in full" if exhaustive else "warming",
+                          not inv.as_json) as (total, step):
             total(len(tasks))
-            report = warm_mod.warm(inv.settings, db, tasks, progress=step)
-        report["skipped"] = skipped
-
-    def human() -> None:
-        click.echo(f"warmed {report['keys']} GEMMs in {fmt.dur(report['seconds'])}: "
-                   f"{report['tuned']} tuned here, {report['hit']} already cached, "
-                   f"{report['peer']} tuned by peers, {report['local']} local only, "
-                   f"{report['not_autotuned']} not autotuned, {report['error']} failed "
-                   f"(rank {report['rank']} of {report['world_size']}); "
-                   f"{len(skipped)} recorded keys skipped")
-        for t in report["tasks"]:
-            if t["outcome"] == "error":
-                click.echo(f"failed: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
-                           f"{fmt.safe(t['error'])}", err=True)
-            elif t.get("reason"):
-                click.echo(f"{t['outcome']}: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
-                           f"{fmt.safe(t['reason'])}", err=True)
-        _echo_skipped(skipped)
-
+            report: Any  # an ExhaustiveReport, or warm's dict of counts
+            if exhaustive:
+                report = dataclasses.replace(
+                    warm_mod.exhaustive(inv.settings, db, tasks, progress=step),
+                    skipped=tuple(skipped))
+                failed, human = report.error, functools.partial(_human_exhaustive, report)
+            else:
+                report = {**warm_mod.warm(inv.settings, db, tasks, progress=step),
+                          "skipped": skipped}
+                failed, human = report["error"], functools.partial(_human_warm, report)
     inv.emit(report, human)
-    if report["error"]:
+    if failed:
         ctx.exit(1)
+
+
+def _human_dry(tasks: Sequence[WarmTask], skipped: Sequence[SkippedKey]) -> None:
+    click.echo(f"would warm {len(tasks)} GEMMs (dry run)")
+    fmt.table(("op", "precision", "inputs", "seen in"),
+              [(t.op, t.precision, t.inputs,
+                ", ".join(f"{s['device']}/torch {s['torch']}" for s in t.seen_in))
+               for t in tasks])
+    _echo_skipped(skipped)
+
+
+def _human_dry_exhaustive(tasks: Sequence[ExhaustiveTask],
+                          skipped: Sequence[SkippedKey]) -> None:
+    click.echo(f"would re-tune {len(tasks)} transferred GEMM entries in full (dry run)")
+    fmt.table(("key", "op", "precision", "inputs", "benchmarked", "winner"),
+              [(t.key_hash[:12], t.task.op, t.task.precision, fmt.clip(t.task.inputs, 60),
+                f"{t.transfer.get('benchmarked', '?')} of "
+                f"{t.transfer.get('generated', '?')}", _ms(t.winner_ms))
+               for t in tasks])
+    _echo_skipped(skipped)
+
+
+def _human_warm(report: Mapping[str, Any]) -> None:
+    skipped = report["skipped"]
+    click.echo(f"warmed {report['keys']} GEMMs in {fmt.dur(report['seconds'])}: "
+               f"{report['tuned']} tuned here, {report['hit']} already cached, "
+               f"{report['peer']} tuned by peers, {report['local']} local only, "
+               f"{report['not_autotuned']} not autotuned, {report['error']} failed "
+               f"(rank {report['rank']} of {report['world_size']}); "
+               f"{len(skipped)} recorded keys skipped")
+    for t in report["tasks"]:
+        if t["outcome"] == "error":
+            click.echo(f"failed: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
+                       f"{fmt.safe(t['error'])}", err=True)
+        elif t.get("reason"):
+            click.echo(f"{t['outcome']}: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
+                       f"{fmt.safe(t['reason'])}", err=True)
+    _echo_skipped(skipped)
+
+
+def _human_exhaustive(report: ExhaustiveReport) -> None:
+    regrets = ("" if report.regret_mean is None or report.regret_max is None else
+               f" (regret mean {report.regret_mean:.3g}, max {report.regret_max:.3g})")
+    click.echo(f"re-tuned {report.keys} transferred GEMM entries in full in "
+               f"{fmt.dur(report.seconds)}: {report.measured} regrets recorded"
+               f"{regrets}, {report.other_environment} of another environment, "
+               f"{report.not_autotuned} not autotuned, {report.error} failed "
+               f"(rank {report.rank} of {report.world_size}); {len(report.skipped)} "
+               "skipped")
+    measured = [t for t in report.tasks if t["outcome"] == "measured"]
+    if measured:
+        fmt.table(("key", "op", "candidates", "transferred", "exhaustive", "regret"),
+                  [(t["key_hash"][:12], t["op"], f"{t['candidates']} -> {t['candidates_after']}",
+                    _ms(t["winner_ms"]), _ms(t["exhaustive_ms"]), f"{t['regret']:.3g}")
+                   for t in measured])
+    for t in report.tasks:
+        if t["outcome"] == "error":
+            click.echo(f"failed: {fmt.safe(t['key_hash'][:16])} {fmt.safe(t['op'])}: "
+                       f"{fmt.safe(t['error'])}", err=True)
+        elif t["outcome"] != "measured":
+            click.echo(f"{t['outcome']}: {fmt.safe(t['key_hash'][:16])}: "
+                       f"{fmt.safe(t.get('reason'))}", err=True)
+    _echo_skipped(report.skipped)
 
 
 def _warn_unmatched(inv: Invocation, from_torch: tuple[str, ...],
@@ -112,70 +168,6 @@ def _warn_unmatched(inv: Invocation, from_torch: tuple[str, ...],
                     + unmatched_labels(db, "--from-device", "device", list(from_device)))
     for warning in warnings:
         click.echo(f"Warning: {warning}", err=True)
-
-
-def _exhaustive(ctx: click.Context, inv: Invocation, op: tuple[str, ...],
-                from_torch: tuple[str, ...], from_device: tuple[str, ...], limit: int | None,
-                dry_run: bool, again: bool) -> None:
-    """`warm --exhaustive`: re-tune transferred GEMM entries in full, record regret."""
-    from .. import warm as warm_mod
-
-    with opened(inv, read_only=dry_run) as db:
-        tasks, skipped = warm_mod.select_transferred(
-            db, op or None, from_torch=from_torch, from_device=from_device, again=again,
-            limit=limit)
-        if dry_run:
-            data = {"database": db.display_url, "dry_run": True, "exhaustive": True,
-                    "keys": len(tasks), "tasks": [t.as_dict() for t in tasks],
-                    "skipped": skipped}
-
-            def human_dry() -> None:
-                click.echo(f"would re-tune {len(tasks)} transferred GEMM entries in full "
-                           "(dry run)")
-                fmt.table(("key", "op", "precision", "inputs", "benchmarked", "winner"),
-                          [(t.key_hash[:12], t.task.op, t.task.precision,
-                            fmt.clip(t.task.inputs, 60),
-                            f"{t.transfer.get('benchmarked', '?')} of "
-                            f"{t.transfer.get('generated', '?')}", _ms(t.winner_ms))
-                           for t in tasks])
-                _echo_skipped(skipped)
-
-            inv.emit(data, human_dry)
-            return
-        with fmt.progress("re-tuning in full", not inv.as_json) as (total, step):
-            total(len(tasks))
-            report = warm_mod.exhaustive(inv.settings, db, tasks, progress=step)
-        report["skipped"] = skipped
-
-    def human() -> None:
-        regrets = ("" if report["regret_mean"] is None else
-                   f" (regret mean {report['regret_mean']:.3g}, max "
-                   f"{report['regret_max']:.3g})")
-        click.echo(f"re-tuned {report['keys']} transferred GEMM entries in full in "
-                   f"{fmt.dur(report['seconds'])}: {report['measured']} regrets recorded"
-                   f"{regrets}, {report['other_environment']} of another environment, "
-                   f"{report['not_autotuned']} not autotuned, {report['error']} failed "
-                   f"(rank {report['rank']} of {report['world_size']}); {len(skipped)} "
-                   "skipped")
-        measured = [t for t in report["tasks"] if t["outcome"] == "measured"]
-        if measured:
-            fmt.table(("key", "op", "candidates", "transferred", "exhaustive", "regret"),
-                      [(t["key_hash"][:12], t["op"],
-                        f"{t['candidates']} -> {t['candidates_after']}",
-                        _ms(t["winner_ms"]), _ms(t["exhaustive_ms"]),
-                        f"{t['regret']:.3g}") for t in measured])
-        for t in report["tasks"]:
-            if t["outcome"] == "error":
-                click.echo(f"failed: {fmt.safe(t['key_hash'][:16])} {fmt.safe(t['op'])}: "
-                           f"{fmt.safe(t['error'])}", err=True)
-            elif t["outcome"] != "measured":
-                click.echo(f"{t['outcome']}: {fmt.safe(t['key_hash'][:16])}: "
-                           f"{fmt.safe(t.get('reason'))}", err=True)
-        _echo_skipped(skipped)
-
-    inv.emit(report, human)
-    if report["error"]:
-        ctx.exit(1)
 
 
 def _ms(value: float | None) -> str:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from .build import build_call
 from .choose import WarmTask, select_tasks
-from .exhaustive import ExhaustiveTask, exhaustive, select_transferred
+from .exhaustive import ExhaustiveReport, ExhaustiveTask, exhaustive, select_transferred
 from .inputs import check_inputs, parse_inputs
 from .ops import NOT_WARMED, WARM_OPS
 from .run import classify, warm
 
 __all__ = ["WARM_OPS", "NOT_WARMED", "WarmTask", "select_tasks", "warm", "parse_inputs",
-           "check_inputs", "build_call", "classify", "ExhaustiveTask", "select_transferred",
-           "exhaustive"]
+           "check_inputs", "build_call", "classify", "ExhaustiveTask", "ExhaustiveReport",
+           "select_transferred", "exhaustive"]
 
 

@@ -36,7 +36,7 @@ from .choose import SkippedKey, WarmTask, task_of
 from .inputs import parse_inputs
 from .run import _my_order, _rank, _this_key_hash, classify, compile_session
 
-__all__ = ["ExhaustiveTask", "select_transferred", "exhaustive"]
+__all__ = ["ExhaustiveTask", "ExhaustiveReport", "select_transferred", "exhaustive"]
 
 log = logging.getLogger("tunecache")
 
@@ -124,6 +124,30 @@ def select_transferred(
     return tasks, skipped
 
 
+@dataclasses.dataclass(frozen=True)
+class ExhaustiveReport:
+    """What ``warm --exhaustive`` did on this rank: the outcome counts, the regrets
+    measured, one record per task (a mapping, as its --json prints it) and the recorded
+    keys left out (set by the caller that chose the tasks)."""
+
+    database: str
+    rank: int
+    world_size: int
+    keys: int
+    measured: int
+    other_environment: int
+    not_autotuned: int
+    error: int
+    regret_mean: float | None
+    regret_max: float | None
+    seconds: float
+    tasks: tuple[Mapping[str, Any], ...]
+    skipped: tuple[SkippedKey, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "exhaustive": True}
+
+
 class _TopUps(tunecache.TuneCache):
     """The cache the compiles use: it records the results of top-up keys (``{**key,
     "extra_candidates": [...]}``) by the hash of their base key, so the run can merge them
@@ -149,7 +173,7 @@ def exhaustive(
     tasks: Sequence[ExhaustiveTask],
     *,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> ExhaustiveReport:
     """Compile every task's GEMM with transfer off and record each entry's regret."""
     progress = progress or (lambda _n: None)
     rank, world, local_rank = _rank()
@@ -164,11 +188,12 @@ def exhaustive(
             outcomes.append(outcome)
             progress(1)
     regrets = [o["regret"] for o in outcomes if o["outcome"] == "measured"]
-    return {"database": db.display_url, "exhaustive": True, "rank": rank,
-            "world_size": world, "keys": len(tasks), **counts,
-            "regret_mean": sum(regrets) / len(regrets) if regrets else None,
-            "regret_max": max(regrets) if regrets else None,
-            "seconds": time.perf_counter() - started, "tasks": outcomes}
+    return ExhaustiveReport(
+        db.display_url, rank, world, len(tasks), counts["measured"],
+        counts["other_environment"], counts["not_autotuned"], counts["error"],
+        regret_mean=sum(regrets) / len(regrets) if regrets else None,
+        regret_max=max(regrets) if regrets else None,
+        seconds=time.perf_counter() - started, tasks=tuple(outcomes))
 
 
 def _measure_one(task: ExhaustiveTask, i: int, scratch: str, local_rank: int, torch: Any,
