@@ -215,34 +215,34 @@ def show(inv: Invocation, key_hash_prefix: str) -> None:
         entry = ops.show(db, key_hash_prefix)
 
     def human() -> None:
-        click.echo(f"key_hash     {fmt.safe(entry['key_hash'])}")
-        click.echo(f"state        {fmt.safe(entry['state'])}")
-        click.echo(f"best         {fmt.safe(entry['best'] or '-')}")
-        click.echo(f"tune time    {fmt.dur(entry['tune_seconds'])}")
-        click.echo(f"owner        {fmt.safe(entry['owner'] or '-')} (token "
-                   f"{fmt.safe(entry['token'])}, attempts {fmt.safe(entry['attempts'])})")
-        if entry["state"] == "claimed":
-            left = None if entry["lease_expired"] else entry["lease_expires_at"] - entry["now"]
+        click.echo(f"key_hash     {fmt.safe(entry.key_hash)}")
+        click.echo(f"state        {fmt.safe(entry.state)}")
+        click.echo(f"best         {fmt.safe(entry.best or '-')}")
+        click.echo(f"tune time    {fmt.dur(entry.tune_seconds)}")
+        click.echo(f"owner        {fmt.safe(entry.owner or '-')} (token "
+                   f"{fmt.safe(entry.token)}, attempts {fmt.safe(entry.attempts)})")
+        if entry.state == "claimed":
+            left = None if entry.lease_expired else entry.lease_expires_at - entry.now
             click.echo(f"lease        {'expired' if left is None else fmt.dur(left) + ' left'}")
-        if entry["error"]:
-            click.echo(f"error        {fmt.safe(entry['error'])}")
-        click.echo(f"hits         {fmt.safe(entry['hits'])}")
-        click.echo(f"created      {fmt.when(entry['created_at'])}")
-        click.echo(f"updated      {fmt.when(entry['updated_at'])}")
-        click.echo(f"last used    {fmt.when(entry['last_used_at'])}")
-        if entry["key_error"]:
-            click.echo(f"key: INVALID ({fmt.safe(entry['key_error'])})")
+        if entry.error:
+            click.echo(f"error        {fmt.safe(entry.error)}")
+        click.echo(f"hits         {fmt.safe(entry.hits)}")
+        click.echo(f"created      {fmt.when(entry.created_at)}")
+        click.echo(f"updated      {fmt.when(entry.updated_at)}")
+        click.echo(f"last used    {fmt.when(entry.last_used_at)}")
+        if entry.key_error:
+            click.echo(f"key: INVALID ({fmt.safe(entry.key_error)})")
         else:
             click.echo("key:")
-            click.echo(json.dumps(entry["key"], indent=2, sort_keys=True))
-        if entry["timings_error"]:
-            click.echo(f"timings: INVALID ({fmt.safe(entry['timings_error'])})")
-        elif entry["timings"]:
+            click.echo(json.dumps(entry.key, indent=2, sort_keys=True))
+        if entry.timings_error:
+            click.echo(f"timings: INVALID ({fmt.safe(entry.timings_error)})")
+        elif entry.timings:
             click.echo("timings (ms, fastest first):")
-            for t in entry["timings"]:
+            for t in entry.timings:
                 ms = "no timing" if t["ms"] is None else f"{t['ms']:.6g}"
                 click.echo(f"  {ms:>12}  {fmt.safe(t['candidate'])}")
-            if any(t["ms"] is None for t in entry["timings"]):
+            if any(t["ms"] is None for t in entry.timings):
                 # Both are stored as null: "failed" misnamed every candidate a --best-only
                 # export left out.
                 click.echo("  (no timing: the candidate failed to run, or was not measured: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any
@@ -12,7 +13,7 @@ from ..store.artifact_queries import GraphFilter
 from ..store.claims import lease_passed
 from .entries import listing_row, stored_key, stored_timings
 
-__all__ = ["ls", "ls_graphs", "show"]
+__all__ = ["ls", "ls_graphs", "ShownEntry", "show"]
 
 
 def ls(db: Database, env: admin.EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
@@ -30,7 +31,40 @@ def ls_graphs(db: Database, where: GraphFilter | None = None,
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 
 
-def show(db: Database, prefix: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ShownEntry:
+    """One entry in full, as `tunecache show` prints it. ``key`` and ``timings`` (fastest
+    first, ``ms`` None where the candidate has no timing) are None and () where they do not
+    read back, with the reason in ``key_error`` or ``timings_error``. The other columns are
+    as stored, unchecked (a hand-edited row may hold anything: the printers escape them)."""
+
+    key_hash: str
+    key: Any
+    key_error: str | None
+    state: Any
+    kind: Any
+    op: Any
+    device: Any
+    torch: Any
+    triton: Any
+    timings: tuple[dict[str, Any], ...]
+    timings_error: str | None
+    best: Any
+    tune_seconds: Any
+    owner: Any
+    token: Any
+    attempts: Any
+    lease_expires_at: Any
+    error: Any
+    lease_expired: bool
+    hits: Any
+    created_at: Any
+    updated_at: Any
+    last_used_at: Any
+    now: Any
+
+
+def show(db: Database, prefix: str) -> ShownEntry:
     """One entry, by a unique prefix (at least 4 hex digits) of its key hash."""
     prefix = prefix.strip().lower()
     if not _HEX.match(prefix):
@@ -57,15 +91,15 @@ def show(db: Database, prefix: str) -> dict[str, Any]:
                        for k, v in sorted(parsed.items(), key=lambda kv: (kv[1], kv[0]))]
         except InvalidEntryError as e:
             timings_error = e.reason
-    return {
-        "key_hash": r.key_hash, "key": key, "key_error": key_error, "state": r.state,
-        "kind": r.kind, "op": r.op, "device": r.device, "torch": r.torch_version,
-        "triton": r.triton_version,
-        "timings": timings, "timings_error": timings_error, "best": r.best,
-        "tune_seconds": r.tune_seconds, "owner": r.owner, "token": r.token,
-        "attempts": r.attempts, "lease_expires_at": r.lease_expires_at, "error": r.error,
-        "lease_expired": lease_passed(r.lease_expires_at, r.now),
-        "hits": r.hits, "created_at": r.created_at, "updated_at": r.updated_at,
-        "last_used_at": r.last_used_at, "now": r.now,
-    }
+    return ShownEntry(
+        key_hash=r.key_hash, key=key, key_error=key_error, state=r.state,
+        kind=r.kind, op=r.op, device=r.device, torch=r.torch_version,
+        triton=r.triton_version,
+        timings=tuple(timings), timings_error=timings_error, best=r.best,
+        tune_seconds=r.tune_seconds, owner=r.owner, token=r.token,
+        attempts=r.attempts, lease_expires_at=r.lease_expires_at, error=r.error,
+        lease_expired=lease_passed(r.lease_expires_at, r.now),
+        hits=r.hits, created_at=r.created_at, updated_at=r.updated_at,
+        last_used_at=r.last_used_at, now=r.now,
+    )
 

@@ -495,7 +495,7 @@ def _prune_listing(
         if h in listed:
             continue
         got = show(db, h)
-        rows.append({**{k: got[k] for k in LISTING_KEYS}, "invalid": reason,
+        rows.append({**{k: getattr(got, k) for k in LISTING_KEYS}, "invalid": reason,
                      "why": f"--invalid: {reason}"})
         progress(1)
     return len(rows), rows
