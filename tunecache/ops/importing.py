@@ -139,7 +139,7 @@ class _Import:
         """One record: a bad one noted, a graph stored, an entry batched."""
         try:
             if isinstance(record, ValueError):
-                raise record
+                raise record  # a line that did not read: bad like an invalid entry
             if isinstance(record, dict) and "graph" in record:
                 self.add_graph(record["graph"])
                 self.progress(1)
