@@ -10,14 +10,14 @@ commands, so that ``tunecache --help`` starts without it.
 from ..store.admin import EntryFilter
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import ARTIFACT_KINDS
-from .browse import ls, ls_graphs, show
+from .browse import ShownEntry, ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
 from .importing import ImportReport, import_file, import_records, merge
 from .opening import UpgradeReport, open_database, open_source, opened, upgrade
 from .pruning import PruneReport, PruneSpec, prune, prune_graphs
 from .size import SIZE_HELP, parse_size
-from .statistics import graph_stats, stats
+from .statistics import GraphStats, StatsReport, graph_stats, stats
 from .transfer import (
     CONFLICT_POLICIES,
     EXPORT_FORMAT,
@@ -38,7 +38,9 @@ __all__ = [
     "upgrade",
     "parse_duration",
     "DURATION_HELP",
+    "StatsReport",
     "stats",
+    "GraphStats",
     "graph_stats",
     "parse_size",
     "SIZE_HELP",
@@ -58,6 +60,7 @@ __all__ = [
     "merge",
     "ls",
     "ls_graphs",
+    "ShownEntry",
     "show",
     "Check",
     "run_checks",
