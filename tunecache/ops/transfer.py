@@ -1,5 +1,6 @@
-"""Moving entries between caches: export to versioned JSON lines, import such a file,
-merge another database; every incoming entry validated, nothing supplied trusted."""
+"""Moving entries between caches: export to versioned JSON lines, the export file read
+back, and the checks of every incoming entry (nothing supplied trusted) that import and
+merge (tunecache.ops.importing) apply."""
 
 from __future__ import annotations
 
