@@ -427,3 +427,23 @@ def test_a_from_torch_that_matches_no_stored_version_warns_as_prune_does(db_url)
         "Warning: --from-torch 9.9 matches no stored torch version (stored: 2.12.0+cpu); it "
         "selects nothing"]
     assert result.stdout.splitlines()[0] == "would warm 0 GEMMs (dry run)"
+
+
+def test_a_warm_up_leaves_the_environment_variables_as_it_found_them(sqlite_url, monkeypatch):
+    # A warm-up in a longer-lived process (a notebook, a job's own script) must not turn
+    # Inductor's local caches off for everything that compiles after it.
+    from tunecache.settings import Settings
+    from tunecache.store import Database
+    from tunecache.warm.run import warm
+
+    monkeypatch.delenv("TORCHINDUCTOR_FX_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    before = dict(os.environ)
+    db = Database(sqlite_url)
+    try:
+        report = warm(Settings(db_url=sqlite_url), db, [])
+    finally:
+        db.dispose()
+    assert report["keys"] == 0
+    assert dict(os.environ) == before

@@ -50,31 +50,44 @@ def _my_order(tasks: Sequence[T], rank: int, world: int) -> list[T]:
 
 
 @contextlib.contextmanager
+def _environ_restored(*names: str) -> Iterator[None]:
+    """Puts ``names`` back as they were on leaving: the old value, or removed where the
+    variable was absent."""
+    old = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
 def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[str, Any]]:
     """Compiles of the GEMMs of recorded keys with ``cache`` enabled: Inductor's local
     caches off and a scratch cache directory (an FX graph hit would skip the lookup), and
-    everything put back afterwards, ``cache`` closed. Yields (scratch directory, torch)."""
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
-    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    import torch
-    import torch._dynamo
+    everything put back afterwards, the environment variables included, ``cache`` closed.
+    Yields (scratch directory, torch)."""
+    with _environ_restored("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
+                           "TORCHINDUCTOR_CACHE_DIR"):
+        os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+        os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+        import torch
+        import torch._dynamo
 
-    if not tc_inductor.enable(cache):
-        cache.close()
-        raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
-    scratch = tempfile.mkdtemp(prefix=prefix)
-    old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    try:
-        with tc_inductor.local_caches_off():
-            yield scratch, torch
-    finally:
-        tc_inductor.disable()
-        cache.close()
-        if old_dir is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not tc_inductor.enable(cache):
+            cache.close()
+            raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
+        scratch = tempfile.mkdtemp(prefix=prefix)
+        try:
+            with tc_inductor.local_caches_off():
+                yield scratch, torch
+        finally:
+            tc_inductor.disable()
+            cache.close()
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def warm(
