@@ -74,7 +74,7 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
     warnings = _Warnings()
     logging.getLogger("tunecache").addHandler(warnings)
     # No owner dies here, so a long lease costs nothing, and its lock timeout (half of it)
-    # outlasts the write-lock waits of 16 processes on a loaded 2-core machine: at a 10 s
+    # outlasts the write-lock waits of 16 processes sharing two busy cores: at a 10 s
     # lease (5 s), some processes gave up on the store and tuned every key locally.
     cache = tunecache.open(url, lease_seconds=60)
     tuned_here: list[int] = []

@@ -182,8 +182,8 @@ def test_postgresql_time_comes_from_the_database(pg_url):
 
 
 def test_a_key_whose_candidates_all_failed_is_a_result_not_an_error(db_url):
-    # Seen on H200: a compile adds one Triton config that needs more shared memory than the
-    # card has; tuning just that candidate gives only inf, and peers must get that answer.
+    # A compile can add one Triton config that needs more shared memory than the GPU
+    # has; tuning just that candidate gives only inf, and peers must get that answer.
     with tunecache.open(db_url) as cache:
         tuned = cache.get_or_tune({"i": "oom"}, lambda: {"triton_big": math.inf})
         hit = cache.get_or_tune({"i": "oom"}, lambda: pytest.fail("a hit"))

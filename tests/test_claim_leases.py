@@ -36,7 +36,7 @@ def test_batched_claims_of_live_owners_are_never_taken_over(db_url):
     # and slow keys later in a batch outlast the lease unless the heartbeat renews them all.
     # Four times this test's first scale (lease 6 s, slow keys 3.2 s: a batch's later
     # keys still outlast the lease): a process waits at most the lock timeout, half the
-    # lease, for a lock, and on a loaded 2-core machine a peer's SQLite transaction was
+    # lease, for a lock, and with two cores kept busy a peer's SQLite transaction was
     # seen to hold one longer than the 0.75 s that a 1.5 s lease allows (1 run in 20
     # beside a CPU hog). On PostgreSQL the long waits were deadlocks between two steps,
     # 1 s each to detect (1 run in 20 still timed out at this scale): the next test.

@@ -584,8 +584,7 @@ def test_enable_interrupted_half_way_leaves_nothing_patched(tmp_path, monkeypatc
 def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(sqlite_url):
     """torch 2.11 accepts only a ``CustomGraphPass`` as ``_pre_fusion_custom_pass`` (and
     reads its uuid); 2.13 only a ``CustomSchedulerPass``. Failing either made Inductor
-    bypass its FX graph and AOTAutograd caches on every compile (seen on 2xH200 with torch
-    2.11)."""
+    bypass its FX graph and AOTAutograd caches on every compile (seen with torch 2.11)."""
     import pickle
 
     from torch._inductor.custom_graph_pass import CustomGraphPass, CustomSchedulerPass

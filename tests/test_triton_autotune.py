@@ -1040,11 +1040,11 @@ _FINE = {"num_warps": 4, "num_stages": 1, "XBLOCK": 16, "R0_BLOCK": 128}
 
 
 @pytest.mark.parametrize("hostile, reason", [
-    ({"num_warps": 64}, "num_warps"),  # CUDA: "invalid argument" at launch on H200
-    ({"XBLOCK": 1 << 20, "R0_BLOCK": 1 << 20}, "BLOCK"),  # CompilationError on H200
+    ({"num_warps": 64}, "num_warps"),  # CUDA: "invalid argument" at launch
+    ({"XBLOCK": 1 << 20, "R0_BLOCK": 1 << 20}, "BLOCK"),  # a Triton CompilationError
     ({"XBLOCK": 8192}, "XBLOCK"),  # above Inductor's X limit
     ({"R0_BLOCK": 1 << 17}, "R0_BLOCK"),  # above Inductor's R0_ limit
-    ({"EVIL": 4}, "not this kernel's"),  # an unknown constexpr: ValueError on H200
+    ({"EVIL": 4}, "not this kernel's"),  # an unknown constexpr: a Triton ValueError
     ({"num_ctas": 2}, "not this kernel's"),
     ({"R0_BLOCK": None}, "not this kernel's"),  # a constexpr the kernel needs is missing
     ({"XBLOCK": 0}, "XBLOCK"),
@@ -1103,7 +1103,7 @@ def test_a_config_without_xblock_fits_only_a_kernel_without_an_x_dimension():
 
 def test_tiny_blocks_32_warps_and_16_stages_are_still_used(enabled, tmp_path, monkeypatch,
                                                            caplog):
-    # What ran correctly on an H200: a coordinate-descent result may go below the
+    # What ran correctly under Triton on CUDA: a coordinate-descent result may go below the
     # kernel's own configs (XBLOCK=1, R0_BLOCK=2) and up to 32 warps and 16 stages.
     monkeypatch.setattr(ac, "Config", TritonConfig)
     entry = {"num_warps": 32, "num_stages": 16, "XBLOCK": 1, "R0_BLOCK": 2}

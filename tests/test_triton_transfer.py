@@ -6,8 +6,8 @@ descent.
 Inductor's own ``CachingAutotuner.run`` -> ``autotune_to_one_config`` ->
 ``coordinate_descent_tuning`` (and its CoordescTuner) run here on the CPU, with Triton's
 compile, launch and ``bench`` faked (tests/triton_fake_autotuner.py), on kernel modules
-Inductor 2.11 generated for one llama-style block on an H200 at 1000, 1024, 2048 and 4096
-tokens (tests/data/triton_kernels).
+Inductor 2.11 generated for one llama-style block for a Hopper GPU (sm_90) at 1000, 1024,
+2048 and 4096 tokens (tests/data/triton_kernels).
 """
 
 from __future__ import annotations

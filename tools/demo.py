@@ -16,7 +16,7 @@ benchmark). Job 1 is the first job with tunecache; job 2 is "a later job", the s
 The demo prints what each process tuned and reused, and compares the jobs only on what it
 measured in this run: compile seconds, GEMM benchmarks and the seconds they took.
 
-One compile on a shared 2-core machine varies by tens of percent from run to run, so a
+One compile on cores that other work shares varies by tens of percent from run to run, so a
 single sample can show tunecache 50% faster or slower. The three jobs therefore run
 ``--rounds`` times, interleaved (off, first, later; off, first, later; ...) so that a
 change in the machine's load hits every side alike, and the summary gives the minimum,

@@ -181,7 +181,7 @@ GRAPH_WINDOW = 5
 FAMILY_SECONDS = 10
 # A worker's operation (a call, a graph load or publish) hangs when it waits longer than
 # HANG_LEASES leases, not counting its own tuning nor the time it was frozen. The longest
-# wait of 10-minute chaos runs on a loaded 2-core VM was 3.2 leases (a dead owner's lease,
+# wait of 10-minute chaos runs with every core busy was 3.2 leases (a dead owner's lease,
 # then a peer's retune of 1.3 leases); the wait timeout is max(60 s, 10 leases), 20 leases
 # at the default lease, so a job that waits out its whole wait timeout on a claim nobody
 # will finish exceeds this bound.

@@ -160,8 +160,8 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
     A candidate that failed to run is stored as JSON null (JSON has no infinity); every
     other value must be a finite, non-negative number. All of them may be null: "these
     candidates do not run here" is a result too (a compile that adds only a failing
-    candidate to a key tunes just that one; seen on H200 with a Triton config that needs
-    more shared memory than the card has).
+    candidate to a key tunes just that one: a Triton config that needs more shared memory
+    than the GPU has, for one).
     """
     if isinstance(raw, (str, bytes)):
         try:

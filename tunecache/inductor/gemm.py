@@ -538,10 +538,10 @@ class GemmHooks:
         removed from ``choices`` before asking for timings.
 
         Which candidates reach a lookup depends on the path: `tunecache warm`'s compile
-        got the list without them, the job after it got them all (2xH200, torch 2.11: a
-        Triton mm config that needs more shared memory than the card has, on every mm
-        key), so the job benchmarked them as new candidates. Stored as not runnable
-        (``inf``), they make both lists full hits of one entry.
+        got the list without them, the job after it got them all (torch 2.11: a Triton mm
+        config that needs more shared memory than the GPU has, on every mm key), so the
+        job benchmarked them as new candidates. Stored as not runnable (``inf``), they make
+        both lists full hits of one entry.
         """
         try:
             lowered = self.pending.get(choices[0]) if choices else None

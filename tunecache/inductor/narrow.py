@@ -8,8 +8,8 @@ Where
     and its config), passes them through ``_finalize_template_configs`` ("override this
     to customize the choices before they are converted to ChoiceCaller objects, which is
     expensive") and only then generates each one (``ktc.choice``: for a Triton template,
-    rendering and loading its module, ``generate_and_load``; ~840 of them, 4-9 s, on a
-    warm H200 job). We wrap both methods on ``InductorChoices`` itself (2.11-2.14), so
+    rendering and loading its module, ``generate_and_load``; ~840 of them, 4-9 s, in a
+    warm job). We wrap both methods on ``InductorChoices`` itself (2.11-2.14), so
     every choices handler that inherits them, Inductor's default included, is covered;
     :func:`tunecache.inductor.disable` puts them back (the registry's patch ledger).
 

@@ -83,8 +83,8 @@ _PG_GONE_MESSAGES = ("connection refused", "server closed the connection unexpec
 # 8 slots, 2 loaded cores, a connection per transaction: the slowest transaction took
 # 9-14 s with the backoff, 4-8 s at this pace, which also halved the refused connects.
 _CONNECT_RETRY_SECONDS = 0.25
-# A connection idle this long is closed. A connect costs 2-8 ms on this 2-core VM (fork of
-# a backend, settings), 20x a lookup on an open connection; kept through a burst, it
+# A connection idle this long is closed. A connect costs 2-8 ms (fork of a backend,
+# settings; PostgreSQL 15), 20x a lookup on an open connection; kept through a burst, it
 # costs at most a few % of the time between two transactions further apart than this.
 _PG_IDLE_SECONDS = 0.1
 # After a refused connect, connections are closed at once for this long.

@@ -7,7 +7,7 @@ fusion under ``config.benchmark_fusion``), waits for the futures, and only then 
 module with ``benchmark_codegened_module``, which :mod:`.fusion` answers from the shared
 cache. ``compile_kernel`` generates the module, loads it (plain Python, cheap) and, with
 parallel compile on, hands its source to ``AsyncCompile.triton``, which starts the Triton
-compile (ptxas, about 2 s per template kernel on H200) in the compile workers (2.11-2.14).
+compile (ptxas, about 2 s per template kernel) in the compile workers (2.11-2.14).
 So a warm job compiled every candidate only to be answered from the database.
 
 Here ``compile_kernel`` marks its thread, and ``AsyncCompile.triton`` called under that

@@ -70,12 +70,12 @@ log = logging.getLogger("tunecache")
 #   M's for the same kernel. ``AutotuneCache.create`` is wrapped to re-key our remote
 #   cache with the source hashed without the device index and without the kernel's
 #   per-graph number (triton_poi_fused_add_3), which shifts when fusion differs earlier
-#   in the graph (seen on 2xH200, torch 2.11: 8 of 13 warm misses before this).
+#   in the graph (torch 2.11: 8 of 13 warm misses of a two-rank job before this).
 # * Fusion decisions and the split size of a mix-order reduction are decided by timing
 #   generated modules with ``TritonScheduling.benchmark_codegened_module`` (2.11-2.14);
 #   the split size by ``CoordescTuner.autotune_single_field``, a search whose first round
 #   always measures init // 2, init and init * 2, in simd.py's _codegen_mix_order_reduction
-#   (on 2xH200 most of the Triton tuning of a llama block). Both are wrapped; Inductor
+#   (most of the Triton tuning of a llama block). Both are wrapped; Inductor
 #   still makes every decision, from the shared timings. A fusion candidate whose timing
 #   is stored is not even compiled (``Scheduler.compile_kernel`` -> ``AsyncCompile.triton``,
 #   triton/candidates.py).
@@ -95,7 +95,7 @@ def ensure_runtime_hooks(ours: type) -> None:
     hooks are enabled after select_algorithm, which imports it), and it must be there
     by then: with parallel compile the first in-process kernel load can come after the
     forward graph's first run, whose kernels would otherwise all be tuned on every rank
-    (seen on 2xH200). Compile workers need only the stored-config checks (they load and
+    (seen in a two-rank job). Compile workers need only the stored-config checks (they load and
     compile kernels; no runs, no benchmarks).
     """
     state = REGISTRY.triton

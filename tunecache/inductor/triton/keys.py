@@ -35,7 +35,7 @@ _DEVICE_INDEX = re.compile(r"(DeviceProperties\(type='([^']*)', )index=\d+")
 # The benchmark harness Inductor appends to a kernel module it benchmarks (fusion
 # decisions, config.benchmark_kernel; codegen_kernel_benchmark in codegen/triton.py,
 # 2.11-2.14) names the device index too: rand_strided(..., device='cuda:1'),
-# _DeviceGuard(1), set_device(1), stream1 = get_raw_stream(1). Seen on 2xH200: without
+# _DeviceGuard(1), set_device(1), stream1 = get_raw_stream(1). In a two-rank job, without
 # this the two ranks' fusion benchmark kernels had different keys, so neither reused the
 # other's tuning (43 keys, 32 of them in pairs).
 _HARNESS_DEVICE_INDEX = (
@@ -241,9 +241,10 @@ CONFIG_FIELDS = frozenset({
     "triton_cache_hash", "extra_options", "num_consumer_groups", "num_buffers_warp_spec",
 })
 # CUDA allows 1024 threads a block: 32 warps of 32 (16 of 64 on ROCm; its launch then
-# fails and falls back). 64 passed Triton's compile and failed at launch on an H200.
+# fails and falls back). 64 passed Triton's compile and failed at launch (CUDA
+# "invalid argument").
 MAX_NUM_WARPS = 32
-# Pipelining stages: Inductor's configs use 1-5; 16 ran correctly on an H200. Also the
+# Pipelining stages: Inductor's configs use 1-5; 16 ran correctly (Triton on CUDA). Also the
 # bound of the mix-order reductions' NUM_STAGES constexpr, which coordinate descent tunes.
 MAX_NUM_STAGES = 16
 # Compile options Inductor's configs may carry as kwargs (num_ctas, maxnreg; waves_per_eu
