@@ -1,0 +1,1 @@
+"""The soak test's parts (tools/soak.py is the command and says what it does)."""
