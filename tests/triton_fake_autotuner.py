@@ -47,7 +47,7 @@ class FakeRunLauncher:
 
 class FakeAutotuner(th.CachingAutotuner):
     """CachingAutotuner with Triton's compile and launch faked; its configs' benchmark
-    prefers the last config (as the faked ones in test_triton_autotune.py do)."""
+    prefers the last config (as the faked ones in tests/triton_autotune/ do)."""
 
     def _precompile_config(self, cfg: Any) -> Any:
         self.__dict__.setdefault("compiled", []).append(cfg)

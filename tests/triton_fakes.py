@@ -1,6 +1,6 @@
 """Stand-ins for what a Triton kernel load hands Inductor's autotune-cache code.
 
-A module of its own (not test_triton_autotune.py) because Inductor's compile workers
+A module of its own (not in tests/triton_autotune/) because Inductor's compile workers
 unpickle these by name: the worker test submits :func:`load_kernel` to a real
 SubprocPool, whose processes find this directory on the PYTHONPATH they inherit.
 """
