@@ -38,27 +38,15 @@ CASES = [
     "garbled_timings", "lease_wrong_type", "lock_symlink", "graph_size_int64_max",
     "verify_key_world_writable",
 ]
-
-
 # The cases of neighbour rows (and of huge numbers and oversize text in a stored column).
 CASES += ["huge_int_timings", "huge_int_meta", "huge_transfer_benchmarked", "nan_meta",
           "hits_crowding", "family_escape", "oversize_meta", "oversize_timings"]
-
-
 # A few MiB of text each: planted on one turn of the cases in RARE_EVERY, so that the
 # database stays small (a key's meta may have 64 KiB, its timings 1 MiB).
 RARE = {"oversize_meta", "oversize_timings"}
-
-
 RARE_EVERY = 3
-
-
 OVERSIZE_BYTES = 4 * 2**20
-
-
 NEIGHBOUR_TIMINGS = json.dumps({GEMM_CANDIDATES[0]: 0.5, GEMM_CANDIDATES[1]: 0.25})
-
-
 HUGE_310 = "1" + "0" * 309  # a JSON integer of 310 digits: float() of it overflows
 
 
@@ -69,20 +57,12 @@ def raw_json(value: Any, **raw: str) -> str:
     for name, replacement in raw.items():
         text = text.replace(json.dumps(f"@{name}@"), replacement)
     return text
-
-
 SQLITE_ONLY = {"blob_fifo", "blob_shard_symlink", "keys_shard_symlink", "lock_symlink"}
-
-
 OLD = 1_000_000_000.0  # 2001-09-09: the mtime of canary files and old hostile rows
-
-
 _ENTRY_COLUMNS = ("key_hash", "key_json", "kind", "op", "device", "torch_version",
                   "triton_version", "state", "owner", "token", "lease_expires_at", "attempts",
                   "timings_json", "best", "tune_seconds", "error", "created_at", "updated_at",
                   "last_used_at", "hits", "family", "meta_json")
-
-
 _ARTIFACT_COLUMNS = ("kind", "cache_key", "digest", "signature", "size", "torch_version",
                      "created_at", "last_used_at", "payload")
 

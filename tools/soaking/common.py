@@ -13,27 +13,15 @@ import zlib
 from typing import Any
 
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-
-
 KEYS_PER_GENERATION = 4  # new keys per GENERATION_SECONDS: a steady stream of cold keys
-
-
 GENERATION_SECONDS = 1.0
-
-
 WINDOW = 6  # keys one call may ask for, from the current generation on
-
-
 # Compiled graphs (hostile mode): one new graph key per generation; a job loads (and, if
 # absent, publishes) graphs of the last GRAPH_WINDOW generations, so each is read again by
 # many jobs after its first publish.
 GRAPH_WINDOW = 5
-
-
 # Keys of a family (the even ones) start a new family every FAMILY_SECONDS of keys.
 FAMILY_SECONDS = 10
-
-
 # A worker's operation (a call, a graph load or publish) hangs when it waits longer than
 # HANG_LEASES leases, not counting its own tuning nor the time it was frozen. The longest
 # wait of 10-minute chaos runs with every core busy was 3.2 leases (a dead owner's lease,
@@ -41,17 +29,9 @@ FAMILY_SECONDS = 10
 # at the default lease, so a job that waits out its whole wait timeout on a claim nobody
 # will finish exceeds this bound.
 HANG_LEASES = 6.0
-
-
 HOSTILE_EVERY = 1.0  # seconds between two plants of the adversary (cases by turns)
-
-
 OPERATOR_EVERY = 4.0  # seconds between two operator commands (stats, ls, prune)
-
-
 CLI_TIMEOUT = 120.0  # seconds an operator command may take before it counts as hung
-
-
 STATUS_BYTES = 2048  # a worker's status record (see Status)
 
 

@@ -19,8 +19,6 @@ from .common import CLI_TIMEOUT, OPERATOR_EVERY, read_plants
 # Placeholders in a command: the hash of a row the adversary planted (a different case
 # each time), and the operator's export file.
 PLANTED, EXPORT = "{planted}", "{export}"
-
-
 OPERATOR_COMMANDS = [
     ("cli_stats", ["stats"]),
     ("cli_ls", ["ls"]),
@@ -35,8 +33,6 @@ OPERATOR_COMMANDS = [
     ("cli_prune", ["prune", "--invalid", "--dry-run"]),
     ("cli_export", ["export", "--best-only", "-o", EXPORT]),
 ]
-
-
 # The last round, once every worker has stopped: each symlink planted is seen by a prune.
 FINAL_COMMANDS = [
     ("cli_prune", ["prune", "--max-graph-bytes", "256KiB", "--older-than", "30d"]),
@@ -48,8 +44,6 @@ FINAL_COMMANDS = [
     ("cli_export", ["export", "-o", EXPORT]),
     ("cli_export", ["export", "--best-only", "-o", EXPORT]),
 ]
-
-
 # What a terminal would act on: C0 controls but tab and newline, DEL and C1 controls.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
