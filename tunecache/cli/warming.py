@@ -16,7 +16,7 @@ from .app import BadArgument
 from .options import Invocation, LibraryChoice, common, opened
 
 if TYPE_CHECKING:
-    from ..warm import ExhaustiveReport, ExhaustiveTask, WarmTask
+    from ..warm import ExhaustiveReport, ExhaustiveTask, WarmReport, WarmTask
     from ..warm.choose import SkippedKey
 
 __all__ = ["warm"]
@@ -77,16 +77,17 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
         with fmt.progress("re-tuning in full" if exhaustive else "warming",
                           not inv.as_json) as (total, step):
             total(len(tasks))
-            report: Any  # an ExhaustiveReport, or warm's dict of counts
+            report: ExhaustiveReport | WarmReport
             if exhaustive:
                 report = dataclasses.replace(
                     warm_mod.exhaustive(inv.settings, db, tasks, progress=step),
                     skipped=tuple(skipped))
                 failed, human = report.error, functools.partial(_human_exhaustive, report)
             else:
-                report = {**warm_mod.warm(inv.settings, db, tasks, progress=step),
-                          "skipped": skipped}
-                failed, human = report["error"], functools.partial(_human_warm, report)
+                report = dataclasses.replace(
+                    warm_mod.warm(inv.settings, db, tasks, progress=step),
+                    skipped=tuple(skipped))
+                failed, human = report.error, functools.partial(_human_warm, report)
     inv.emit(report, human)
     if failed:
         ctx.exit(1)
@@ -112,15 +113,15 @@ def _human_dry_exhaustive(tasks: Sequence[ExhaustiveTask],
     _echo_skipped(skipped)
 
 
-def _human_warm(report: Mapping[str, Any]) -> None:
-    skipped = report["skipped"]
-    click.echo(f"warmed {report['keys']} GEMMs in {fmt.dur(report['seconds'])}: "
-               f"{report['tuned']} tuned here, {report['hit']} already cached, "
-               f"{report['peer']} tuned by peers, {report['local']} local only, "
-               f"{report['not_autotuned']} not autotuned, {report['error']} failed "
-               f"(rank {report['rank']} of {report['world_size']}); "
+def _human_warm(report: WarmReport) -> None:
+    skipped = report.skipped
+    click.echo(f"warmed {report.keys} GEMMs in {fmt.dur(report.seconds)}: "
+               f"{report.tuned} tuned here, {report.hit} already cached, "
+               f"{report.peer} tuned by peers, {report.local} local only, "
+               f"{report.not_autotuned} not autotuned, {report.error} failed "
+               f"(rank {report.rank} of {report.world_size}); "
                f"{len(skipped)} recorded keys skipped")
-    for t in report["tasks"]:
+    for t in report.tasks:
         if t["outcome"] == "error":
             click.echo(f"failed: {fmt.safe(t['op'])} {fmt.safe(t['inputs'])}: "
                        f"{fmt.safe(t['error'])}", err=True)

@@ -30,10 +30,10 @@ from .choose import WarmTask, select_tasks
 from .exhaustive import ExhaustiveReport, ExhaustiveTask, exhaustive, select_transferred
 from .inputs import check_inputs, parse_inputs
 from .ops import NOT_WARMED, WARM_OPS
-from .run import classify, warm
+from .run import WarmReport, classify, warm
 
-__all__ = ["WARM_OPS", "NOT_WARMED", "WarmTask", "select_tasks", "warm", "parse_inputs",
-           "check_inputs", "build_call", "classify", "ExhaustiveTask", "ExhaustiveReport",
-           "select_transferred", "exhaustive"]
+__all__ = ["WARM_OPS", "NOT_WARMED", "WarmTask", "select_tasks", "warm", "WarmReport",
+           "parse_inputs", "check_inputs", "build_call", "classify", "ExhaustiveTask",
+           "ExhaustiveReport", "select_transferred", "exhaustive"]
 
 

@@ -20,10 +20,10 @@ from ..keys import key_hash
 from ..settings import Settings
 from ..store import Database
 from .build import build_call, device_for
-from .choose import WarmTask
+from .choose import SkippedKey, WarmTask
 from .inputs import check_inputs, parse_inputs
 
-__all__ = ["warm", "classify"]
+__all__ = ["WarmReport", "warm", "classify"]
 
 log = logging.getLogger("tunecache")
 
@@ -64,6 +64,27 @@ def _environ_restored(*names: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@dataclasses.dataclass(frozen=True)
+class WarmReport:
+    """What ``warm`` did on this rank: the outcome counts, one record per task (a mapping,
+    as its --json prints it) and the recorded keys left out (set by the caller that chose
+    the tasks)."""
+
+    database: str
+    rank: int
+    world_size: int
+    keys: int
+    tuned: int
+    hit: int
+    peer: int
+    local: int
+    not_autotuned: int
+    error: int
+    seconds: float
+    tasks: tuple[Mapping[str, Any], ...]
+    skipped: tuple[SkippedKey, ...] = ()
+
+
 @contextlib.contextmanager
 def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[str, Any]]:
     """Compiles of the GEMMs of recorded keys with ``cache`` enabled: Inductor's local
@@ -96,7 +117,7 @@ def warm(
     tasks: Sequence[WarmTask],
     *,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> WarmReport:
     """Compile every task with tunecache enabled; returns counts and per-task outcomes."""
     progress = progress or (lambda _n: None)
     rank, world, local_rank = _rank()
@@ -112,8 +133,11 @@ def warm(
             counts[outcome["outcome"]] += 1
             outcomes.append(outcome)
             progress(1)
-    return {"database": db.display_url, "rank": rank, "world_size": world, "keys": len(tasks),
-            **counts, "seconds": time.perf_counter() - started, "tasks": outcomes}
+    return WarmReport(database=db.display_url, rank=rank, world_size=world, keys=len(tasks),
+                      tuned=counts["tuned"], hit=counts["hit"], peer=counts["peer"],
+                      local=counts["local"], not_autotuned=counts["not_autotuned"],
+                      error=counts["error"], seconds=time.perf_counter() - started,
+                      tasks=tuple(outcomes))
 
 
 def _this_key_hash(task: WarmTask, device_type: str, tc_inductor: Any) -> str:
