@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from tunecache import kernels
+from tunecache import triton_cache
 
 
 def compiled_files(name: str, seed: str) -> dict[str, bytes]:
@@ -36,7 +36,7 @@ def compiled_files(name: str, seed: str) -> dict[str, bytes]:
 
 def main() -> None:
     key, name, seed = sys.argv[1:4]
-    manager = kernels.KernelCacheManager(key)
+    manager = triton_cache.KernelCacheManager(key)
     metadata = f"{name}.json"
     group = manager.get_group(metadata)
     if len(sys.argv) > 4:
@@ -61,7 +61,7 @@ def main() -> None:
     print(json.dumps({
         "outcome": outcome,
         "files": {n: hashlib.sha256(Path(p).read_bytes()).hexdigest() for n, p in group.items()},
-        "counts": kernels.counts(),
+        "counts": triton_cache.counts(),
         "local": local,
     }))
 

@@ -1,4 +1,4 @@
-"""Compiled Triton kernels shared through the database (tunecache.kernels): real processes,
+"""Compiled Triton kernels shared through the database (tunecache.triton_cache): real processes,
 each a "node" with its own local Triton cache directory, driving the cache manager as
 ``triton.compile`` does (kernel_worker.py), over real SQLite files and PostgreSQL; and the
 operator commands over kernel entries."""
@@ -19,7 +19,7 @@ from kernel_worker import compiled_files
 from sqlalchemy import func, select, update
 
 import tunecache
-from tunecache import kernels
+from tunecache import triton_cache
 from tunecache.core.graphs import GraphShare
 from tunecache.core.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer, write_key_pair
 from tunecache.settings import Settings
@@ -120,7 +120,7 @@ def test_two_processes_compiling_the_same_kernel_at_once_publish_it_once(db_url,
 def _plant(url: str, keys: Path, tmp_path: Path, how: str) -> bytes:
     """Put a kernel entry under KEY the way an attacker who can write the database
     would; returns the bytes it carries."""
-    evil = kernels.pack(f"{NAME}.json", {f"{NAME}.json": b'{"evil": 1}',
+    evil = triton_cache.pack(f"{NAME}.json", {f"{NAME}.json": b'{"evil": 1}',
                                          f"{NAME}.cubin": b"EVIL" * 100})
     payload = zlib.compress(evil)
     digest = hashlib.sha256(payload).hexdigest()
@@ -169,7 +169,7 @@ def test_a_signed_entry_with_file_names_outside_the_kernel_directory_is_not_writ
     cache = tunecache.open(sqlite_url)
     plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME)).kernel_sharing()
     share = GraphShare.from_settings(plan, lambda: cache, noun="kernel")
-    hostile = kernels.pack(f"{NAME}.json", {f"{NAME}.json": b"{}", "../escaped": b"x"})
+    hostile = triton_cache.pack(f"{NAME}.json", {f"{NAME}.json": b"{}", "../escaped": b"x"})
     assert share.publish("kernel", KEY, hostile, "2.11.0")
     cache.close()
     node = tmp_path / "node"
@@ -179,21 +179,21 @@ def test_a_signed_entry_with_file_names_outside_the_kernel_directory_is_not_writ
 
 
 @pytest.mark.parametrize("names", [["../x"], ["a/b"], ["__grp__k.json"], [".."], [""],
-                                   [f"f{i}" for i in range(kernels.MAX_FILES + 1)]])
+                                   [f"f{i}" for i in range(triton_cache.MAX_FILES + 1)]])
 def test_unpack_refuses_names_that_are_not_plain_file_names(names):
     files = {n: b"x" for n in names} | {"k.json": b"{}"}
-    assert kernels.unpack(kernels.pack("k.json", files)) is None
+    assert triton_cache.unpack(triton_cache.pack("k.json", files)) is None
 
 
 def test_unpack_refuses_lengths_that_do_not_add_up_and_a_missing_group_file():
-    good = kernels.pack("k.json", {"k.json": b"{}", "k.cubin": b"abc"})
-    assert kernels.unpack(good) == ("k.json", {"k.cubin": b"abc", "k.json": b"{}"})
-    assert kernels.unpack(good + b"extra") is None
-    assert kernels.unpack(good[:-1]) is None
-    assert kernels.unpack(kernels.pack("k.json", {"k.cubin": b"abc"})) is None
-    assert kernels.unpack(b"TCK1not json\n") is None
-    assert kernels.unpack(b"TCK1" + b"[" * 100_000 + b"\n") is None  # nesting too deep
-    assert kernels.unpack(b"TCG1{}\n") is None
+    good = triton_cache.pack("k.json", {"k.json": b"{}", "k.cubin": b"abc"})
+    assert triton_cache.unpack(good) == ("k.json", {"k.cubin": b"abc", "k.json": b"{}"})
+    assert triton_cache.unpack(good + b"extra") is None
+    assert triton_cache.unpack(good[:-1]) is None
+    assert triton_cache.unpack(triton_cache.pack("k.json", {"k.cubin": b"abc"})) is None
+    assert triton_cache.unpack(b"TCK1not json\n") is None
+    assert triton_cache.unpack(b"TCK1" + b"[" * 100_000 + b"\n") is None  # nesting too deep
+    assert triton_cache.unpack(b"TCG1{}\n") is None
 
 
 def test_a_readonly_consumer_writes_nothing(sqlite_url, keys, tmp_path):
@@ -259,13 +259,13 @@ def test_the_autoload_names_the_manager_before_inductor_starts_its_workers(sqlit
                                                                           tmp_path):
     from tunecache import _autoload
 
-    assert _autoload.MANAGER == kernels.MANAGER, "spelt out twice: they must agree"
+    assert _autoload.MANAGER == triton_cache.MANAGER, "spelt out twice: they must agree"
     code = ("import os, torch\n"
             "print(os.environ.get('TRITON_CACHE_MANAGER'))\n")
     env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
     shared = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=300)
-    assert shared.stdout.strip() == kernels.MANAGER, shared.stderr
+    assert shared.stdout.strip() == triton_cache.MANAGER, shared.stderr
     env["TRITON_CACHE_MANAGER"] = "mine:Manager"
     theirs = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=300)
@@ -297,7 +297,7 @@ def test_enable_names_kernels_by_content_and_disable_puts_everything_back(sqlite
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # enable() alone sets the variable here
     out = _enable_in_a_process(env, sqlite_url)
     assert out["on"] is True
-    assert out["during"] == [kernels.MANAGER, True]
+    assert out["during"] == [triton_cache.MANAGER, True]
     assert out["after"] == [None, True]
 
 
@@ -336,7 +336,7 @@ def _names_in_one_graph(sources: list[str]) -> list[str]:
 
 
 def test_a_kernel_is_named_by_its_source_whatever_its_position_in_the_graph():
-    from tunecache.inductor import kernels as inductor_kernels
+    from tunecache.inductor import kernel_sharing
     from tunecache.inductor.state import REGISTRY
 
     kernel = "@triton_heuristics.pointwise()\n@triton.jit\ndef KERNEL_NAME(x): pass  # {}\n"
@@ -344,12 +344,12 @@ def test_a_kernel_is_named_by_its_source_whatever_its_position_in_the_graph():
     assert _names_in_one_graph([a, b]) == ["triton_poi_fused_0", "triton_poi_fused_1"]
     mark = REGISTRY.patches.mark()
     try:
-        inductor_kernels._install_content_names()
+        kernel_sharing._install_content_names()
         first = _names_in_one_graph([a, b, a])
         second = _names_in_one_graph([b, a])  # a graph where the same kernels moved
     finally:
         REGISTRY.patches.undo(mark)
-    suffix = inductor_kernels.content_suffix
+    suffix = kernel_sharing.content_suffix
     assert first == [f"triton_poi_fused_{suffix(a)}", f"triton_poi_fused_{suffix(b)}",
                      f"triton_poi_fused_{suffix(a)}"], "one source, one kernel"
     assert second == [first[1], first[0]]

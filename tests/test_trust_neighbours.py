@@ -125,7 +125,7 @@ def test_a_keys_own_row_of_32_mib_reads_as_no_entry(db_url):
 def test_a_fifo_planted_as_a_local_group_file_does_not_hang_get_group(tmp_path, monkeypatch):
     from fifo_helpers import returns_within
 
-    from tunecache.kernels import KernelCacheManager
+    from tunecache.triton_cache import KernelCacheManager
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     manager = KernelCacheManager("k" * 32)
@@ -139,7 +139,7 @@ def test_a_fifo_planted_as_a_local_group_file_does_not_hang_get_group(tmp_path, 
 
 
 def test_a_kernel_file_name_with_a_trailing_newline_is_not_a_plain_name():
-    from tunecache.kernels import pack, unpack
+    from tunecache.triton_cache import pack, unpack
 
     assert unpack(pack("k.json", {"k.json": b"{}", "k.cubin": b"x"})) is not None
     assert unpack(pack("k.json", {"k.json": b"{}", "k.cubin\n": b"x"})) is None

@@ -207,7 +207,7 @@ def graph_counts() -> dict[str, int]:
 
 
 def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
-    """Compiled Triton kernels in TUNECACHE_DB (tunecache.kernels): how many, and their
+    """Compiled Triton kernels in TUNECACHE_DB (tunecache.triton_cache): how many, and their
     loads by jobs; None without tunecache. Rank 0 reads it before the compile and after
     the steps: the difference is what this job published, and loaded from the store."""
     if args.mode != "tunecache" or not os.environ.get("TUNECACHE_DB"):
@@ -399,7 +399,7 @@ def main() -> int:
         # present (another rank or job published it first), absent, refused.
         "graphs": graph_counts(),
         # Compiled Triton kernels in the database, rank 0's reading before and after
-        # (tunecache.kernels: every process of the job, compile workers included, publishes
+        # (tunecache.triton_cache: every process of the job, compile workers included, publishes
         # what it compiled and loads what a peer or an earlier job compiled).
         "kernels_published": (None if kernels_after is None or kernels_before is None
                               else kernels_after["count"] - kernels_before["count"]),

@@ -197,7 +197,7 @@ class Settings:
     signing_key: str | None = None
     verify_key: str | None = None
     graphs: bool = True
-    # Compiled Triton kernels shared across graphs and nodes (tunecache.kernels), with the
+    # Compiled Triton kernels shared across graphs and nodes (tunecache.triton_cache), with the
     # same keys and trust as graphs; TUNECACHE_KERNELS=0 keeps them in Triton's local cache.
     kernels: bool = True
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,

@@ -62,7 +62,7 @@ class GraphShare:
                  verifier: Verifier, noun: str = "graph") -> None:
         self._cache = cache
         # What the entries are, for messages: "graph" (Inductor compiles it when refused)
-        # or "kernel" (Triton does; tunecache.kernels).
+        # or "kernel" (Triton does; tunecache.triton_cache).
         self._noun = noun
         self._compiler = "Triton" if noun == "kernel" else "Inductor"
         self._signer = signer

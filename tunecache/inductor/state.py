@@ -74,7 +74,7 @@ class Registry:
         # on, or why it is off, logged in this process (each once).
         self.graphs: GraphShare | None = None
         self.graphs_explained: set[str] = set()
-        # Kernel sharing (inductor.kernels): whether it is on, TRITON_CACHE_MANAGER's
+        # Kernel sharing (inductor.kernel_sharing): whether it is on, TRITON_CACHE_MANAGER's
         # value before enable set it (None: unset), and per thread, .suffix: the
         # content-derived name suffix of the kernel TritonScheduling.define_kernel defines.
         self.kernels_shared = False

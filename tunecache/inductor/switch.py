@@ -22,7 +22,7 @@ from .compat import (
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
 from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
-from .kernels import disable_kernels, enable_kernels
+from .kernel_sharing import disable_kernels, enable_kernels
 from .narrow import install_narrowing
 from .state import REGISTRY
 from .triton.install import disable_triton, enable_triton

@@ -1,5 +1,5 @@
 """Compiled Triton kernels shared across graphs and nodes: tunecache as Triton's cache
-manager (tunecache.kernels) in this process and its compile workers, and kernel names
+manager (tunecache.triton_cache) in this process and its compile workers, and kernel names
 that depend on a kernel's source, not on its position in the graph.
 
 Why the names: Triton's cache key hashes the kernel's source, which holds the kernel's
@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import kernels
+from .. import triton_cache
 from ..settings import Settings
 from .compat import param_names
 from .graphs import explain_once
@@ -89,7 +89,7 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
     if plan.state not in ("publish", "verify"):
         return False
     current = os.environ.get(MANAGER_VAR)
-    if current and current != kernels.MANAGER:
+    if current and current != triton_cache.MANAGER:
         explain_once(logging.WARNING, "tunecache: compiled kernels are not shared: %s=%s is "
                      "set (graphs and tuning are shared as usual)", MANAGER_VAR, current)
         return False
@@ -112,9 +112,9 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
         explain_once(logging.WARNING, "tunecache: compiled kernels are not shared (%s: %s)",
                      type(e).__name__, e)
         return False
-    kernels.use_cache(cache)
+    triton_cache.use_cache(cache)
     REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
-    os.environ[MANAGER_VAR] = kernels.MANAGER
+    os.environ[MANAGER_VAR] = triton_cache.MANAGER
     return True
 
 
@@ -130,5 +130,5 @@ def disable_kernels() -> bool:
         os.environ[MANAGER_VAR] = before
     else:
         os.environ.pop(MANAGER_VAR, None)
-    kernels.use_cache(None)
+    triton_cache.use_cache(None)
     return True
