@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cli_helpers import run
 
-from tunecache.cli import options, transferring
-from tunecache.ops import transfer
+from tunecache.cli import exchanging, options
+from tunecache.ops import exchange
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEAVY = ("sqlalchemy", "alembic", "torch")
@@ -35,9 +35,9 @@ def test_cli_help_imports_no_database_library_or_torch():
 
 
 def test_conflict_policies_offered_by_the_cli_are_the_librarys():
-    for command in (transferring.import_, transferring.merge):
+    for command in (exchanging.import_, exchanging.merge):
         (option,) = [p for p in command.params if p.name == "on_conflict"]
-        assert tuple(option.type.choices) == transfer.CONFLICT_POLICIES
+        assert tuple(option.type.choices) == exchange.CONFLICT_POLICIES
 
 
 def test_readme_and_prune_help_name_the_same_kinds():

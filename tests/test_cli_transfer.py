@@ -326,7 +326,7 @@ def test_merge_and_export_drop_a_garbled_meta_or_family_but_keep_the_entry(sqlit
 
 
 def test_an_export_that_fails_leaves_no_partial_file_and_an_earlier_one_as_it_was(tmp_path):
-    from tunecache.cli.transferring import _output_file
+    from tunecache.cli.exchanging import _output_file
 
     path = tmp_path / "cache.jsonl"
     path.write_text("the export of yesterday\n")

@@ -154,7 +154,7 @@ class EntryNotFoundError(TuneCacheError):
 class ExportFormatError(TuneCacheError):
     """An import file is not a tunecache export this tunecache can read.
 
-    ``format_name`` and ``version`` are what this tunecache reads (tunecache.ops.transfer's
+    ``format_name`` and ``version`` are what this tunecache reads (tunecache.ops.exchange's
     EXPORT_FORMAT and EXPORT_VERSION), named in the message so that it shows the header
     expected.
     """

@@ -7,10 +7,10 @@ Importing it imports neither SQLAlchemy, Alembic nor torch.
 """
 
 from .app import cli
+from .exchanging import export, import_, merge
 from .inspecting import doctor, ls, show, stats
 from .pruning import prune
 from .signing import keygen
-from .transferring import export, import_, merge
 from .upgrading import upgrade
 from .warming import warm
 

@@ -13,12 +13,7 @@ from ..store.artifact_rows import ARTIFACT_KINDS
 from .browse import ShownEntry, ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration
-from .importing import ImportReport, import_file, import_records, merge
-from .opening import UpgradeReport, open_database, open_source, opened, upgrade
-from .pruning import PruneReport, PruneSpec, prune, prune_graphs
-from .size import SIZE_HELP, parse_size
-from .statistics import GraphStats, StatsReport, graph_stats, stats
-from .transfer import (
+from .exchange import (
     CONFLICT_POLICIES,
     EXPORT_FORMAT,
     EXPORT_VERSION,
@@ -26,6 +21,11 @@ from .transfer import (
     export,
     parse_export,
 )
+from .importing import ImportReport, import_file, import_records, merge
+from .opening import UpgradeReport, open_database, open_source, opened, upgrade
+from .pruning import PruneReport, PruneSpec, prune, prune_graphs
+from .size import SIZE_HELP, parse_size
+from .statistics import GraphStats, StatsReport, graph_stats, stats
 
 __all__ = [
     "ARTIFACT_KINDS",

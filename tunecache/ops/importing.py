@@ -1,5 +1,5 @@
 """Import and merge: the entries (and compiled graphs) of an export file or of another
-database written into this one, each validated (tunecache.ops.transfer), under a conflict
+database written into this one, each validated (tunecache.ops.exchange), under a conflict
 policy, in batches; and the report of one."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from ..errors import ConfigError, InvalidEntryError
 from ..store import ArtifactStore, Database, admin
 from ..store.claims import lease_passed
 from .entries import PAGE, noop, pages, stored_timings
-from .opening import refuse_readonly
-from .transfer import (
+from .exchange import (
     CONFLICT_POLICIES,
     IMPORT_BATCH,
     ConflictPolicy,
@@ -29,6 +28,7 @@ from .transfer import (
     validated_entry,
     validated_graph,
 )
+from .opening import refuse_readonly
 
 __all__ = ["GraphCounts", "BadRecord", "LineCounts", "ImportReport", "import_records",
            "import_file", "merge"]

@@ -1,5 +1,5 @@
 """Commands that move entries between caches: export, import, merge (thin shells over
-tunecache.ops.transfer, imported when a command runs)."""
+tunecache.ops.exchange, imported when a command runs)."""
 
 from __future__ import annotations
 
@@ -125,10 +125,10 @@ def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         fn = click.option("--dry-run", is_flag=True, help="Validate and count; write nothing.")(fn)
         fn = click.option("--skip-invalid", is_flag=True, help=skip_invalid_help)(fn)
-        # The policies are read from tunecache.ops.transfer when first used: the CLI
+        # The policies are read from tunecache.ops.exchange when first used: the CLI
         # starts without it.
         return click.option("--on-conflict",
-                            type=LibraryChoice("tunecache.ops.transfer:CONFLICT_POLICIES"),
+                            type=LibraryChoice("tunecache.ops.exchange:CONFLICT_POLICIES"),
                             default="keep", show_default=True, help=_CONFLICT_HELP)(fn)
 
     return decorate
