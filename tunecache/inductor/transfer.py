@@ -9,7 +9,8 @@ Family and size
     a broadcast batch is another family). Its sizes are the inputs' sizes, in Inductor's
     ``inputs_key`` order. Two keys of one family differ only in sizes; their distance is
     the sum over sizes of ``|log2 a - log2 b|``, and a key more than
-    :data:`MAX_OCTAVES` away in any one size is no neighbour.
+    :data:`GEMM_MAX_OCTAVES` away in any one size is no neighbour (:func:`octaves`, which
+    Triton kernels' transfer uses too, with its own bound).
 
 What is transferred
     The candidate lists of the nearest neighbours (:data:`NEIGHBOURS`), each ranked by its
@@ -50,12 +51,12 @@ from typing import Any
 
 from .. import keys as tc_keys
 
-__all__ = ["MAX_OCTAVES", "NEIGHBOURS", "MAX_TEMPLATES", "Plan", "gemm_family",
+__all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "Plan", "gemm_family",
            "gemm_sizes", "transfer_id", "plan_transfer", "baseline_meta"]
 
 # A neighbour more than this many octaves away in any size is not one: its winners were
 # chosen for another regime (tile counts, waves, split-K).
-MAX_OCTAVES = 3.0
+GEMM_MAX_OCTAVES = 3.0
 NEIGHBOURS = 3
 FROM_NEAREST = 4
 FROM_OTHERS = 2
@@ -113,14 +114,17 @@ def gemm_sizes(key: Mapping[str, Any]) -> list[int] | None:
     return [v for item in items for v in item[2: 2 + (len(item) - 3) // 2]]
 
 
-def distance(a: Sequence[int], b: Sequence[int]) -> float | None:
-    """Octaves between two size lists of one family, or None past MAX_OCTAVES."""
+def octaves(a: Sequence[int], b: Sequence[int], bound: float) -> float | None:
+    """The distance of two size lists in octaves, the sum over sizes of
+    ``|log2 a - log2 b|`` (a size below 1 counts as 1), or None where the lists differ in
+    length or one size is more than ``bound`` octaves away. GEMM and Triton transfer both
+    rank neighbours by it, each under its own bound."""
     if len(a) != len(b):
         return None
     total = 0.0
     for x, y in zip(a, b):
         d = abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))
-        if d > MAX_OCTAVES:
+        if d > bound:
             return None
         total += d
     return total
@@ -167,7 +171,7 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any]) -> Plan | N
     ranked = []
     for n in neighbours:
         their = gemm_sizes(n.key)
-        d = None if their is None else distance(sizes, their)
+        d = None if their is None else octaves(sizes, their, GEMM_MAX_OCTAVES)
         if d is not None:
             # Entries tuned in full before transferred ones at the same distance.
             ranked.append((d, "transfer" in n.meta, n.key_hash, n))

@@ -13,12 +13,13 @@ from typing import Any
 from ... import keys as tc_keys
 from ... import stored_json
 from ..fingerprint import dist_version
+from ..transfer import octaves
 
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
            "fusion_benchmark_key", "fusion_ms_from_entry", "triton_config_from_entry",
            "triton_entry_problem", "triton_config_problem", "kernel_config_problem",
            "coordesc_result", "kernel_family_text", "kernel_sizes", "size_distance",
-           "MAX_OCTAVES"]
+           "TRITON_MAX_OCTAVES"]
 
 
 FUSION_KIND = "fusion_benchmark"
@@ -148,25 +149,19 @@ def kernel_sizes(source: str) -> dict[str, int]:
 
 # How far (octaves of each size) a recorded kernel of the same family may be for its
 # config to be a starting point worth a benchmark.
-MAX_OCTAVES = 2.0
+TRITON_MAX_OCTAVES = 2.0
 
 
 def size_distance(ours: Mapping[str, Any], theirs: Any) -> float | None:
     """The log2 distance of two kernels' sizes (the sum over dimensions), or None where
     ``theirs`` (read from a shared database: anything) is not sizes of the same
-    dimensions, or one dimension is more than :data:`MAX_OCTAVES` away."""
+    dimensions, or one dimension is more than :data:`TRITON_MAX_OCTAVES` away."""
     if not isinstance(theirs, Mapping) or set(theirs) != set(ours) or not ours:
         return None
-    total = 0.0
-    for k, v in ours.items():
-        t = theirs[k]
-        if not _int(t) or t <= 0 or not _int(v) or v <= 0:
-            return None
-        d = abs(math.log2(t) - math.log2(v))
-        if d > MAX_OCTAVES:
-            return None
-        total += d
-    return total
+    mine, their = list(ours.values()), [theirs[k] for k in ours]
+    if not all(_int(v) and v > 0 for v in mine + their):
+        return None
+    return octaves(mine, their, TRITON_MAX_OCTAVES)
 
 
 def _env(device: str, device_type: str) -> dict[str, str]:

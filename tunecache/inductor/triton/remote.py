@@ -139,7 +139,7 @@ class TritonCache:
         (their key hash, their best-config dict), nearest first, at most ``limit`` and
         no two the same config. Neighbours are the done entries of the kernel's family
         (the same kernel at other sizes, same device and versions) whose sizes
-        (meta "sizes") are within :data:`.keys.MAX_OCTAVES` in every dimension. Whatever
+        (meta "sizes") are within :data:`.keys.TRITON_MAX_OCTAVES` in every dimension. Whatever
         a neighbour holds is checked (:func:`.keys.coordesc_result`); one that does not
         pass is skipped."""
         info, key, _ = self._key(inductor_key, key_text)
