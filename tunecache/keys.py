@@ -26,6 +26,7 @@ __all__ = [
     "key_hash",
     "key_labels",
     "validate_timings",
+    "to_ms",
     "timings_to_json",
     "best_candidate",
     "MAX_KEY_BYTES",
@@ -191,6 +192,17 @@ def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:
             raise InvalidEntryError(key, f"timing of {name[:40]!r} is {shown}")
         out[name] = value
     return out
+
+
+def to_ms(value: Any) -> float:
+    """A timing as a number of milliseconds >= 0, or ``inf`` for anything else (how a
+    timing that failed reads everywhere: a GEMM's benchmark, a Triton config's
+    ``time_taken_ms``, a coordinate descent's baseline and best)."""
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        return math.inf
+    return ms if math.isfinite(ms) and ms >= 0 else math.inf
 
 
 def validate_meta(raw: Any) -> dict[str, Any]:

@@ -97,7 +97,7 @@ from .transfer import Plan, baseline_meta, gemm_family, plan_transfer, transfer_
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
 
-__all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "GemmHooks", "to_ms"]
+__all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "GemmHooks"]
 
 log = logging.getLogger("tunecache")
 
@@ -397,7 +397,7 @@ class GemmHooks:
             # inf for anything the benchmark did not return (Inductor asserts it returns
             # every choice; this is belt and braces for the stored entry).
             return {
-                by_choice[id(c)]: to_ms(raw.get(c, math.inf)) for c in subset
+                by_choice[id(c)]: tc_keys.to_ms(raw.get(c, math.inf)) for c in subset
             }
 
         if benchmark is None:
@@ -557,12 +557,3 @@ class GemmHooks:
             return []
         return [i for c, i in zip(full, candidate_ids(full))
                 if id(c) not in present and getattr(c, "failed", False) is True]
-
-
-def to_ms(value: Any) -> float:
-    """A timing as a number of milliseconds >= 0, or ``inf`` for anything else."""
-    try:
-        ms = float(value)
-    except (TypeError, ValueError):
-        return math.inf
-    return ms if math.isfinite(ms) and ms >= 0 else math.inf

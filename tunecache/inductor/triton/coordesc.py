@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...keys import to_ms
 from ..patches import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
@@ -262,14 +263,6 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
     return coordinate_descent_tuning
 
 
-def _finite_ms(value: Any) -> float | None:
-    try:
-        ms = float(value)
-    except (TypeError, ValueError):
-        return None
-    return ms if math.isfinite(ms) and ms >= 0 else None
-
-
 @contextlib.contextmanager
 def _recording_baseline(kernel: Any, key: tuple[str, str]) -> Iterator[None]:
     """Inductor's coordinate descent of ``kernel``, noting for its entry the time of the
@@ -289,13 +282,13 @@ def _recording_baseline(kernel: Any, key: tuple[str, str]) -> Iterator[None]:
                   *args: Any, **kwargs: Any) -> Any:
         best = autotune(func, baseline_config, baseline_timing, *args, **kwargs)
         try:
-            base = _finite_ms(baseline_timing if baseline_timing is not None
-                              else lookup(baseline_config))
-            best_ms = _finite_ms(lookup(best))
+            base = to_ms(baseline_timing if baseline_timing is not None
+                         else lookup(baseline_config))
+            best_ms = to_ms(lookup(best))
             fields: dict[str, Any] = {}
-            if base is not None:
+            if math.isfinite(base):
                 fields["baseline"] = {"candidate": "heuristic", "ms": base}
-            if best_ms is not None:
+            if math.isfinite(best_ms):
                 fields["best_ms"] = best_ms
             if fields:
                 state.note_meta(*key, **fields)
@@ -385,7 +378,7 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
     if not used:
         return None
     ms, winner = min(timed, key=lambda t: t[0])
-    if _finite_ms(ms) is None:
+    if not math.isfinite(to_ms(ms)):
         return None  # nothing measured (spills): the descent decides
     winner.config.found_by_coordesc = True
     fields: dict[str, Any] = {
@@ -393,7 +386,7 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
         "transfer": {"from": used, "benchmarked": len(timed),
                      "generated": len(candidates) + 1},
     }
-    if _finite_ms(base_ms) is not None:
+    if math.isfinite(to_ms(base_ms)):
         fields["baseline"] = {"candidate": "heuristic", "ms": float(base_ms)}
     state.note_meta(*key, **fields)
     if kernel.save_cache_hook:

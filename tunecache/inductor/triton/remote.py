@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
 from ... import stored_json
-from ..gemm import to_ms
 from ..state import REGISTRY
 from .keys import (
     FAMILY_FIELD,
@@ -419,7 +418,7 @@ class TritonCache:
 
         key_hash = key.hash
         entry = {k: v for k, v in value.items() if k != "time_taken_ms"}
-        ms = to_ms(value.get("time_taken_ms", 0))
+        ms = tc_keys.to_ms(value.get("time_taken_ms", 0))
         timings = {tc_keys.canonical_json(entry): 0.0 if ms == math.inf else ms}
         if triton_config_from_entry(timings) is None:
             log.debug("tunecache: not publishing an unexpected Triton config %r", entry)
