@@ -3,7 +3,8 @@
 #               processes sharing the cache, then a later job that starts warm; three
 #               rounds, each on a database of its own in a temporary directory)
 #   make test   set up .venv, then run the whole test suite (PostgreSQL must be running)
-#   make lint   ruff and mypy (configured in pyproject.toml); CI runs it before the tests
+#   make lint   ruff and mypy (configured in pyproject.toml), and no import cycle among the
+#               modules as they load; CI runs it before the tests
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch==2.13.0 is a CPU wheel where one is on disk (our dev and CI machines). Elsewhere,
@@ -29,6 +30,7 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check tunecache tests tools migrations
 	$(PY) -m mypy
+	$(PY) tools/import_graph.py --runtime
 
 clean:
 	rm -rf $(VENV) build *.egg-info
