@@ -15,7 +15,7 @@ there makes ``import torch`` itself fail:
   here: ``torch`` is only half initialised while entry points run, and a job that never
   compiles should not pay for Inductor.
 * with a signing or verify key (and neither ``TUNECACHE_GRAPHS=0`` nor
-  ``TUNECACHE_KERNELS=0``), set ``TRITON_CACHE_MANAGER`` to tunecache.triton_cache' manager
+  ``TUNECACHE_KERNELS=0``), set ``TRITON_CACHE_MANAGER`` to tunecache.triton_cache's manager
   unless the user set one: Inductor starts its compile workers, which copy the
   environment, before select_algorithm is imported.
 * unless ``TUNECACHE_TRITON_CONFIGS=0``, the same hook also plugs the Triton autotune cache
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 from .settings import Activation, activation
 
-# tunecache.triton_cache' manager, named here without importing it (or SQLAlchemy).
+# tunecache.triton_cache's manager, named here without importing it (or SQLAlchemy).
 MANAGER_VAR = "TRITON_CACHE_MANAGER"
 MANAGER = "tunecache.triton_cache:KernelCacheManager"
 
