@@ -311,11 +311,11 @@ def test_warm_human_report_prints_each_unwarmed_key_with_its_reason(sqlite_url, 
 
     def fake_warm(settings, db, tasks, progress=None):  # the compile is tested above
         (task,) = tasks
-        return {"database": "x", "rank": 0, "world_size": 1, "keys": 1, "tuned": 0,
-                "hit": 0, "peer": 0, "local": 0, "not_autotuned": 1, "error": 0,
-                "seconds": 1.0,
-                "tasks": [{**task.as_dict(), "outcome": "not_autotuned",
-                           "reason": "Inductor autotuned nothing: single candidate"}]}
+        return warm_mod.WarmReport(
+            database="x", rank=0, world_size=1, keys=1, tuned=0, hit=0, peer=0, local=0,
+            not_autotuned=1, error=0, seconds=1.0,
+            tasks=({**task.as_dict(), "outcome": "not_autotuned",
+                    "reason": "Inductor autotuned nothing: single candidate"},))
 
     monkeypatch.setattr(warm_mod, "warm", fake_warm)
     result = run("warm", "--db", sqlite_url)
@@ -445,5 +445,5 @@ def test_a_warm_up_leaves_the_environment_variables_as_it_found_them(sqlite_url,
         report = warm(Settings(db_url=sqlite_url), db, [])
     finally:
         db.dispose()
-    assert report["keys"] == 0
+    assert report.keys == 0
     assert dict(os.environ) == before
