@@ -348,7 +348,7 @@ def _current_umask() -> int:
     return mask
 
 
-# -- hostile numbers, meta and families (issue 26) ----------------------------------------
+# -- hostile numbers, meta and families ---------------------------------------------------
 
 BIG = "1" + "0" * 309  # a 310-digit integer: float() of it overflows
 
@@ -475,7 +475,7 @@ def test_export_merge_and_import_queries_bound_every_text_column_they_read_in_sq
                     assert f"{length}(tunecache_entries.{name}) <=" in selected, (name, sql)
 
 
-# -- a file cut short, Ctrl-C (issue 26) ----------------------------------------------------
+# -- a file cut short, Ctrl-C ------------------------------------------------------------
 
 
 def test_an_export_file_cut_short_is_imported_as_far_as_it_goes_and_said_with_exit_1(
