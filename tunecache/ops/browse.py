@@ -8,10 +8,11 @@ import re
 from typing import Any
 
 from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
+from ..keys import validate_timings
 from ..store import ArtifactStore, Database, admin
 from ..store.artifact_queries import GraphFilter
 from ..store.claims import lease_passed
-from .entries import listing_row, stored_key, stored_timings
+from .entries import listing_row, stored_key
 
 __all__ = ["ls", "ls_graphs", "ShownEntry", "show"]
 
@@ -86,7 +87,7 @@ def show(db: Database, prefix: str) -> ShownEntry:
     timings_error = None
     if r.timings_json is not None:
         try:
-            parsed = stored_timings(r.timings_json, r.key_hash)
+            parsed = validate_timings(r.timings_json, r.key_hash)
             timings = [{"candidate": k, "ms": None if v == math.inf else v}
                        for k, v in sorted(parsed.items(), key=lambda kv: (kv[1], kv[0]))]
         except InvalidEntryError as e:

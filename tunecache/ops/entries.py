@@ -13,12 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import stored_json
-from ..errors import InvalidEntryError
-from ..keys import MAX_KEY_BYTES, validate_timings
+from ..keys import MAX_KEY_BYTES
 from ..store import Database, admin
 
-__all__ = ["PAGE", "TOO_DEEP", "LISTING_KEYS", "noop", "pages", "loads", "stored_timings",
-           "stored_key", "listing_row"]
+__all__ = ["PAGE", "LISTING_KEYS", "noop", "pages", "loads", "stored_key", "listing_row"]
 
 PAGE = 1000  # rows per page of a listing, an export or a validation walk
 
@@ -40,12 +38,6 @@ def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]
         after = page[-1].key_hash
 
 
-# What a deeply nested JSON text is refused for (stored_json turns json's RecursionError,
-# raised long before any size limit, into its own error): a 200 KB '[[[...]]]' line once
-# took `tunecache import` down with a traceback.
-TOO_DEEP = "nested too deeply"
-
-
 def loads(text: str | bytes, limit: int) -> Any:
     """stored_json.loads of a stored column or an import line: StoredJSONError (a
     ValueError) for anything it refuses, a syntax error said by its column alone (the
@@ -57,14 +49,6 @@ def loads(text: str | bytes, limit: int) -> Any:
         if isinstance(cause, json.JSONDecodeError):
             raise stored_json.StoredJSONError(f"{cause.msg} at column {cause.colno}") from None
         raise
-
-
-def stored_timings(raw: Any, key_hash_: str) -> dict[str, float]:
-    """validate_timings, with a RecursionError turned into InvalidEntryError."""
-    try:
-        return validate_timings(raw, key_hash_)
-    except RecursionError:
-        raise InvalidEntryError(key_hash_, f"timings are {TOO_DEEP}") from None
 
 
 def stored_key(key_json: Any) -> dict[str, Any]:

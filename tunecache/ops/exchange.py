@@ -28,6 +28,7 @@ from ..keys import (
     storable,
     timings_to_json,
     validate_meta,
+    validate_timings,
 )
 from ..store import ArtifactStore, Database, admin, columns
 from ..store.artifact_queries import GraphFilter
@@ -37,7 +38,7 @@ from ..store.artifact_rows import (
     MAX_TORCH_CHARS,
     validate_identity,
 )
-from .entries import PAGE, TOO_DEEP, loads, noop, pages, stored_key, stored_timings
+from .entries import PAGE, loads, noop, pages, stored_key
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
            "CONFLICT_POLICIES", "ConflictPolicy", "IMPORT_BATCH", "SkippedEntry", "ExportReport",
@@ -211,7 +212,7 @@ def stored_entry(row: Any, dropped: list[int]) -> dict[str, Any]:
     unreadable. Its family and meta only inform: one that is unreadable (garbled, NaN in
     the meta, past its size) is left out and counted in ``dropped[0]``, the entry kept."""
     try:
-        timings = stored_timings(row.timings_json, row.key_hash)
+        timings = validate_timings(row.timings_json, row.key_hash)
     except InvalidEntryError as e:
         raise ValueError(e.reason) from None
     record = {"key": stored_key(row.key_json), "key_hash": row.key_hash, "timings": timings,
@@ -288,15 +289,13 @@ def validated_entry(where: str, record: Any) -> Incoming:
         h, key_json = key_hash(key)
     except (TypeError, ValueError) as e:
         raise ValueError(f"bad key: {e}") from None
-    except RecursionError:
-        raise ValueError(f"bad key: {TOO_DEEP}") from None
     supplied = record.get("key_hash")
     if supplied is not None and supplied != h:
         raise ValueError(f'"key_hash" does not match the key (the key hashes to {h[:16]})')
     if "timings" not in record:
         raise ValueError('"timings" is missing')
     try:
-        timings = stored_timings(record["timings"], h)
+        timings = validate_timings(record["timings"], h)
     except InvalidEntryError as e:
         raise ValueError(e.reason) from None
     tune_seconds = record.get("tune_seconds")

@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from ..errors import ConfigError, InvalidEntryError
+from ..keys import validate_timings
 from ..store import ArtifactStore, Database, admin
 from ..store.claims import lease_passed
-from .entries import PAGE, noop, pages, stored_timings
+from .entries import PAGE, noop, pages
 from .exchange import (
     CONFLICT_POLICIES,
     IMPORT_BATCH,
@@ -227,7 +228,7 @@ class _Import:
                 return "unchanged"
             if self.on_conflict == "faster":
                 try:
-                    old = _fastest(stored_timings(row.timings_json, row.key_hash))
+                    old = _fastest(validate_timings(row.timings_json, row.key_hash))
                 except InvalidEntryError:
                     old = math.inf  # an invalid stored entry loses to any result
                 if not _fastest(inc.timings) < old:

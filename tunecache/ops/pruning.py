@@ -17,7 +17,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
-from ..keys import KINDS
+from ..keys import KINDS, validate_timings
 from ..store import ArtifactStore, Database, admin
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import ArtifactInfo
@@ -29,7 +29,6 @@ from .entries import (
     noop,
     pages,
     stored_key,
-    stored_timings,
 )
 from .opening import refuse_readonly
 from .statistics import database_size
@@ -229,7 +228,7 @@ def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
         for row in page:
             try:
                 stored_key(row.key_json)
-                stored_timings(row.timings_json, row.key_hash)
+                validate_timings(row.timings_json, row.key_hash)
             except InvalidEntryError as e:
                 yield row.key_hash, e.reason
             except ValueError as e:
