@@ -86,8 +86,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import tunecache
-
 from .. import keys as tc_keys
 from ..core.result import Tuned
 from .fingerprint import environment
@@ -96,6 +94,7 @@ from .transfer import Plan, baseline_meta, gemm_family, plan_transfer, transfer_
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
+    from .opener import CacheOpener
 
 __all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "GemmHooks"]
 
@@ -186,19 +185,11 @@ class Lowered(NamedTuple):
 class GemmHooks:
     """State of the installed hooks (one per process, see :func:`enable`)."""
 
-    def __init__(
-        self,
-        selector: Any,
-        cache: TuneCache | None,
-        settings: dict[str, Any],
-        count_only: bool,
-    ) -> None:
+    def __init__(self, selector: Any, opener: CacheOpener | None) -> None:
         self.selector = selector
-        self.count_only = count_only
-        self._cache = cache
-        self._owns_cache = cache is None
-        self._settings = settings
-        self.broken = False  # the cache could not be opened: Inductor's own from now on
+        # The cache every hook of this enable() shares; None: count-only hooks, no cache.
+        self.opener = opener
+        self.count_only = opener is None
         self._warned = False
         self.lock = threading.RLock()
         # key hash -> timings of entries read or written by this process (immutable)
@@ -239,18 +230,15 @@ class GemmHooks:
         else:
             log.debug("tunecache: %s failed again: %r", what, error)
 
+    @property
+    def broken(self) -> bool:
+        """The cache could not be opened: Inductor's own from now on."""
+        return self.opener is not None and self.opener.broken
+
     def cache(self) -> TuneCache:
-        REGISTRY.database_used = True
-        with self.lock:
-            if self.broken:
-                raise RuntimeError("the tunecache database could not be opened earlier")
-            if self._cache is None:
-                try:
-                    self._cache = tunecache.open(**self._settings)
-                except BaseException:
-                    self.broken = True
-                    raise
-            return self._cache
+        if self.opener is None:
+            raise RuntimeError("count-only hooks have no cache")
+        return self.opener()
 
     def transfer_on(self) -> bool:
         return not self.count_only and self.cache().settings.transfer
@@ -315,14 +303,6 @@ class GemmHooks:
         except Exception as e:  # noqa: BLE001 - counting must never break a compile
             log.debug("tunecache: could not record a counted lookup: %r", e)
             return None
-
-    def close(self) -> None:
-        if self._owns_cache and self._cache is not None:
-            try:
-                self._cache.close()
-            except Exception as e:  # noqa: BLE001 - closing must not break disable()
-                log.debug("tunecache: closing the cache failed: %r", e)
-        self._cache = None
 
     def check_distributed_flag(self) -> None:
         from torch._inductor import config

@@ -24,6 +24,7 @@ from .gemm import GemmHooks
 from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
 from .kernel_sharing import disable_kernels, enable_kernels
 from .narrow import install_narrowing
+from .opener import CacheOpener
 from .state import REGISTRY
 from .triton.install import disable_triton, enable_triton
 
@@ -83,7 +84,8 @@ def enable(
         # Replaces the hooks of an earlier enable(), and takes over Triton sharing enabled
         # from the environment (autoload) before them.
         _disable_locked()
-        hooks = GemmHooks(selector, cache, settings, count_only)
+        opener = None if chosen is None else CacheOpener(chosen, cache)
+        hooks = GemmHooks(selector, opener)
         try:
             _install(hooks, selector, cls, count_only, share_triton, chosen_url, chosen)
         except BaseException:
@@ -177,8 +179,8 @@ def _undo_locked(hooks: GemmHooks | None) -> None:
             if graphs_were_on:
                 clear_autograd_remote_cache()
         finally:
-            if hooks is not None:
-                hooks.close()
+            if hooks is not None and hooks.opener is not None:
+                hooks.opener.close()
 
 
 def disable() -> None:

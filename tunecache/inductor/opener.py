@@ -1,0 +1,55 @@
+"""The one TuneCache every hook of an :func:`tunecache.inductor.enable` shares.
+
+GEMM lookups, Triton configs, compiled graphs and kernels all reach the database through
+one :class:`CacheOpener`: the cache given to enable(), or one opened from its settings at
+the first use (a job that compiles nothing autotuned never opens a connection). A cache
+that failed to open is not retried in this process: the hooks fall back to Inductor's own
+behaviour, as for any store failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from .state import REGISTRY
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..core.cache import TuneCache
+    from ..settings import Settings
+
+__all__ = ["CacheOpener"]
+
+
+class CacheOpener:
+    """Call it for the TuneCache of ``settings`` (``cache`` where one was given: then the
+    caller owns it, and :meth:`close` leaves it open)."""
+
+    def __init__(self, settings: Settings, cache: TuneCache | None = None) -> None:
+        self.settings = settings
+        self._cache = cache
+        self._owned = cache is None
+        self._lock = threading.Lock()
+        self.broken = False  # opening failed: Inductor's own behaviour from now on
+
+    def __call__(self) -> TuneCache:
+        REGISTRY.database_used = True
+        with self._lock:
+            if self.broken:
+                raise RuntimeError("the tunecache database could not be opened earlier")
+            if self._cache is None:
+                from ..core.cache import TuneCache
+
+                try:
+                    self._cache = TuneCache(self.settings)
+                except BaseException:
+                    self.broken = True
+                    raise
+            return self._cache
+
+    def close(self) -> None:
+        """Close the cache this opener opened (one given to it stays open)."""
+        with self._lock:
+            cache, self._cache = self._cache, None
+        if self._owned and cache is not None:
+            cache.close()
