@@ -104,13 +104,11 @@ def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
         if not getattr(REGISTRY.fusion_local, "candidate", False):
             return orig(self, kernel_name, source_code, *args, **kwargs)
         REGISTRY.fusion_local.candidate = False  # one module per compile_kernel
-        try:
-            stored = stored_fusion_ms(source_code)
-        except Exception as e:  # noqa: BLE001 - compile it, as without tunecache
-            state = REGISTRY.triton
-            if state is not None:
-                state.warn_once("reading a fusion candidate's stored timing", e)
-            stored = None
+        state = REGISTRY.triton
+        stored = None  # also where reading it fails: compile it, as without tunecache
+        if state is not None:
+            with state.attempt("reading a fusion candidate's stored timing"):
+                stored = stored_fusion_ms(source_code)
         if stored is None:
             REGISTRY.triton_stats.add(fusion_candidates_compiled=1)
             return orig(self, kernel_name, source_code, *args, **kwargs)

@@ -203,7 +203,7 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             if time.monotonic() < deferred[1]:
                 return launcher
         waits = getattr(REGISTRY.fusion_local, "benchmarking", False) or not _can_defer(self)
-        try:
+        with state.attempt("sharing a Triton kernel's coordinate descent") as planning:
             action, best = state.plan_coordesc(*kernel, waits=waits)
             if action == "adopt":
                 _end_deferral(self)
@@ -213,9 +213,8 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
                 if adopted is not None:
                     return adopted
                 action = "local"  # refused: tuned here, as without the entry
-        except Exception as e:  # noqa: BLE001 - coordinate descent runs as usual
-            state.warn_once("sharing a Triton kernel's coordinate descent", e)
-            state.release_claim(*kernel, e)
+        if planning.failed:  # coordinate descent runs as usual
+            state.release_claim(*kernel, planning.failure)
             _end_deferral(self)
             return orig(self, launcher, *args, **kwargs)
         if action == "defer":
@@ -250,14 +249,13 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             state.drop_meta(*kernel)
         REGISTRY.triton_stats.add(coordesc_full=1)
         state.release_claim(*kernel, "coordinate descent published no result")
-        try:
+        # Where this fails, our own result still runs correctly.
+        with state.attempt("adopting the stored config of a Triton kernel tuned here"):
             stored = state.stored_instead(*kernel)
             if stored is not None:  # a peer's result won: run it, as every rank does
                 adopted = _adopt(self, winner, stored, kernel, lambda a, k: winner)
                 if adopted is not None:
                     return adopted
-        except Exception as e:  # noqa: BLE001 - our own result still runs correctly
-            state.warn_once("adopting the stored config of a Triton kernel tuned here", e)
         return winner
 
     return coordinate_descent_tuning
@@ -318,7 +316,7 @@ def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any,
     state = REGISTRY.triton
     if state is None:
         return None
-    try:
+    with state.attempt("starting a Triton kernel's tuning from its neighbours"):
         if not state.cache().settings.transfer:
             return None
         sources = state.transfer_sources(*key)
@@ -326,10 +324,8 @@ def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any,
         if not candidates:
             return None
         return _benchmark_and_save(kernel, launcher, key, candidates, args, kwargs)
-    except Exception as e:  # noqa: BLE001 - the full descent, as without transfer
-        state.warn_once("starting a Triton kernel's tuning from its neighbours", e)
-        state.drop_meta(*key)
-        return None
+    state.drop_meta(*key)  # it failed: the full descent, as without transfer
+    return None
 
 
 def _neighbour_configs(kernel: Any, launcher: Any, sources: list[tuple[str, dict[str, Any]]]
@@ -420,12 +416,10 @@ def sharing_one_config(orig: Callable[..., Any], ours: type) -> Callable[..., An
                 or not self.inductor_meta.get("coordinate_descent_tuning")):
             return orig(self, *args, **kwargs)
         kernel = _shared_kernel(self, ours)
-        try:
-            action = "local" if kernel is None else \
-                state.plan_coordesc(*kernel, waits=False, ahead=True)[0]
-        except Exception as e:  # noqa: BLE001 - Inductor benchmarks as usual
-            state.warn_once("sharing a Triton kernel's coordinate descent", e)
-            action = "local"
+        action = "local"  # also where planning fails: Inductor benchmarks as usual
+        with state.attempt("sharing a Triton kernel's coordinate descent"):
+            if kernel is not None:
+                action = state.plan_coordesc(*kernel, waits=False, ahead=True)[0]
         if action in ("tune", "local"):
             try:
                 return orig(self, *args, **kwargs)

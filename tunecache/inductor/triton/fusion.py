@@ -48,14 +48,14 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
                          **kwargs: Any) -> Any:
         prefetching = getattr(REGISTRY.fusion_local, "prefetching", False)
         stop_unless_wanted()
-        try:
+        # Also where reading the timing fails: Inductor benchmarks it as usual.
+        action: str = "local"
+        value: Any = None  # the claim, or the stored timing
+        with state.attempt("reading a fusion benchmark's timing"):
             threshold = kwargs.get("n_spills_threshold", args[0] if args else "default")
             with open(mod.__file__, encoding="utf-8") as f:
                 key = fusion_benchmark_key(f.read(), threshold)
             action, value = state.fusion_timing(key, waits=not prefetching)
-        except Exception as e:  # noqa: BLE001 - Inductor benchmarks it as usual
-            state.warn_once("reading a fusion benchmark's timing", e)
-            action, value = "local", None
         if action == "done":
             REGISTRY.triton_stats.add(fusion_hits=1)
             return value, mod.__file__
@@ -76,17 +76,15 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
         REGISTRY.triton_stats.add(fusion_measured=1)
         if action != "claimed":
             return result
-        try:
+        with state.attempt("publishing a fusion benchmark's timing") as publishing:
             # Inductor subtracts the cost of cloning mutated inputs, which can come out
             # below zero; the store holds timings >= 0, and every rank must decide on
             # the one stored, this one included.
             measured = max(0.0, float(result[0]))
             shared = state.publish_fusion_ms(key, value, measured)
             return (shared, *result[1:])
-        except Exception as e:  # noqa: BLE001 - our own measurement still decides
-            state.warn_once("publishing a fusion benchmark's timing", e)
-            state.cache().release(value, f"{type(e).__name__}: {e}")
-            return result
+        state.cache().release(value, publishing.failure)  # our own measurement still decides
+        return result
 
     return benchmark_codegened_module
 

@@ -1,6 +1,7 @@
 """The remote autotune-cache adapter: Inductor's ``RemoteAutotuneCache`` get/put of a
 Triton kernel's best config, and the claims around coordinate descent and fusion
-benchmarks, over the shared TuneCache."""
+benchmarks, over the shared TuneCache; and the one warning per part of Triton sharing that
+fails (``TritonCache.warn_once``, and ``TritonCache.attempt``, the guard that reports to it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ... import keys as tc_keys
 from ... import stored_json
 from ..state import REGISTRY
+from .attempt import Attempt
 from .keys import (
     FAMILY_FIELD,
     NO_SAVE_HEURISTICS,
@@ -235,26 +237,30 @@ class TritonCache:
         else:
             log.debug("tunecache: %s failed again: %r", what, error)
 
+    def attempt(self, what: str) -> Attempt:
+        """A guard (:class:`.attempt.Attempt`) around a part of Triton sharing that
+        Inductor can do without: an error in it is :meth:`warn_once`'s, under ``what``."""
+        return Attempt(what, self.warn_once)
+
     # -- Inductor's calls
 
     def get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
         t0 = time.perf_counter()
         REGISTRY.triton_stats.add(lookups=1)
         try:
-            self.flush(threading.get_ident())
-            return self._get(inductor_key, key_text)
-        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel load
-            self.warn_once("reading a Triton kernel's best config", e)
+            # An error here would fail the kernel load.
+            with self.attempt("reading a Triton kernel's best config"):
+                self.flush(threading.get_ident())
+                return self._get(inductor_key, key_text)
             return None
         finally:
             REGISTRY.triton_stats.add(wait_seconds=time.perf_counter() - t0)
 
     def put(self, inductor_key: str, key_text: str, value: Any) -> None:
         REGISTRY.triton_stats.add(puts=1)
-        try:
+        # An error here would fail the kernel run.
+        with self.attempt("publishing a Triton kernel's best config"):
             self._put(inductor_key, key_text, value)
-        except Exception as e:  # noqa: BLE001 - an error here would fail the kernel run
-            self.warn_once("publishing a Triton kernel's best config", e)
 
     def flush(self, thread: int | None = None) -> None:
         """Publish held results (of one thread, or all)."""
@@ -262,10 +268,8 @@ class TritonCache:
             ready = [h for h, (t, *_) in self._held.items() if thread is None or t == thread]
             items = [self._held.pop(h) for h in ready]
         for _, key, value, meta in items:
-            try:
+            with self.attempt("publishing a Triton kernel's best config"):  # see put()
                 self._publish(key, value, meta)
-            except Exception as e:  # noqa: BLE001 - see put()
-                self.warn_once("publishing a Triton kernel's best config", e)
 
     # -- the protocol
 
@@ -371,11 +375,10 @@ class TritonCache:
                       error: BaseException | str) -> None:
         """Give back this process's claim on a kernel if it was not published.
         ``error``: what stopped the tuning (:func:`released_as`)."""
-        try:
+        # Called on Inductor's paths, even its errors'.
+        with self.attempt("giving back a Triton kernel's claim"):
             text, failed = released_as(error)
             self._release(self._key(inductor_key, key_text)[2], text, failed=failed)
-        except Exception as e:  # noqa: BLE001 - called on Inductor's paths, even its errors'
-            self.warn_once("giving back a Triton kernel's claim", e)
 
     def _release(self, key_hash: str, error: str, *, failed: bool = True) -> None:
         with self._lock:

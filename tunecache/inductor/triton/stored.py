@@ -56,10 +56,9 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
         if key is None or state is None:
             return best
         own = list(configs or ())
-        try:
+        with state.attempt("checking a stored Triton config") as checking:
             problem = kernel_config_problem(best, own)
-        except Exception as e:  # noqa: BLE001 - unsure: Inductor tunes the kernel
-            state.warn_once("checking a stored Triton config", e)
+        if checking.failed:  # unsure: Inductor tunes the kernel
             return None
         if problem is not None:
             state.refuse(*key, problem, best)
