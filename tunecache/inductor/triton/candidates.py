@@ -83,22 +83,21 @@ def _skipping_compile_kernel(orig: Callable[..., Any]) -> Callable[..., Any]:
     return compile_kernel
 
 
-def _compiled_nothing() -> Any:
-    """A finished future of a compile that did not happen. The scheduler waits for pending
-    template fusions on the worker's own future (``as_completed(future.future)``,
-    ``_evaluate_pending_template_fusions``), so it must be a real one, already done."""
+def _compiled_nothing(lambda_future: type) -> Any:
+    """A finished future (Inductor's ``LambdaFuture``) of a compile that did not happen.
+    The scheduler waits for pending template fusions on the worker's own future
+    (``as_completed(future.future)``, ``_evaluate_pending_template_fusions``), so it must
+    be a real one, already done."""
     from concurrent.futures import Future
-
-    from torch._inductor.codecache import LambdaFuture
 
     done: Future[None] = Future()
     done.set_result(None)
-    future = LambdaFuture(lambda: None)
+    future = lambda_future(lambda: None)
     future.future = done  # an attribute in 2.11-2.14; not a parameter everywhere
     return future
 
 
-def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _skipping_triton(orig: Callable[..., Any], lambda_future: type) -> Callable[..., Any]:
     def triton(self: Any, kernel_name: str, source_code: str, *args: Any,
                **kwargs: Any) -> Any:
         if not getattr(REGISTRY.fusion_local, "candidate", False):
@@ -113,7 +112,7 @@ def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
             REGISTRY.triton_stats.add(fusion_candidates_compiled=1)
             return orig(self, kernel_name, source_code, *args, **kwargs)
         REGISTRY.triton_stats.add(fusion_compiles_skipped=1)
-        return _compiled_nothing()
+        return _compiled_nothing(lambda_future)
 
     return triton
 
@@ -121,7 +120,7 @@ def _skipping_triton(orig: Callable[..., Any]) -> Callable[..., Any]:
 def install_candidate_skip(patches: Ledger) -> None:
     """Wrap Scheduler.compile_kernel and AsyncCompile.triton, through ``patches``."""
     from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.codecache import LambdaFuture  # noqa: F401 - must exist
+    from torch._inductor.codecache import LambdaFuture
     from torch._inductor.scheduler import Scheduler
 
     compile_kernel = Scheduler.__dict__.get("compile_kernel")
@@ -131,4 +130,4 @@ def install_candidate_skip(patches: Ledger) -> None:
     if not callable(triton) or param_names(triton)[:2] != ("kernel_name", "source_code"):
         raise TypeError("AsyncCompile.triton(kernel_name, source_code, ...) changed")
     patches.patch(Scheduler, "compile_kernel", _skipping_compile_kernel(compile_kernel))
-    patches.patch(AsyncCompile, "triton", _skipping_triton(triton))
+    patches.patch(AsyncCompile, "triton", _skipping_triton(triton, LambdaFuture))
