@@ -217,7 +217,7 @@ def _cache_root(override: bool, dump: bool) -> str:
             else knobs.cache.dir
         if found:
             return str(found)
-    except Exception:  # noqa: BLE001 - an older or absent Triton: its documented default
+    except (ImportError, AttributeError):  # an older or absent Triton: its documented default
         pass
     var = "TRITON_OVERRIDE_DIR" if override else "TRITON_DUMP_DIR" if dump \
         else "TRITON_CACHE_DIR"
