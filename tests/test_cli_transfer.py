@@ -463,9 +463,10 @@ def test_import_takes_only_a_sha256_hex_digest_as_a_family(db_url, tmp_path):
 def test_export_merge_and_import_queries_bound_every_text_column_they_read_in_sql():
     from sqlalchemy.dialects import postgresql, sqlite
 
-    from tunecache.store import admin
+    from tunecache.store import exchange_queries
 
-    for statement in (admin.select_done_page(None, "", 10), admin.read_for_import):
+    for statement in (exchange_queries.select_done_page(None, "", 10),
+                      exchange_queries.read_for_import):
         for dialect, length in ((postgresql.dialect(), "octet_length"),
                                 (sqlite.dialect(), "length")):
             sql = str(statement.compile(dialect=dialect))

@@ -7,9 +7,9 @@ overwritten. Importing this package imports SQLAlchemy: the CLI imports it insid
 commands, so that ``tunecache --help`` starts without it.
 """
 
-from ..store.admin import EntryFilter
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import ARTIFACT_KINDS
+from ..store.entry_filter import EntryFilter
 from .browse import ShownEntry, ls, ls_graphs, show
 from .doctor import Check, run_checks
 from .duration import DURATION_HELP, parse_duration

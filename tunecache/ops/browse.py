@@ -9,17 +9,18 @@ from typing import Any
 
 from ..errors import ConfigError, EntryNotFoundError, InvalidEntryError
 from ..keys import validate_timings
-from ..store import ArtifactStore, Database, admin
+from ..store import ArtifactStore, Database, engine, listing
 from ..store.artifact_queries import GraphFilter
 from ..store.claims import lease_passed
+from ..store.entry_filter import EntryFilter
 from .entries import listing_row, stored_key
 
 __all__ = ["ls", "ls_graphs", "ShownEntry", "show"]
 
 
-def ls(db: Database, env: admin.EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def ls(db: Database, env: EntryFilter | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Entries, most recently updated first."""
-    rows = db.run(lambda c: admin.rows(c, admin.select_listing(env, limit)))
+    rows = db.run(lambda c: engine.rows(c, listing.select_listing(env, limit)))
     return [listing_row(r) for r in rows]
 
 
@@ -70,7 +71,7 @@ def show(db: Database, prefix: str) -> ShownEntry:
     prefix = prefix.strip().lower()
     if not _HEX.match(prefix):
         raise ConfigError("KEY_HASH_PREFIX", prefix, "4 to 64 hex digits of a key hash")
-    rows = db.run(lambda c: admin.rows(c, admin.select_by_prefix(prefix, 2)))
+    rows = db.run(lambda c: engine.rows(c, listing.select_by_prefix(prefix, 2)))
     if not rows:
         raise EntryNotFoundError(prefix, "no entry's key hash starts with it; "
                                  "`tunecache ls` lists entries")

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import stored_json
 from ..keys import MAX_KEY_BYTES
-from ..store import Database, admin
+from ..store import Database, engine
 
 __all__ = ["PAGE", "LISTING_KEYS", "noop", "pages", "loads", "stored_key", "listing_row"]
 
@@ -31,7 +31,7 @@ def pages(db: Database, page_after: Callable[[str], Any]) -> Iterator[list[Any]]
     and no OFFSET rescans while a million rows stream out."""
     after = ""
     while True:
-        page = db.run(functools.partial(admin.rows, statement=page_after(after)))
+        page = db.run(functools.partial(engine.rows, statement=page_after(after)))
         if not page:
             return
         yield page

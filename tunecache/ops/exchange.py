@@ -30,7 +30,7 @@ from ..keys import (
     validate_meta,
     validate_timings,
 )
-from ..store import ArtifactStore, Database, admin, columns
+from ..store import ArtifactStore, Database, columns, engine, exchange_queries
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import (
     MAX_PAYLOAD_BYTES,
@@ -38,6 +38,7 @@ from ..store.artifact_rows import (
     MAX_TORCH_CHARS,
     validate_identity,
 )
+from ..store.entry_filter import EntryFilter
 from .entries import PAGE, loads, noop, pages, stored_key
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
@@ -96,7 +97,7 @@ def export(
     out: TextIO,
     *,
     best_only: bool = False,
-    env: admin.EntryFilter | None = None,
+    env: EntryFilter | None = None,
     graphs: bool = True,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
@@ -111,7 +112,7 @@ def export(
     candidates count as infinitely slow) instead of benchmarking the missing ones.
     """
     progress = progress or noop
-    total = int(db.run(lambda c: admin.scalar(c, admin.count_done(env))))
+    total = int(db.run(lambda c: engine.scalar(c, exchange_queries.count_done(env))))
     store = ArtifactStore(db)
     where = GraphFilter.of_entries(env) if graphs else None
     n_graphs = store.count(where) if where is not None else 0
@@ -140,13 +141,13 @@ def export(
 
 
 def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: GraphFilter | None,
-                  best_only: bool, env: admin.EntryFilter | None,
+                  best_only: bool, env: EntryFilter | None,
                   progress: Callable[[int], None]) -> ExportReport:
     """The lines of :func:`export` after its header, and its report."""
     written = 0
     skipped: list[SkippedEntry] = []
     dropped = [0]
-    for page in pages(db, lambda after: admin.select_done_page(env, after, PAGE)):
+    for page in pages(db, lambda after: exchange_queries.select_done_page(env, after, PAGE)):
         for row in page:
             try:
                 record = stored_entry(row, dropped)
@@ -207,7 +208,7 @@ class Incoming:
 
 
 def stored_entry(row: Any, dropped: list[int]) -> dict[str, Any]:
-    """A done row of :func:`admin.select_done_page` as an export line carries it (not yet
+    """A done row of :func:`exchange_queries.select_done_page` as an export line carries it (not yet
     validated as an import validates it); ValueError(reason) when its key or timings are
     unreadable. Its family and meta only inform: one that is unreadable (garbled, NaN in
     the meta, past its size) is left out and counted in ``dropped[0]``, the entry kept."""

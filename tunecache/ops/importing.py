@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 
 from ..errors import ConfigError, InvalidEntryError
 from ..keys import validate_timings
-from ..store import ArtifactStore, Database, admin
+from ..store import ArtifactStore, Database, engine, exchange_queries
 from ..store.claims import lease_passed
 from .entries import PAGE, noop, pages
 from .exchange import (
@@ -186,11 +186,11 @@ class _Import:
         """The batch's outcomes, written (a transaction that may be retried whole: it
         counts only what it returns)."""
         got: Counter[str] = Counter()
-        existing = admin.existing_for_import(conn, [i.key_hash for i in self.batch])
-        inserts: list[admin.ImportedEntry] = []
-        overwrites: list[tuple[admin.ImportedEntry, Any]] = []
+        existing = exchange_queries.existing_for_import(conn, [i.key_hash for i in self.batch])
+        inserts: list[exchange_queries.ImportedEntry] = []
+        overwrites: list[tuple[exchange_queries.ImportedEntry, Any]] = []
         for inc in self.batch:
-            entry = admin.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
+            entry = exchange_queries.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
                                         inc.timings_json, inc.best, inc.tune_seconds,
                                         inc.times, inc.family, inc.meta_json)
             row = existing.get(inc.key_hash)
@@ -207,11 +207,11 @@ class _Import:
             got["replaced"] += len(overwrites)
             return got
         if inserts:
-            done = admin.insert_done_rows(conn, self.owner, inserts)
+            done = exchange_queries.insert_done_rows(conn, self.owner, inserts)
             got["inserted"] += done
             got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
         for entry, row in overwrites:
-            if admin.overwrite_done(conn, entry, token=row.token, state=row.state,
+            if exchange_queries.overwrite_done(conn, entry, token=row.token, state=row.state,
                                     owner=self.owner):
                 got["replaced"] += 1
             else:
@@ -286,7 +286,7 @@ def import_file(db: Database, export: ExportFile, **options: Any) -> ImportRepor
 
 
 def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, Any]]:
-    for page in pages(src, lambda after: admin.select_done_page(None, after, PAGE)):
+    for page in pages(src, lambda after: exchange_queries.select_done_page(None, after, PAGE)):
         for row in page:
             try:
                 yield f"entry {row.key_hash[:16]}", stored_entry(row, dropped)
@@ -324,7 +324,7 @@ def merge(
     if not dry_run:
         refuse_readonly(into, "merge")
     if on_total:
-        on_total(int(src.run(lambda c: admin.scalar(c, admin.count_done(None)))))
+        on_total(int(src.run(lambda c: engine.scalar(c, exchange_queries.count_done(None)))))
     dropped = [0]
     report = import_records(into, _source_records(src, dropped), on_conflict=on_conflict,
                             dry_run=dry_run, progress=progress, stop=stop)

@@ -18,9 +18,10 @@ from sqlalchemy import Connection
 
 from ..errors import ConfigError, FilterMatchesNothingError, InvalidEntryError
 from ..keys import KINDS, validate_timings
-from ..store import ArtifactStore, Database, admin
+from ..store import ArtifactStore, Database, engine, prune_queries
 from ..store.artifact_queries import GraphFilter
 from ..store.artifact_rows import ArtifactInfo
+from ..store.entry_filter import EntryFilter
 from .browse import show
 from .entries import (
     LISTING_KEYS,
@@ -80,8 +81,8 @@ class PruneSpec:
     max_graph_bytes: int | None = None
 
     @property
-    def env(self) -> admin.EntryFilter:
-        return admin.EntryFilter(keep=self.keep, only=self.only, ops=self.ops, kinds=self.kinds)
+    def env(self) -> EntryFilter:
+        return EntryFilter(keep=self.keep, only=self.only, ops=self.ops, kinds=self.kinds)
 
     @property
     def graphs(self) -> GraphFilter | None:
@@ -188,7 +189,7 @@ def check_filters(db: Database, spec: PruneSpec) -> list[str]:
     """
     warnings: list[str] = []
     if spec.kinds:
-        known = list(KINDS) + [k for k in db.run(lambda c: admin.stored_labels(c, "kind"))
+        known = list(KINDS) + [k for k in db.run(lambda c: prune_queries.stored_labels(c, "kind"))
                                if k not in KINDS]
         for kind in spec.kinds:
             if kind not in known:
@@ -197,7 +198,7 @@ def check_filters(db: Database, spec: PruneSpec) -> list[str]:
         keep, only = spec.keep.get(name) or [], spec.only.get(name) or []
         if not keep and not only:
             continue
-        stored = db.run(functools.partial(admin.stored_labels, name=name))
+        stored = db.run(functools.partial(prune_queries.stored_labels, name=name))
         for value in keep:
             if value not in stored:
                 raise FilterMatchesNothingError(f"--keep-{name}", value, label, stored)
@@ -217,14 +218,14 @@ def unmatched_labels(db: Database, option: str, name: str, values: list[str]) ->
     most likely a typo. Prune and warm say it the same way."""
     if not values:
         return []
-    stored = db.run(functools.partial(admin.stored_labels, name=name))
+    stored = db.run(functools.partial(prune_queries.stored_labels, name=name))
     return _unmatched(stored, option, values, _LABEL_NAMES[name])
 
 
 def _invalid_hashes(db: Database) -> Iterator[tuple[str, str]]:
     """(key_hash, reason) of done entries whose key or timings fail validation, page by
     page (the reasons `export` and `merge` skip them for)."""
-    for page in pages(db, lambda after: admin.select_done_timings_page(after, PAGE)):
+    for page in pages(db, lambda after: prune_queries.select_done_timings_page(after, PAGE)):
         for row in page:
             try:
                 stored_key(row.key_json)
@@ -284,7 +285,7 @@ def prune(
         refuse_readonly(db, "prune")
     warnings = check_filters(db, spec)
     started = time.perf_counter()
-    condition = admin.prune_condition(
+    condition = prune_queries.prune_condition(
         older_than=spec.older_than, env=spec.env if spec.env else None,
         failed=spec.failed, expired_claims=spec.expired_claims,
     )
@@ -303,14 +304,14 @@ def prune(
         on_total(1000)
     deleted = 0
     batches = 0
-    walk = admin.prune_walk_column(db.dialect)
-    delete_range = admin.delete_pruned_range(condition, walk)
+    walk = prune_queries.prune_walk_column(db.dialect)
+    delete_range = prune_queries.delete_pruned_range(condition, walk)
     size = batch or PRUNE_BATCH[db.dialect]
     timed = batch is None and db.is_sqlite
     largest = 0
     selects_rows = spec.older_than is not None or bool(spec.env) or spec.failed \
         or spec.expired_claims
-    top = db.run(lambda c: admin.scalar(c, admin.select_walk_end(walk))) \
+    top = db.run(lambda c: engine.scalar(c, prune_queries.select_walk_end(walk))) \
         if selects_rows else None
     after: Any = 0 if db.is_sqlite else ""
     shown = 0
@@ -318,7 +319,8 @@ def prune(
         def one_batch(conn: Connection, size: int = size,
                       after: Any = after) -> tuple[Any, int, int, float]:
             locked = time.perf_counter()  # the write lock is ours from here (SQLite)
-            return (*admin.prune_batch(conn, condition, walk, delete_range, size, after, top),
+            return (*prune_queries.prune_batch(conn, condition, walk, delete_range, size, after,
+                                               top),
                     locked)
 
         last, n, selected, locked = db.run(one_batch, write=True)
@@ -347,7 +349,7 @@ def prune(
         if stop is not None and stop():
             break
         chunk = [h for h, _ in invalid[i:i + DELETE_BATCH]]
-        n = db.run(functools.partial(admin.delete_invalid_done, hashes=chunk), write=True)
+        n = db.run(functools.partial(prune_queries.delete_invalid_done, hashes=chunk), write=True)
         deleted += n
         invalid_deleted += n
         batches += 1
@@ -453,7 +455,7 @@ def _walk_permille(position: Any, top: Any) -> int:
 
 def _why(spec: PruneSpec, state: Any) -> str:
     """Which of ``spec``'s selections took a row of this state (the classes are OR-ed:
-    see :func:`tunecache.store.admin.prune_condition`)."""
+    see :func:`tunecache.store.prune_queries.prune_condition`)."""
     if state == "claimed":
         return "--expired-claims"
     if state == "failed" and spec.failed:
@@ -475,11 +477,11 @@ def _prune_listing(
 ) -> tuple[int, list[dict[str, Any]]]:
     """--dry-run: how many entries a prune would delete, and each of them, in key
     order."""
-    matched = int(db.run(lambda c: admin.scalar(c, admin.count_pruned(condition))))
+    matched = int(db.run(lambda c: engine.scalar(c, prune_queries.count_pruned(condition))))
     if on_total:
         on_total(matched + len(invalid))
     rows: list[dict[str, Any]] = []
-    for page in pages(db, lambda after: admin.select_pruned(condition, after, PAGE)) \
+    for page in pages(db, lambda after: prune_queries.select_pruned(condition, after, PAGE)) \
             if matched else ():
         rows.extend({**listing_row(r), "why": _why(spec, r.state)} for r in page)
         progress(len(page))
@@ -520,7 +522,7 @@ def run_vacuum(db: Database, mode: str, deleted: int) -> VacuumReport:
         why = "asked" if mode == "always" else "rows deleted; plain VACUUM makes space reusable"
     started = time.perf_counter()
     # VACUUM cannot run inside a transaction: a "read" run is autocommit on both engines.
-    db.run(admin.vacuum)
+    db.run(prune_queries.vacuum)
     return VacuumReport(True, why, time.perf_counter() - started)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import stored_json
-from ..store import ArtifactStore, Database, admin, columns
+from ..store import ArtifactStore, Database, columns, engine, stats_queries
 from ..store import gains as gain_columns
 from ..store.migrate import current_revision
 from .entries import pages
@@ -132,12 +132,12 @@ def database_size(db: Database) -> dict[str, Any]:
     """The database's size in bytes, and (SQLite) how many of them are free pages."""
     if db.is_sqlite:
         path = db.sqlite_path or ""
-        pages, free, page_size = db.run(admin.sqlite_size)
+        pages, free, page_size = db.run(stats_queries.sqlite_size)
         return {
             "bytes": os.path.getsize(path) if os.path.exists(path) else pages * page_size,
             "free_bytes": int(free) * int(page_size),
         }
-    return {"bytes": db.run(admin.pg_database_size),
+    return {"bytes": db.run(stats_queries.pg_database_size),
             "free_bytes": None}
 
 
@@ -296,7 +296,7 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, Transferre
     not read is counted in ``skipped`` and summed nowhere.
     """
     sums = _Sums(top)
-    for r in db.run(functools.partial(admin.rows, statement=admin.GAINS_GROUPS)):
+    for r in db.run(functools.partial(engine.rows, statement=stats_queries.GAINS_GROUPS)):
         if _number(r.entries):
             sums.add_gain(r.kind, r.op, int(_number(r.entries)), _number(r.baseline_ms),
                           _number(r.best_ms), _number(r.tune_seconds))
@@ -306,7 +306,7 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, Transferre
                                  int(r.regret_measured), _number(r.regret_sum),
                                  stored_json.number(r.regret_max))
         sums.skipped += int(_number(r.skipped))
-    for r in db.run(lambda c: admin.top_gains(c, top)):
+    for r in db.run(lambda c: stats_queries.top_gains(c, top)):
         baseline, best = columns.time(r.gain_baseline_ms), columns.time(r.gain_best_ms)
         if baseline is None or best is None:
             continue
@@ -315,7 +315,7 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, Transferre
         sums.add_top(_top_key(r, dataclasses.replace(named, baseline_ms=baseline,
                                                       best_ms=best)))
     read = 0
-    for page in pages(db, lambda after: admin.select_gains_page(after, GAINS_PAGE)):
+    for page in pages(db, lambda after: stats_queries.select_gains_page(after, GAINS_PAGE)):
         read += len(page)
         for row in page:
             sums.add_row(row)
@@ -342,7 +342,7 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, Transferre
 
 def stats(db: Database, *, listed: int = 20) -> StatsReport:
     """Everything `tunecache stats` reports."""
-    groups = db.run(admin.stats_groups)
+    groups = db.run(stats_queries.stats_groups)
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
     by_op: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -370,10 +370,10 @@ def stats(db: Database, *, listed: int = 20) -> StatsReport:
             if g.state == "done":
                 row["done"] += g.entries
                 row["tune_seconds"] += float(g.tune_seconds)
-    usage = db.run(admin.usage_totals)
-    live = db.run(lambda c: admin.live_claims(c, listed))
-    expired = db.run(admin.expired_claims_count)
-    failed = db.run(lambda c: admin.failed_keys(c, listed))
+    usage = db.run(stats_queries.usage_totals)
+    live = db.run(lambda c: stats_queries.live_claims(c, listed))
+    expired = db.run(stats_queries.expired_claims_count)
+    failed = db.run(lambda c: stats_queries.failed_keys(c, listed))
     revision = db.run(current_revision)
 
     def sort_key(row: Row) -> tuple[int, str]:

@@ -25,7 +25,6 @@ from sqlalchemy import (
 )
 
 from . import columns
-from .admin import EntryFilter
 from .artifact_rows import (
     IDENTITY,
     LAST_USE,
@@ -37,6 +36,7 @@ from .artifact_rows import (
     info_of,
     payload_size,
 )
+from .entry_filter import EntryFilter
 from .schema import artifacts
 
 __all__ = ["GraphFilter", "PAGE", "stats", "info_page", "count", "listing",

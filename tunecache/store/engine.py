@@ -1,4 +1,5 @@
-"""Engines for SQLite on shared filesystems and for PostgreSQL, and the one transaction helper.
+"""Engines for SQLite on shared filesystems and for PostgreSQL, the one transaction helper
+(:meth:`Database.run`), and the two transaction bodies that run any one statement.
 
 SQLite notes (https://www.sqlite.org/lockingv3.html, https://www.sqlite.org/wal.html):
 - WAL keeps its index in shared memory, which does not work across the hosts of a network
@@ -46,7 +47,7 @@ from sqlalchemy.engine import make_url
 
 from ..errors import StoreError, StoreTimeoutError, StoreUnavailableError
 
-__all__ = ["Database"]
+__all__ = ["Database", "rows", "scalar"]
 
 logger = logging.getLogger("tunecache")
 
@@ -335,6 +336,21 @@ class Database:
         ):
             return StoreUnavailableError(self.display_url, first_line)
         return StoreError(self.display_url, first_line)
+
+
+# Transaction bodies for a statement built elsewhere in the store (a count, a page of a
+# listing or an export): tunecache.ops hands them to Database.run and never executes a
+# statement itself.
+
+
+def scalar(conn: Connection, statement: Any) -> Any:
+    """The one value of ``statement`` (a count, a walk's end); None when it has no row."""
+    return conn.execute(statement).scalar()
+
+
+def rows(conn: Connection, statement: Any) -> list[Any]:
+    """Every row of ``statement`` (a page of a listing or of an export)."""
+    return list(conn.execute(statement).all())
 
 
 class _IdleCloser:

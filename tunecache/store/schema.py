@@ -79,7 +79,7 @@ entries = Table(
           "triton_version", "hits", "tune_seconds"),
     # A new key's neighbours: done entries of one kind and family (migration 0006).
     Index("ix_tunecache_entries_family", "kind", "family"),
-    # Covers stats' "what tuning bought" (store/admin.py GAINS_GROUPS; migration 0007).
+    # Covers stats' "what tuning bought" (store/stats_queries.py GAINS_GROUPS; migration 0007).
     Index("ix_tunecache_entries_gains", "state", "gain_state", "key_hash", "kind", "op",
           "gain_baseline_ms", "gain_best_ms", "tune_seconds", "transfer_benchmarked",
           "transfer_generated", "transfer_regret"),

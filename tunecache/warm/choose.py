@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from .. import stored_json
-from ..store import Database, admin
+from ..store import Database, warm_queries
+from ..store.entry_filter import EntryFilter
 from .inputs import check_inputs, parse_inputs
 from .ops import WARM_OPS, not_warmed_reason
 
@@ -59,9 +60,9 @@ def task_of(key_hash: str, key_json: Any) -> tuple[WarmTask | None, SkippedKey |
     op = None
     try:
         if key_json is None:
-            raise ValueError(f"the recorded key is longer than {admin.WARM_KEY_BYTES} bytes "
+            raise ValueError(f"the recorded key is longer than {warm_queries.WARM_KEY_BYTES} bytes "
                              "(no GEMM's is), or not text")
-        key = stored_json.loads(key_json, admin.WARM_KEY_BYTES)
+        key = stored_json.loads(key_json, warm_queries.WARM_KEY_BYTES)
         if not isinstance(key, dict):
             raise ValueError("the recorded key is not a JSON object")
         op = str(key["op"])
@@ -96,13 +97,13 @@ def select_tasks(
     ``ops`` None: every recorded gemm key; those of ops warm cannot rebuild (not in
     WARM_OPS) come back in the skipped list, each with its reason.
     """
-    env = admin.EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
+    env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
                             ops=list(ops or ()), kinds=["gemm"])
     tasks: dict[tuple[str, str, str], WarmTask] = {}
     skipped: list[SkippedKey] = []
     after = ""
     while True:
-        page = db.run(functools.partial(admin.warm_page, env=env, after=after, limit=1000))
+        page = db.run(functools.partial(warm_queries.warm_page, env=env, after=after, limit=1000))
         if not page:
             break
         for row in page:

@@ -30,7 +30,8 @@ from .. import stored_json
 from ..core import Result
 from ..keys import KeyLike, key_hash, validate_meta, validate_timings
 from ..settings import Settings
-from ..store import Database, admin, columns
+from ..store import Database, columns, engine, warm_queries
+from ..store.entry_filter import EntryFilter
 from .build import build_call, device_for
 from .choose import SkippedKey, WarmTask, task_of
 from .inputs import parse_inputs
@@ -40,7 +41,7 @@ __all__ = ["ExhaustiveTask", "ExhaustiveReport", "select_transferred", "exhausti
 
 log = logging.getLogger("tunecache")
 
-# Rows per read: each may hold up to admin.WARM_KEY_BYTES + WARM_TIMINGS_BYTES + the meta
+# Rows per read: each may hold up to warm_queries.WARM_KEY_BYTES + WARM_TIMINGS_BYTES + the meta
 # bound (144 KiB) of planted text, so a page costs at most ~14 MiB.
 _PAGE = 100
 
@@ -84,14 +85,14 @@ def select_transferred(
     """Done GEMM entries whose meta says "transfer" (and, unless ``again``, no "regret"
     yet), in key hash order, and the ones skipped with the reason (a key warm cannot
     rebuild, or garbled timings). Rows with a garbled meta are not transferred ones."""
-    env = admin.EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
+    env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
                             ops=list(ops or ()), kinds=["gemm"])
     tasks: list[ExhaustiveTask] = []
     skipped: list[SkippedKey] = []
     after = ""
     while limit is None or len(tasks) < limit:
         page = db.run(functools.partial(
-            admin.rows, statement=admin.select_transferred_page(env, after, _PAGE)))
+            engine.rows, statement=warm_queries.select_transferred_page(env, after, _PAGE)))
         if not page:
             break
         after = page[-1].key_hash
@@ -111,7 +112,7 @@ def select_transferred(
                 continue
             try:
                 timings = validate_timings(columns.text(row.timings_json), row.key_hash)
-                key = stored_json.loads(row.key_json, admin.WARM_KEY_BYTES)
+                key = stored_json.loads(row.key_json, warm_queries.WARM_KEY_BYTES)
                 if key_hash(key)[0] != row.key_hash:
                     raise ValueError("the key does not hash to its key_hash")
             except Exception as e:  # noqa: BLE001 - a garbled row costs only itself
