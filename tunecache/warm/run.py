@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import tunecache
 
 from .. import inductor as tc_inductor
+from ..errors import StoreError
 from ..keys import key_hash
 from ..settings import Settings
 from ..store import Database
@@ -152,7 +153,9 @@ def _is_done(h: str, cache: Any) -> bool:
 
     Read straight from the store: a warm-up's look is not a hit a job had, so it must not
     count in the usage figures. (An entry whose candidate set differs from what this
-    compile would build is topped up by the next job; warm does not chase that.)
+    compile would build is topped up by the next job; warm does not chase that.) Raises
+    StoreError only: Database.run makes one of every driver error, and the database, its
+    driver and its directory are those the tasks were read from.
     """
     row = cache.store.read([h]).get(h)
     return row is not None and row.state == "done"
@@ -201,7 +204,7 @@ def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
         expected = _this_key_hash(task, specs[0].device_type, tc_inductor)
         try:
             done = _is_done(expected, cache)
-        except Exception as e:  # noqa: BLE001 - the pre-check only saves time; compile
+        except StoreError as e:  # the pre-check only saves time: compile the key anyway
             log.debug("tunecache warm: pre-check failed: %r", e)
             done = False
         if done:
