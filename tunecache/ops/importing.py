@@ -191,8 +191,9 @@ class _Import:
         overwrites: list[tuple[exchange_queries.ImportedEntry, Any]] = []
         for inc in self.batch:
             entry = exchange_queries.ImportedEntry(inc.key_hash, inc.key_json, inc.labels,
-                                        inc.timings_json, inc.best, inc.tune_seconds,
-                                        inc.times, inc.family, inc.meta_json)
+                                                   inc.timings_json, inc.best,
+                                                   inc.tune_seconds, inc.times, inc.family,
+                                                   inc.meta_json)
             row = existing.get(inc.key_hash)
             if row is None:
                 inserts.append(entry)
@@ -212,7 +213,7 @@ class _Import:
             got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
         for entry, row in overwrites:
             if exchange_queries.overwrite_done(conn, entry, token=row.token, state=row.state,
-                                    owner=self.owner):
+                                               owner=self.owner):
                 got["replaced"] += 1
             else:
                 got["busy"] += 1

@@ -98,7 +98,7 @@ def select_tasks(
     WARM_OPS) come back in the skipped list, each with its reason.
     """
     env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
-                            ops=list(ops or ()), kinds=["gemm"])
+                      ops=list(ops or ()), kinds=["gemm"])
     tasks: dict[tuple[str, str, str], WarmTask] = {}
     skipped: list[SkippedKey] = []
     after = ""

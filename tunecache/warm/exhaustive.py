@@ -86,7 +86,7 @@ def select_transferred(
     yet), in key hash order, and the ones skipped with the reason (a key warm cannot
     rebuild, or garbled timings). Rows with a garbled meta are not transferred ones."""
     env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
-                            ops=list(ops or ()), kinds=["gemm"])
+                      ops=list(ops or ()), kinds=["gemm"])
     tasks: list[ExhaustiveTask] = []
     skipped: list[SkippedKey] = []
     after = ""
