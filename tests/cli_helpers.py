@@ -27,7 +27,7 @@ def populate(url: str, keys: Iterable[dict[str, Any]], hits: int = 0) -> list[tu
     """Tune ``keys`` (fake timings) through TuneCache; ``hits`` lookups of each afterwards."""
     keys = list(keys)
     with tunecache.open(url) as cache:
-        results = cache.get_or_tune_many(keys, timings_for)
+        results = cache.get_or_tune_many(keys, lambda key: timings_for(key.mapping))
         for _ in range(hits):
             for key in keys:
                 cache.lookup(key)

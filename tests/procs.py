@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import event, func, select
 
 import tunecache
+from tunecache.keys import Key
 from tunecache.store import Claim
 from tunecache.store.schema import entries
 
@@ -81,12 +82,12 @@ def share_keys(url: str, n_keys: int, tune_seconds: float, barrier: Any, queue: 
     claims_held: list[int] = []
     mine = entries.c.owner.like(f"%:{os.getpid()}:%")
 
-    def tune(key: dict[str, Any]) -> dict[str, float]:
-        tuned_here.append(key["i"])
+    def tune(key: Key) -> dict[str, float]:
+        tuned_here.append(key.mapping["i"])
         held = select(func.count()).where(mine, entries.c.state == "claimed")
         claims_held.append(cache.store.db.run(lambda conn: conn.execute(held).scalar_one()))
         time.sleep(tune_seconds)  # a tuner that takes time: the behaviour, not a wait
-        return timings_for(key)
+        return timings_for(key.mapping)
 
     cache.lookup({"warm": "up"})  # connect and migrate before the race starts
     barrier.wait()
@@ -172,11 +173,11 @@ def cheap_then_slow_keys(url: str, lease: float, n_cheap: int, n_slow: int, slow
     cache = tunecache.open(url, lease_seconds=lease)
     tuned_here: list[int] = []
 
-    def tune(key: dict[str, Any]) -> dict[str, float]:
-        tuned_here.append(key["i"])
-        if key["i"] >= n_cheap:
+    def tune(key: Key) -> dict[str, float]:
+        tuned_here.append(key.mapping["i"])
+        if key.mapping["i"] >= n_cheap:
             time.sleep(slow_seconds)  # a slow tune outlasting the lease: the behaviour
-        return timings_for(key)
+        return timings_for(key.mapping)
 
     cache.lookup({"warm": "up"})
     barrier.wait()

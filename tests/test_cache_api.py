@@ -35,7 +35,8 @@ def test_second_call_is_a_hit_with_the_same_timings_and_winner(db_url):
 def test_get_or_tune_many_keeps_the_callers_order_and_duplicates(db_url):
     keys = [{"i": 3}, {"i": 1}, {"i": 3}, {"i": 2}]
     with tunecache.open(db_url) as cache:
-        results = cache.get_or_tune_many(keys, lambda key: {f"k{key['i']}": float(key["i"])})
+        results = cache.get_or_tune_many(
+            keys, lambda key: {f"k{key.mapping['i']}": float(key.mapping["i"])})
     assert [r.best for r in results] == ["k3", "k1", "k3", "k2"]
     assert results[0] == results[2]
 
@@ -57,7 +58,8 @@ def test_a_key_object_is_the_same_key_as_its_mapping_and_is_hashed_once(db_url, 
         claimed = cache.claim(Key.of({"op": "mm", "m": 9}))
         assert cache.in_progress({"op": "mm", "m": 9})
         assert cache.publish(claimed, {"b": 2.0}).source == "tuned"
-    assert seen == [mapping] and seen[0] is mapping  # the tuner gets the caller's mapping
+    assert seen == [key] and seen[0] is key  # the tuner gets the caller's Key
+    assert seen[0].mapping is mapping  # and, in it, the caller's mapping
     assert first.key_hash == key.hash and first.source == "tuned"
     assert len(hashed) == 3  # lookup(mapping), Key.of({... 9}), in_progress(mapping): once each
 

@@ -108,8 +108,8 @@ def test_wait_timeout_counts_from_when_waiting_starts_not_from_the_call(db_url, 
         wait_timeout = 4.0
         with tunecache.open(db_url, wait_timeout=wait_timeout) as cache:
 
-            def tune(key: dict) -> dict[str, float]:
-                assert key == mine, "the peer's key is the peer's to tune"
+            def tune(key: Key) -> dict[str, float]:
+                assert key.mapping == mine, "the peer's key is the peer's to tune"
                 # The behaviour under test, not a wait: our own share outlasts the wait
                 # timeout.
                 time.sleep(wait_timeout + 0.5)

@@ -17,7 +17,7 @@ from cli_helpers import populate, run, run_json
 from test_cli_warm import WORKER_BMM, _finish, _warm, old_key
 
 import tunecache
-from tunecache.keys import key_hash
+from tunecache.keys import Key, KeyLike, key_hash, top_up_key
 
 pytest.importorskip("torch")
 
@@ -52,7 +52,7 @@ def _publish_transferred(url: str, key: dict, timings: dict[str, float]) -> dict
     return subset
 
 
-def _entry(url: str, key: dict) -> tunecache.Result | None:
+def _entry(url: str, key: KeyLike) -> tunecache.Result | None:
     with tunecache.open(url) as cache:
         return cache.lookup(key)
 
@@ -80,7 +80,7 @@ def test_warm_exhaustive_retunes_a_transferred_entry_in_full_and_records_its_reg
     assert isinstance(meta["exhaustive_at"], float)
     # The candidates the transfer skipped were tuned under the top-up key.
     missing = sorted(set(timings) - set(subset))
-    top_up = _entry(db_url, {**key, "extra_candidates": missing})
+    top_up = _entry(db_url, top_up_key(Key.of(key), missing))
     assert top_up is not None and set(top_up.timings) == set(missing)
     assert task["top_up_keys"] == [top_up.key_hash]
 

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from test_concurrency import _gather
 
 import tunecache
+from tunecache.keys import Key
 from tunecache.store import Claim
 from tunecache.store.notify import NOTIFY_CHANNEL
 
@@ -206,10 +207,10 @@ def _share(url: str, n_keys: int, barrier: Any, queue: Any) -> None:
     cache = tunecache.open(url, lease_seconds=60, lock_timeout=30)
     tuned: list[int] = []
 
-    def tune(key: dict[str, Any]) -> dict[str, float]:
-        tuned.append(key["i"])
+    def tune(key: Key) -> dict[str, float]:
+        tuned.append(key.mapping["i"])
         time.sleep(0.05)  # a tuner that takes time: the behaviour, not a wait
-        return _timings(key)
+        return _timings(key.mapping)
 
     barrier.wait()
     results = cache.get_or_tune_many([{**KEY, "i": i} for i in range(n_keys)], tune)

@@ -33,7 +33,7 @@ import tunecache
 
 
 def _noop_tuner(key: Any) -> dict[str, float]:
-    return {"aten": 1.0 + (hash(key["i"]) % 7) * 0.01, "triton": 1.02}
+    return {"aten": 1.0 + (hash(key.mapping["i"]) % 7) * 0.01, "triton": 1.02}
 
 
 def _throughput_worker(url: str, keys: int, barrier: Any, queue: Any) -> None:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import stored_json
@@ -25,6 +25,8 @@ __all__ = [
     "canonical_json",
     "key_hash",
     "key_labels",
+    "top_up_key",
+    "top_up_base",
     "validate_timings",
     "to_ms",
     "timings_to_json",
@@ -127,7 +129,8 @@ class Key:
     """A tuning key, validated and hashed once: the mapping, its canonical JSON, its
     sha256 hash and the labels stats and prune group by. Equal keys have equal hashes.
 
-    Build one with :meth:`of`; the mapping is the caller's (a tuner gets it back as is).
+    Build one with :meth:`of`; the mapping is the caller's, as is (a tuner gets the Key
+    it was asked for, and reads the mapping there).
     ``family``: the hash of the key's structure with its sizes left out, given by whoever
     built the key; stored beside it (not part of its hash) so that a new key can find
     recorded ones of the same structure (:meth:`tunecache.TuneCache.neighbours`).
@@ -153,6 +156,24 @@ class Key:
 
 # What the cache's methods accept: a key mapping (the public API) or a Key built before.
 KeyLike = Key | Mapping[str, Any]
+
+# The field that makes a key a top-up key (below).
+_TOP_UP = "extra_candidates"
+
+
+def top_up_key(key: Key, candidates: Iterable[str]) -> Key:
+    """The key of the top-up entry of ``key``: the timings of ``candidates``, which its
+    entry lacks (a later compile had them, and entries are immutable). A reader merges
+    it with the entry; it is the key's mapping plus the sorted candidates."""
+    return Key.of({**key.mapping, _TOP_UP: sorted(candidates)})
+
+
+def top_up_base(key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The key mapping a top-up key (:func:`top_up_key`) tops up, or None if ``key`` is
+    none."""
+    if _TOP_UP not in key:
+        return None
+    return {name: value for name, value in key.items() if name != _TOP_UP}
 
 
 def validate_timings(raw: Any, key: str = "?") -> dict[str, float]:

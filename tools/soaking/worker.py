@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import tunecache
-from tunecache.keys import key_hash
+from tunecache.keys import Key
 
 from .common import (
     GRAPH_WINDOW,
@@ -84,8 +84,8 @@ class Worker:
         number_of = {k.hash: i for k, i in zip(keys, numbers)}
         key_of = {k.hash: k for k in keys}
 
-        def tune(mapping: Any) -> dict[str, float]:
-            key = key_of[key_hash(mapping)[0]]
+        def tune(asked: Key) -> dict[str, float]:
+            key = key_of[asked.hash]
             i = number_of[key.hash]
             self.log.write(ev="tune", pid=self.pid, job=self.job, call=call, i=i,
                            t=time.time(), local=cache.disabled_reason is not None)
@@ -108,7 +108,7 @@ class Worker:
         self.status.begin("call", keys=numbers)
         try:
             if one:
-                found = [cache.get_or_tune(keys[0], lambda: tune(keys[0].mapping))]
+                found = [cache.get_or_tune(keys[0], lambda: tune(keys[0]))]
             else:
                 found = cache.get_or_tune_many(keys, tune)
             results = {str(i): [r.source, r.timings] for i, r in zip(numbers, found)}

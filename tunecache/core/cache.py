@@ -408,7 +408,7 @@ class TuneCache:
 
     def _tune_locally(self, key: Key, tune: Tuner) -> Result:
         start = time.perf_counter()
-        tuned = tune(key.mapping)
+        tuned = tune(key)
         clean = {name: (ms if isinstance(ms, (int, float)) and not math.isnan(ms) else math.inf)
                  for name, ms in dict(tuned).items()}
         return Result(key.hash, clean, best_candidate(clean), "local",

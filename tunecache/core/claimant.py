@@ -40,8 +40,8 @@ __all__ = ["Claimant", "Tuner"]
 
 logger = logging.getLogger("tunecache")
 
-# A tuner gets the key mapping it was asked for (a Key's ``mapping``).
-Tuner = Callable[[Mapping[str, Any]], Mapping[str, float]]
+# A tuner gets the Key it was asked for (the caller's mapping is its ``mapping``).
+Tuner = Callable[[Key], Mapping[str, float]]
 
 # How many keys one claim step looks at. Processes walk the key list in the same order, so
 # the first free key is almost always within the first few; the window only bounds a read.
@@ -288,7 +288,7 @@ class Claimant:
         raises, give the claim back as a failed attempt."""
         start = time.perf_counter()
         try:
-            tuned = tune(key.mapping)
+            tuned = tune(key)
             timings = validate_timings(dict(tuned), key.hash)
             meta_json = meta_to_json(getattr(tuned, "meta", None))
         except BaseException as e:

@@ -5,8 +5,10 @@ This package is the only part of tunecache that touches ``torch._inductor``. Its
 ``switch`` (enable/disable), ``state`` (the one registry of installed hooks),
 ``patches`` (the ledger of every attribute set on Inductor), ``stats``,
 ``compat`` (supported versions), ``fingerprint`` (the environment part of a key),
-``gemm`` (selector hooks, candidate ids, GEMM keys), ``narrow`` (a stored GEMM generates
-only the template choices that can win), ``deferred`` (the pre-fusion pass),
+``gemm`` (selector hooks, candidate ids, GEMM keys), ``entries`` (what the process knows
+of GEMM entries), ``transfer`` (a new GEMM key starts from its neighbours' winners),
+``narrow`` (a stored GEMM generates only the template choices that can win), ``deferred``
+(the pre-fusion pass),
 ``triton/`` (keys, the remote-cache adapter, coordinate descent, fusion and split-size
 benchmarks, compile workers, install), ``graphs`` (compiled graphs: Inductor's remote FX
 graph and AOTAutograd caches over the signed graph service, with a key configured) and

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from .. import keys as tc_keys
 from ..core.result import Tuned
-from .gemm import GemmHooks, device_type_of, make_key
+from .gemm import GemmHooks, device_type_of, gemm_key
 from .state import REGISTRY
 
 __all__ = ["make_pre_fusion_pass", "tune_deferred"]
@@ -57,10 +56,9 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
             unknown += 1  # not lowered through our hook; lookup handles it lazily
             continue
         op, inputs_key = info.op, info.inputs_key
-        key = hooks.gemm_key(make_key(op, inputs_key, None, device_type_of(choices, inputs_key)))
-        with hooks.lock:
-            if key.hash in hooks.memo:
-                continue
+        key = gemm_key(op, inputs_key, None, device_type_of(choices, inputs_key))
+        if hooks.entries.known(key):
+            continue
         if key.hash not in owners:
             owners[key.hash] = buf
             keys.append(key)
@@ -72,31 +70,23 @@ def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
     if not keys:
         return
 
-    def tune(key: Mapping[str, Any]) -> Tuned:
-        key_hash, _ = tc_keys.key_hash(key)
-        slot: dict[str, float] = {}
-        with hooks.lock:
-            hooks.tuning[key_hash] = slot
-        try:
+    def tune(key: tc_keys.Key) -> Tuned:
+        with hooks.entries.tuning_slot(key) as slot:
             # The buffer's own timing function: precompile, prescreen, benchmark,
             # each benchmark routed through lookup(), which fills `slot`.
-            owners[key_hash].choice_timings()
-        finally:
-            with hooks.lock:
-                hooks.tuning.pop(key_hash, None)
-                meta = hooks.tuning_meta.pop(key_hash, {})
-        if not slot:
+            owners[key.hash].choice_timings()
+        if not slot.timings:
             raise RuntimeError("Inductor produced no timings for this key")
-        return Tuned(slot, meta)
+        return Tuned(slot.timings, slot.meta)
 
     t0 = time.perf_counter()
     results = hooks.cache().get_or_tune_many(keys, tune)
-    for result in results:
+    for key, result in zip(keys, results):
         # A "failed" key (its tuner failed too often) has no usable timings: lookup()
         # then asks the core again, gets KeyFailedError, and leaves the op to
         # Inductor's own lookup.
         if result.source != "failed" and result.timings:
-            hooks.note_result(result.key_hash, result.timings, result.meta)
+            hooks.entries.note(key, result.timings, result.meta)
     for key, result in zip(keys, results):
         event = {"op": key.mapping["op"], "key_hash": result.key_hash, "best": result.best,
                  "candidates": len(owners[result.key_hash].choices)}

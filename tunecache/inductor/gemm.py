@@ -48,9 +48,10 @@ Keys and candidate identities
     Triton templates' (template name, description), because their ``hash_key()`` hashes
     generated source that embeds the device index; anything else (C++ templates,
     CUTLASS, subgraphs) its ``hash_key()``. A compile whose candidates are not all in the
-    stored entry tunes only the missing ones, under the derived key
-    ``{**key, "extra_candidates": sorted(missing)}`` (entries are immutable), and merges.
-    Stored candidates this compile lacks are ignored.
+    stored entry tunes only the missing ones, under the key's top-up key (the key plus
+    ``"extra_candidates"``, the sorted missing ids: :func:`tunecache.keys.top_up_key`;
+    entries are immutable), and merges. Stored candidates this compile lacks are ignored.
+    What this process read, wrote or is tuning is kept by :class:`.entries.GemmEntries`.
 
 Every rank picks the same winner: its timings come from the one shared entry.
 
@@ -83,20 +84,22 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import keys as tc_keys
 from ..core.result import Tuned
+from .entries import GemmEntries
 from .fingerprint import environment
 from .state import REGISTRY
-from .transfer import Plan, baseline_meta, gemm_family, plan_transfer, transfer_id
+from .transfer import baseline_meta, gemm_family, measure_by_plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
     from .opener import CacheOpener
 
-__all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "GemmHooks"]
+__all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "gemm_key",
+           "GemmHooks"]
 
 log = logging.getLogger("tunecache")
 
@@ -164,6 +167,13 @@ def make_key(
     }
 
 
+def gemm_key(op: str, inputs: str, hint_override: int | None, device_type: str) -> tc_keys.Key:
+    """The :class:`~tunecache.keys.Key` of :func:`make_key`'s mapping, with its family
+    (transfer.py)."""
+    mapping = make_key(op, inputs, hint_override, device_type)
+    return tc_keys.Key.of(mapping, family=gemm_family(mapping))
+
+
 class BenchmarkFailed(Exception):
     """Carries an exception raised by Inductor's benchmark through the core, so that we
     re-raise it untouched instead of mistaking it for a tunecache failure."""
@@ -182,6 +192,35 @@ class Lowered(NamedTuple):
     refs: tuple[weakref.ref[Any], ...]
 
 
+def _measuring(
+    benchmark: Callable[[Any], dict[Any, float]],
+    choices: list[Any],
+    ids: list[str],
+    taken: dict[Any, float],
+) -> Callable[[list[Any], str], dict[str, float]]:
+    """``bench(subset, measured_key)``: Inductor's benchmark on some of a lookup's
+    choices, timings by candidate id; each run counted for the key it measures, its raw
+    timings kept in ``taken`` for the fallback."""
+
+    def bench(subset: list[Any], measured_key: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        try:
+            raw = benchmark(subset)
+        except BaseException as e:
+            raise BenchmarkFailed(e) from e
+        finally:
+            REGISTRY.stats.count_benchmark(len(subset), time.perf_counter() - t0, measured_key)
+        taken.update(raw)
+        by_choice = dict(zip(map(id, choices), ids))
+        # inf for anything the benchmark did not return (Inductor asserts it returns
+        # every choice; this is belt and braces for the stored entry).
+        return {
+            by_choice[id(c)]: tc_keys.to_ms(raw.get(c, math.inf)) for c in subset
+        }
+
+    return bench
+
+
 class GemmHooks:
     """State of the installed hooks (one per process, see :func:`enable`)."""
 
@@ -192,26 +231,11 @@ class GemmHooks:
         self.count_only = opener is None
         self._warned = False
         self.lock = threading.RLock()
-        # key hash -> timings of entries read or written by this process (immutable)
-        self.memo: dict[str, dict[str, float]] = {}
-        # key hashes this process is tuning inside get_or_tune_many right now -> timings
-        # collected by lookup; shared by all threads (Inductor may benchmark in a pool).
-        self.tuning: dict[str, dict[str, float]] = {}
-        # ... and the meta of what they measured (transfer provenance, baseline)
-        self.tuning_meta: dict[str, dict[str, Any]] = {}
-        # key hashes whose entry was transferred (meta "transfer"): its timings cover only
-        # the transferred candidates, which is the whole answer while transfer is on
-        self.transferred: set[str] = set()
-        # key hash -> the transfer plan for a key this process found no entry for
-        self.plans: dict[str, Plan | None] = {}
-        # key hash -> templates narrowing did not generate for it (transfer.py)
-        self.not_generated: dict[str, int] = {}
-        # (key hash, candidate ids) of transferred entries whose top-up was looked for
-        self.top_ups_read: set[tuple[str, tuple[str, ...]]] = set()
+        # What this process knows of the entries it read, wrote or is tuning.
+        self.entries = GemmEntries(self.cache)
         # choices list (by its first choice, weakly) -> how make_precompile_fn saw it
         self.pending: weakref.WeakKeyDictionary[Any, Lowered] = weakref.WeakKeyDictionary()
         self._dist_warned = False
-        self._plan_warned = False
 
     # -- helpers
 
@@ -239,44 +263,6 @@ class GemmHooks:
         if self.opener is None:
             raise RuntimeError("count-only hooks have no cache")
         return self.opener()
-
-    def transfer_on(self) -> bool:
-        return not self.count_only and self.cache().settings.transfer
-
-    def gemm_key(self, key: Mapping[str, Any]) -> tc_keys.Key:
-        """The Key of a GEMM key mapping, with its family (transfer.py)."""
-        return tc_keys.Key.of(key, family=gemm_family(key))
-
-    def transfer_plan(self, key: tc_keys.Key) -> Plan | None:
-        """What transfer keeps for a key with no entry (None: tune it in full); asked of
-        the database once per key and process."""
-        with self.lock:
-            if key.hash in self.plans:
-                return self.plans[key.hash]
-        plan = None
-        if key.family is not None and self.transfer_on():
-            # Asked inside the tuner of the key's claim, so whatever it raised counted as
-            # that key's tuning failing: a neighbour row that broke the plan charged a key
-            # it has no part in an attempt, and its next job marked the key failed. The
-            # neighbours are other keys' rows; here they only fail the transfer.
-            try:
-                plan = plan_transfer(key.mapping, self.cache().neighbours(key))
-            except Exception as e:  # noqa: BLE001 - the key is tuned in full
-                with self.lock:
-                    first, self._plan_warned = not self._plan_warned, True
-                log.log(logging.WARNING if first else logging.DEBUG,
-                        "tunecache: no transfer plan for a GEMM key (%s: %s); tuning it in "
-                        "full", type(e).__name__, e)
-        with self.lock:
-            self.plans[key.hash] = plan
-        return plan
-
-    def note_result(self, key_hash: str, timings: Mapping[str, float],
-                    meta: Mapping[str, Any]) -> None:
-        with self.lock:
-            self.memo[key_hash] = dict(timings)
-            if "transfer" in meta:
-                self.transferred.add(key_hash)
 
     def counted(
         self, benchmark: Callable[[Any], Any], key_hash: str | None = None
@@ -359,130 +345,79 @@ class GemmHooks:
         taken: dict[Any, float],
     ) -> dict[Any, float]:
         ids = candidate_ids(choices)
-        key = self.gemm_key(make_key(op, inputs, hint_override, device_type_of(choices, inputs)))
-        key_hash = key.hash
-
-        def bench(subset: list[Any], measured_key: str) -> dict[str, float]:
-            """Run Inductor's benchmark on some choices; timings by candidate id."""
-            assert benchmark is not None
-            t0 = time.perf_counter()
-            try:
-                raw = benchmark(subset)
-            except BaseException as e:
-                raise BenchmarkFailed(e) from e
-            finally:
-                REGISTRY.stats.count_benchmark(len(subset), time.perf_counter() - t0, measured_key)
-            taken.update(raw)
-            by_choice = dict(zip(map(id, choices), ids))
-            # inf for anything the benchmark did not return (Inductor asserts it returns
-            # every choice; this is belt and braces for the stored entry).
-            return {
-                by_choice[id(c)]: tc_keys.to_ms(raw.get(c, math.inf)) for c in subset
-            }
-
+        key = gemm_key(op, inputs, hint_override, device_type_of(choices, inputs))
         if benchmark is None:
             # make_precompile_fn's probe: answer only with a full hit, never claim or wait.
-            known = self._probe(key, key_hash, ids)
+            known = self._probe(key, ids)
             if known is not None:
                 return {c: known.get(i, math.inf) for c, i in zip(choices, ids)}
             return {}
+        bench = _measuring(benchmark, choices, ids, taken)
 
         def tune() -> Tuned:
-            """Timings of this lookup's candidates (only the transferred ones where
-            transfer applies), ``inf`` for those of its lowering that failed to compile
-            (see :meth:`not_compiled`), and the entry's meta."""
-            failed = self.not_compiled(choices, op, inputs)
-            plan = self.transfer_plan(key)
-            kept = [c for c, i in zip(choices, ids) if plan is not None and plan.keeps(i)]
-            matched = plan is not None and any(
-                transfer_id(i) is not None for c, i in zip(choices, ids) if plan.keeps(i))
-            subset = kept if matched else choices
-            measured = {**bench(subset, key_hash), **{i: math.inf for i in failed}}
-            if matched and len(subset) < len(choices):
-                in_subset = {id(c) for c in subset}
-                kept_templates = [i for c, i in zip(choices, ids)
-                                  if id(c) in in_subset and transfer_id(i) is not None]
-                if not any(math.isfinite(measured[i]) for i in kept_templates):
-                    log.warning("tunecache: no transferred candidate of this %s ran; tuning "
-                                "it in full", op)
-                    rest = [c for c in choices if id(c) not in in_subset]
-                    measured.update(bench(rest, key_hash))
-                    matched = False
-            meta = baseline_meta(measured)
-            if matched and plan is not None:
-                with self.lock:
-                    skipped = self.not_generated.get(key_hash, 0)
-                generated = len(choices) + len(failed) + skipped
-                meta.update(plan.meta(len(subset), generated))
-                REGISTRY.stats.add(transferred_keys=1,
-                                   transfer_skipped=generated - len(subset) - len(failed))
-            return Tuned(measured, meta)
+            return self._tune(key, choices, ids, op, inputs, bench)
 
-        with self.lock:
-            in_tune = self.tuning.get(key_hash)
-        if in_tune is not None:
+        slot = self.entries.tuning(key)
+        if slot is not None:
             # We are inside our own get_or_tune_many tune(key) for this key (deferred
             # path): measure and hand the timings back to it, which publishes them.
             measured = tune()
-            with self.lock:
-                in_tune.update(measured)
-                self.tuning_meta[key_hash] = measured.meta
+            self.entries.fill(slot, measured, measured.meta)
             # counted by tune_deferred, which learns the result's source from the core
             return {c: measured.get(i, math.inf) for c, i in zip(choices, ids)}
 
-        timings, source = self._get_or_tune(key, key_hash, tune)
-        missing = [c for c, i in zip(choices, ids) if i not in timings]
-        missing_ids: list[str] = []
-        with self.lock:
-            transferred = key_hash in self.transferred
-        if missing and transferred and self.transfer_on():
-            # The transfer left them out on purpose; merged only once an exhaustive
-            # top-up exists (warm --exhaustive, or a job with TUNECACHE_TRANSFER=0).
-            # Read once per process: the memo then answers, so every later lookup of the
-            # key in this compile sees the same timings.
-            extra_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
-            with self.lock:
-                looked = (key_hash, tuple(extra_ids)) in self.top_ups_read
-                self.top_ups_read.add((key_hash, tuple(extra_ids)))
-            if not looked:
-                topped_up = self.cache().lookup({**key.mapping, "extra_candidates": extra_ids})
-                if topped_up is not None and topped_up.source != "failed":
-                    timings = {**timings, **topped_up.timings}
-                    with self.lock:
-                        self.memo[key_hash] = timings
-            missing = []
-        if missing:
-            missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
-            extra_key = {**key.mapping, "extra_candidates": missing_ids}
-            extra_hash, _ = tc_keys.key_hash(extra_key)
-            extra, _ = self._get_or_tune(extra_key, extra_hash,
-                                         lambda: bench(missing, extra_hash))
-            timings = {**timings, **{i: extra[i] for i in missing_ids if i in extra}}
+        timings, source = self.entries.get_or_tune(key, tune)
+        timings, missing_ids = self._complete(key, timings, choices, ids, bench)
         answer = {i: timings.get(i, math.inf) for i in ids}
         best = tc_keys.best_candidate(answer)
         if best is None:
             # Nothing in this compile has a finite stored timing: never trust that.
             raise ValueError(f"no candidate of this {op} compile has a finite stored timing")
         # Which candidates were new says why a key needed a top-up (tools/bench_gpu.py).
-        event = {"op": op, "key_hash": key_hash, "best": best, "candidates": len(ids),
-                 "missing": len(missing), "missing_ids": missing_ids[:8]}
+        event = {"op": op, "key_hash": key.hash, "best": best, "candidates": len(ids),
+                 "missing": len(missing_ids), "missing_ids": missing_ids[:8]}
         REGISTRY.stats.record(source, event)
         return {c: answer[i] for c, i in zip(choices, ids)}
 
-    def _probe(
-        self, key: tc_keys.Key, key_hash: str, ids: list[str]
-    ) -> dict[str, float] | None:
-        with self.lock:
-            timings = self.memo.get(key_hash)
+    def _complete(self, key: tc_keys.Key, timings: dict[str, float], choices: list[Any],
+                  ids: list[str], bench: Callable[[list[Any], str], dict[str, float]],
+                  ) -> tuple[dict[str, float], list[str]]:
+        """The key's timings with every candidate of this compile, and the ids of those
+        tuned now (sorted). A transferred entry's lacks some on purpose: they come only
+        from an exhaustive top-up (:meth:`.entries.GemmEntries.with_top_up`). Any other
+        entry's missing ones are tuned under its top-up key and merged."""
+        missing = [c for c, i in zip(choices, ids) if i not in timings]
+        if not missing:
+            return timings, []
+        if self.entries.transferred(key):
+            return self.entries.with_top_up(key, timings, ids), []
+        missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
+        extra_key = tc_keys.top_up_key(key, missing_ids)
+        extra, _ = self.entries.get_or_tune(extra_key, lambda: bench(missing, extra_key.hash))
+        return {**timings, **{i: extra[i] for i in missing_ids if i in extra}}, missing_ids
+
+    def _tune(self, key: tc_keys.Key, choices: list[Any], ids: list[str], op: str,
+              inputs: str, bench: Callable[[list[Any], str], dict[str, float]]) -> Tuned:
+        """Timings of this lookup's candidates (only the transferred ones where transfer
+        applies), ``inf`` for those of its lowering that failed to compile (see
+        :meth:`not_compiled`), and the entry's meta."""
+        failed = self.not_compiled(choices, op, inputs)
+        plan = self.entries.plan(key)
+        measured, benchmarked = measure_by_plan(
+            plan, choices, ids, failed, lambda subset: bench(subset, key.hash), op)
+        meta = baseline_meta(measured)
+        if plan is not None and benchmarked is not None:
+            generated = len(choices) + len(failed) + self.entries.not_generated(key)
+            meta.update(plan.meta(benchmarked, generated))
+            REGISTRY.stats.add(transferred_keys=1,
+                               transfer_skipped=generated - benchmarked - len(failed))
+        return Tuned(measured, meta)
+
+    def _probe(self, key: tc_keys.Key, ids: list[str]) -> dict[str, float] | None:
+        timings = self.entries.stored(key)
         if timings is None:
-            result = self.cache().lookup(key)
-            if result is None:
-                return None
-            timings = dict(result.timings)
-            self.note_result(key_hash, timings, result.meta)
-        with self.lock:
-            transferred = key_hash in self.transferred
-        if transferred and self.transfer_on():
+            return None
+        if self.entries.transferred(key):
             # What the transfer left out is not benchmarked: no need to precompile it.
             ids = [i for i in ids if i in timings]
         if not ids or not all(i in timings for i in ids) or (
@@ -490,18 +425,6 @@ class GemmHooks:
         ):
             return None
         return timings
-
-    def _get_or_tune(
-        self, key: tc_keys.KeyLike, key_hash: str, tune: Callable[[], Mapping[str, float]]
-    ) -> tuple[dict[str, float], str]:
-        with self.lock:
-            timings = self.memo.get(key_hash)
-        if timings is not None:
-            return timings, "memo"  # this process already read or wrote the entry
-        result = self.cache().get_or_tune(key, tune)
-        timings = dict(result.timings)
-        self.note_result(key_hash, timings, result.meta)
-        return timings, result.source
 
     # -- make_precompile_fn
 

@@ -65,12 +65,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
 from .compat import param_names
-from .gemm import candidate_id, make_key
+from .gemm import candidate_id, gemm_key
 from .state import REGISTRY
 from .transfer import Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .gemm import GemmHooks
+    from .entries import GemmEntries
     from .patches import Ledger
 
 __all__ = ["install_narrowing", "predicted_id"]
@@ -129,20 +129,6 @@ def _keep_count(has_extern: bool) -> int:
     return n if has_extern else max(2, n)
 
 
-def _stored(hooks: GemmHooks, key: tc_keys.KeyLike) -> dict[str, float] | None:
-    """Stored timings of ``key`` (memo first), a plain read; None if there are none."""
-    key_hash = tc_keys.Key.of(key).hash
-    with hooks.lock:
-        timings = hooks.memo.get(key_hash)
-    if timings is not None:
-        return timings
-    result = hooks.cache().lookup(key)
-    if result is None or result.source == "failed":
-        return None
-    hooks.note_result(key_hash, result.timings, result.meta)
-    return dict(result.timings)
-
-
 def narrow(ktcs: list[Any],
            stored: Callable[[list[str]], tuple[dict[str, float], bool] | None],
            ) -> tuple[tuple[list[Any], list[str]] | None, int]:
@@ -190,29 +176,27 @@ def transfer_narrow(ktcs: list[Any], plan: Plan) -> tuple[list[Any], list[str]] 
     return [ktc for ktc, _ in kept], expected
 
 
-def _gemm_key(hooks: GemmHooks, op_name: str, kernel_inputs: Any) -> tc_keys.Key:
+def _gemm_key(op_name: str, kernel_inputs: Any) -> tc_keys.Key:
     """The key the selector's lookup will build for this call (gemm.py)."""
     from torch._inductor.select_algorithm import create_inputs_key
 
     inputs = create_inputs_key(kernel_inputs.nodes())
-    return hooks.gemm_key(make_key(op_name, inputs, None, _device_type(kernel_inputs, inputs)))
+    return gemm_key(op_name, inputs, None, _device_type(kernel_inputs, inputs))
 
 
-def _stored_for(hooks: GemmHooks, key: tc_keys.Key,
+def _stored_for(entries: GemmEntries, key: tc_keys.Key,
                 ) -> Callable[[list[str]], tuple[dict[str, float], bool] | None]:
     def stored(ids: list[str]) -> tuple[dict[str, float], bool] | None:
-        timings = _stored(hooks, key)
+        timings = entries.stored(key)
         if timings is None:
             return None
-        with hooks.lock:
-            transferred = key.hash in hooks.transferred
         missing = sorted(i for i in ids if i not in timings)
         if missing:
             # The lookup's top-up entry for exactly these candidates (gemm.py).
-            extra = _stored(hooks, {**key.mapping, "extra_candidates": missing})
+            extra = entries.stored(tc_keys.top_up_key(key, missing))
             if extra is not None:
                 return {**timings, **extra}, False
-            if not (transferred and hooks.transfer_on()):
+            if not entries.transferred(key):
                 return None
             return timings, True
         return timings, False
@@ -244,16 +228,15 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
             if getattr(config, "multi_kernel_hints", None):
                 return ktcs
             ktcs = list(ktcs)
-            key = _gemm_key(hooks, op_name, kernel_inputs)
-            planned, templates = narrow(ktcs, _stored_for(hooks, key))
-            with hooks.lock:
-                miss = key.hash not in hooks.memo  # _stored keeps every entry it finds
+            key = _gemm_key(op_name, kernel_inputs)
+            entries = hooks.entries
+            planned, templates = narrow(ktcs, _stored_for(entries, key))
+            miss = not entries.known(key)  # entries.stored keeps every entry it finds
             if planned is None and templates >= 2 and miss:
-                plan = hooks.transfer_plan(key)
+                plan = entries.plan(key)
                 planned = None if plan is None else transfer_narrow(ktcs, plan)
                 if planned is not None:
-                    with hooks.lock:
-                        hooks.not_generated[key.hash] = len(ktcs) - len(planned[0])
+                    entries.note_not_generated(key, len(ktcs) - len(planned[0]))
                     REGISTRY.stats.add(choice_lists_transferred=1)
         except Exception as e:  # noqa: BLE001 - generate every choice, as without us
             hooks.warn_once(f"narrowing the {op_name} choices", e)

@@ -44,15 +44,18 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import keys as tc_keys
 
 __all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "Plan", "gemm_family",
-           "gemm_sizes", "transfer_id", "plan_transfer", "baseline_meta"]
+           "gemm_sizes", "transfer_id", "plan_transfer", "measure_by_plan", "baseline_meta"]
+
+log = logging.getLogger("tunecache")
 
 # A neighbour more than this many octaves away in any size is not one: its winners were
 # chosen for another regime (tile counts, waves, split-K).
@@ -100,7 +103,7 @@ def gemm_family(key: Mapping[str, Any]) -> str | None:
     """The family of a GEMM key (this module's docstring), or None if it has no sizes we
     can read (it then has no neighbours, and is never one)."""
     items = _parse_inputs(key.get("inputs"))
-    if items is None or key.get("kind") != "gemm" or "extra_candidates" in key:
+    if items is None or key.get("kind") != "gemm" or tc_keys.top_up_base(key) is not None:
         return None
     shape_free = {k: v for k, v in key.items() if k != "inputs"}
     shape_free["inputs"] = [_structure(item) for item in items]
@@ -189,6 +192,37 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any]) -> Plan | N
     if not ids:
         return None
     return Plan(frozenset(ids), tuple(sources))
+
+
+def measure_by_plan(
+    plan: Plan | None,
+    choices: list[Any],
+    ids: Sequence[str],
+    failed: Sequence[str],
+    bench: Callable[[list[Any]], dict[str, float]],
+    op: str,
+) -> tuple[dict[str, float], int | None]:
+    """The timings of a lookup's ``choices`` (``ids``: their candidate ids) by
+    ``bench``, ``inf`` for the ``failed`` ones, and how many were benchmarked by the
+    plan (None: tuned in full). Only the choices ``plan`` keeps are benchmarked where it
+    keeps a template of this compile; all of them where it keeps none, or where no kept
+    template ran (one warning)."""
+    kept = [c for c, i in zip(choices, ids) if plan is not None and plan.keeps(i)]
+    matched = plan is not None and any(
+        transfer_id(i) is not None for c, i in zip(choices, ids) if plan.keeps(i))
+    subset = kept if matched else choices
+    measured = {**bench(subset), **{i: math.inf for i in failed}}
+    if matched and len(subset) < len(choices):
+        in_subset = {id(c) for c in subset}
+        kept_templates = [i for c, i in zip(choices, ids)
+                          if id(c) in in_subset and transfer_id(i) is not None]
+        if not any(math.isfinite(measured[i]) for i in kept_templates):
+            log.warning("tunecache: no transferred candidate of this %s ran; tuning "
+                        "it in full", op)
+            rest = [c for c in choices if id(c) not in in_subset]
+            measured.update(bench(rest))
+            matched = False
+    return measured, len(subset) if matched else None
 
 
 def baseline_meta(timings: Mapping[str, float]) -> dict[str, Any]:

@@ -4,12 +4,13 @@ regret of the transfer.
 A transferred entry (meta "transfer") holds timings of only the candidates its
 neighbours' winners suggested. Compiling its GEMM again with transfer off makes Inductor
 generate every candidate (narrowing does not restrict a transferred entry then), and the
-lookup tunes the ones the entry lacks under the derived key ``{**key,
-"extra_candidates": sorted(missing)}`` (tunecache.inductor.gemm): the stored timings and
-that top-up together are the exhaustive timings. regret = the transferred winner's ms /
-the fastest of them (>= 1.0); it is added to the entry's meta with ``exhaustive_ms`` and
-``exhaustive_at``. Only entries of this machine's environment can be measured here: one
-whose key this machine would not compute is reported, not compiled.
+lookup tunes the ones the entry lacks under the key's top-up key
+(:func:`tunecache.keys.top_up_key`: the key plus its sorted missing candidates): the
+stored timings and that top-up together are the exhaustive timings. regret = the
+transferred winner's ms / the fastest of them (>= 1.0); it is added to the entry's meta
+with ``exhaustive_ms`` and ``exhaustive_at``. Only entries of this machine's environment
+can be measured here: one whose key this machine would not compute is reported, not
+compiled.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import tunecache
 
 from .. import inductor as tc_inductor
 from .. import stored_json
-from ..core import Result
-from ..keys import KeyLike, key_hash, validate_meta, validate_timings
+from ..core import Result, Tuner
+from ..keys import Key, KeyLike, key_hash, top_up_base, validate_meta, validate_timings
 from ..settings import Settings
 from ..store import Database, columns, engine, warm_queries
 from ..store.entry_filter import EntryFilter
@@ -150,20 +151,20 @@ class ExhaustiveReport:
 
 
 class _TopUps(tunecache.TuneCache):
-    """The cache the compiles use: it records the results of top-up keys (``{**key,
-    "extra_candidates": [...]}``) by the hash of their base key, so the run can merge them
-    with the stored entry's timings. Only observes; every call goes to the cache."""
+    """The cache the compiles use: it records the results of top-up keys
+    (:func:`tunecache.keys.top_up_key`) by the hash of their base key, so the run can
+    merge them with the stored entry's timings. Only observes; every call goes to the
+    cache."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.top_ups: dict[str, list[Result]] = {}
 
-    def get_or_tune_many(self, keys: Sequence[KeyLike], tune: Any) -> list[Result]:
+    def get_or_tune_many(self, keys: Sequence[KeyLike], tune: Tuner) -> list[Result]:
         results = super().get_or_tune_many(keys, tune)
         for k, result in zip(keys, results):
-            mapping = getattr(k, "mapping", k)
-            if isinstance(mapping, Mapping) and "extra_candidates" in mapping:
-                base = {n: v for n, v in mapping.items() if n != "extra_candidates"}
+            base = top_up_base(k.mapping if isinstance(k, Key) else k)
+            if base is not None:
                 self.top_ups.setdefault(key_hash(base)[0], []).append(result)
         return results
 

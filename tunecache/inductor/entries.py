@@ -1,0 +1,205 @@
+"""What this process knows of the GEMM entries its hooks read, write or are tuning.
+
+One :class:`GemmEntries` per :class:`~.gemm.GemmHooks`, shared by the selector's lookup
+(gemm.py), the pre-fusion pass (deferred.py) and narrowing (narrow.py), behind its own
+lock: Inductor may benchmark in a thread pool. It holds, by key hash,
+
+- the timings of every entry read or written (entries are immutable, so they never go
+  stale), and which of them were transferred (meta ``"transfer"``);
+- the transfer plan of each key found without an entry, asked of the database once
+  (transfer.py);
+- how many templates narrowing did not generate for a key by its plan;
+- the top-ups of transferred entries already looked for;
+- the keys the pre-fusion pass is tuning right now, each with the slot the lookup fills.
+
+Every method takes the key's :class:`~tunecache.keys.Key`, built once by whoever asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..keys import Key, top_up_key
+from .transfer import Plan, plan_transfer
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .. import TuneCache
+    from ..core.result import Result
+
+__all__ = ["GemmEntries", "TuningSlot"]
+
+log = logging.getLogger("tunecache")
+
+
+@dataclasses.dataclass
+class TuningSlot:
+    """What the lookups of a key measured while the pre-fusion pass tunes it: the
+    timings, and the meta of what they measured (transfer provenance, baseline)."""
+
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class GemmEntries:
+    """The GEMM entries of one set of hooks (this module's docstring); ``cache()``
+    returns the shared cache they are read from and written to."""
+
+    def __init__(self, cache: Callable[[], TuneCache]) -> None:
+        self._cache = cache
+        self._lock = threading.RLock()
+        self._memo: dict[str, dict[str, float]] = {}
+        # Their timings cover only the transferred candidates, which is the whole answer
+        # while transfer is on.
+        self._transferred: set[str] = set()
+        self._plans: dict[str, Plan | None] = {}
+        self._plan_warned = False
+        self._not_generated: dict[str, int] = {}
+        # (key hash, candidate ids) of transferred entries whose top-up was looked for
+        self._top_ups_read: set[tuple[str, tuple[str, ...]]] = set()
+        # Keys this process is tuning inside get_or_tune_many right now; shared by all
+        # threads.
+        self._tuning: dict[str, TuningSlot] = {}
+
+    def transfer_on(self) -> bool:
+        return self._cache().settings.transfer
+
+    # -- stored entries
+
+    def known(self, key: Key) -> bool:
+        """Whether this process has read or written the key's entry."""
+        with self._lock:
+            return key.hash in self._memo
+
+    def note(self, key: Key, timings: Mapping[str, float],
+             meta: Mapping[str, Any] | None = None) -> None:
+        """Remember the timings of the key's entry (and whether it was transferred)."""
+        with self._lock:
+            self._memo[key.hash] = dict(timings)
+            if meta is not None and "transfer" in meta:
+                self._transferred.add(key.hash)
+
+    def stored(self, key: Key) -> dict[str, float] | None:
+        """The stored timings of ``key``, remembered first, else read without a claim
+        (and then remembered); None if there are none."""
+        with self._lock:
+            timings = self._memo.get(key.hash)
+        if timings is not None:
+            return timings
+        result = self._read(key)
+        if result is None:
+            return None
+        self.note(key, result.timings, result.meta)
+        return dict(result.timings)
+
+    def _read(self, key: Key) -> Result | None:
+        """A plain read of the cache: no claim, no wait."""
+        result = self._cache().lookup(key)
+        return None if result is None or result.source == "failed" else result
+
+    def get_or_tune(self, key: Key, tune: Callable[[], Mapping[str, float]],
+                    ) -> tuple[dict[str, float], str]:
+        """The key's timings and where they came from: ``memo`` where this process
+        already read or wrote its entry, else the core's answer (which may be to tune)."""
+        with self._lock:
+            timings = self._memo.get(key.hash)
+        if timings is not None:
+            return timings, "memo"
+        result = self._cache().get_or_tune(key, tune)
+        timings = dict(result.timings)
+        self.note(key, timings, result.meta)
+        return timings, result.source
+
+    def transferred(self, key: Key) -> bool:
+        """Whether the key's entry was transferred and transfer is on: its timings are
+        then the whole answer, and what the transfer left out is not benchmarked."""
+        with self._lock:
+            transferred = key.hash in self._transferred
+        return transferred and self.transfer_on()
+
+    # -- transfer
+
+    def plan(self, key: Key) -> Plan | None:
+        """What transfer keeps for a key with no entry (None: tune it in full); asked of
+        the database once per key and process."""
+        with self._lock:
+            if key.hash in self._plans:
+                return self._plans[key.hash]
+        plan = None
+        if key.family is not None and self.transfer_on():
+            # Asked inside the tuner of the key's claim, so whatever it raised counted as
+            # that key's tuning failing: a neighbour row that broke the plan charged a key
+            # it has no part in an attempt, and its next job marked the key failed. The
+            # neighbours are other keys' rows; here they only fail the transfer.
+            try:
+                plan = plan_transfer(key.mapping, self._cache().neighbours(key))
+            except Exception as e:  # noqa: BLE001 - the key is tuned in full
+                with self._lock:
+                    first, self._plan_warned = not self._plan_warned, True
+                log.log(logging.WARNING if first else logging.DEBUG,
+                        "tunecache: no transfer plan for a GEMM key (%s: %s); tuning it in "
+                        "full", type(e).__name__, e)
+        with self._lock:
+            self._plans[key.hash] = plan
+        return plan
+
+    def note_not_generated(self, key: Key, templates: int) -> None:
+        """Narrowing generated ``templates`` fewer choices for the key, by its plan."""
+        with self._lock:
+            self._not_generated[key.hash] = templates
+
+    def not_generated(self, key: Key) -> int:
+        with self._lock:
+            return self._not_generated.get(key.hash, 0)
+
+    def with_top_up(self, key: Key, timings: dict[str, float],
+                    candidates: Sequence[str]) -> dict[str, float]:
+        """A transferred entry's timings, for a compile whose ``candidates`` it lacks
+        some of while transfer is on. The transfer left them out on purpose; they are
+        merged only once an exhaustive top-up of them exists (warm --exhaustive, or a job
+        with TUNECACHE_TRANSFER=0), never benchmarked. Read once per process: the memo
+        then answers, so every later lookup of the key in this compile sees the same
+        timings."""
+        missing = sorted(i for i in candidates if i not in timings)
+        seen = (key.hash, tuple(missing))
+        with self._lock:
+            looked = seen in self._top_ups_read
+            self._top_ups_read.add(seen)
+        if looked:
+            return timings
+        topped_up = self._read(top_up_key(key, missing))
+        if topped_up is None:
+            return timings
+        timings = {**timings, **topped_up.timings}
+        with self._lock:
+            self._memo[key.hash] = timings
+        return timings
+
+    # -- the pre-fusion pass's tuning
+
+    @contextlib.contextmanager
+    def tuning_slot(self, key: Key) -> Iterator[TuningSlot]:
+        """While the pre-fusion pass tunes ``key``: the slot its lookups fill."""
+        slot = TuningSlot()
+        with self._lock:
+            self._tuning[key.hash] = slot
+        try:
+            yield slot
+        finally:
+            with self._lock:
+                self._tuning.pop(key.hash, None)
+
+    def tuning(self, key: Key) -> TuningSlot | None:
+        """The slot of a key the pre-fusion pass is tuning right now, or None."""
+        with self._lock:
+            return self._tuning.get(key.hash)
+
+    def fill(self, slot: TuningSlot, timings: Mapping[str, float],
+             meta: Mapping[str, Any]) -> None:
+        with self._lock:
+            slot.timings.update(timings)
+            slot.meta = dict(meta)
