@@ -52,12 +52,15 @@ class GemmEntries:
     def __init__(self, cache: Callable[[], TuneCache]) -> None:
         self._cache = cache
         self._lock = threading.RLock()
+        # key hash -> timings of entries read or written by this process (immutable)
         self._memo: dict[str, dict[str, float]] = {}
-        # Their timings cover only the transferred candidates, which is the whole answer
-        # while transfer is on.
+        # key hashes whose entry was transferred (meta "transfer"): its timings cover only
+        # the transferred candidates, which is the whole answer while transfer is on
         self._transferred: set[str] = set()
+        # key hash -> the transfer plan for a key this process found no entry for
         self._plans: dict[str, Plan | None] = {}
         self._plan_warned = False
+        # key hash -> templates narrowing did not generate for it (transfer.py)
         self._not_generated: dict[str, int] = {}
         # (key hash, candidate ids) of transferred entries whose top-up was looked for
         self._top_ups_read: set[tuple[str, tuple[str, ...]]] = set()
