@@ -64,6 +64,15 @@ def test_a_key_object_is_the_same_key_as_its_mapping_and_is_hashed_once(db_url, 
     assert len(hashed) == 3  # lookup(mapping), Key.of({... 9}), in_progress(mapping): once each
 
 
+def test_a_tuner_reads_the_key_it_gets_as_the_mapping_it_asked_for(db_url):
+    mapping = {"op": "mm", "m": 7, "inputs": [[1, 2]]}
+    read = []
+    with tunecache.open(db_url) as cache:
+        cache.get_or_tune_many([mapping], lambda k: read.append(
+            (k["op"], k.get("m"), dict(k), len(k), "inputs" in k)) or {"a": 1.0})
+    assert read == [("mm", 7, mapping, 3, True)]
+
+
 def test_a_cache_that_released_its_connections_keeps_working(db_url):
     with tunecache.open(db_url) as cache:
         cache.get_or_tune({"op": "mm", "m": 8}, lambda: {"a": 1.0})

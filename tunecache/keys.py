@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from . import stored_json
@@ -125,12 +125,13 @@ def key_labels(key: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Key:
+class Key(Mapping[str, Any]):
     """A tuning key, validated and hashed once: the mapping, its canonical JSON, its
     sha256 hash and the labels stats and prune group by. Equal keys have equal hashes.
 
-    Build one with :meth:`of`; the mapping is the caller's, as is (a tuner gets the Key
-    it was asked for, and reads the mapping there).
+    Build one with :meth:`of`; the mapping is the caller's, as is. A Key reads as that
+    mapping (``key["op"]``, ``key.get``, ``dict(key)``), so a tuner, which gets the Key it
+    was asked for, reads the fields it always read and the hash computed once.
     ``family``: the hash of the key's structure with its sizes left out, given by whoever
     built the key; stored beside it (not part of its hash) so that a new key can find
     recorded ones of the same structure (:meth:`tunecache.TuneCache.neighbours`).
@@ -141,6 +142,15 @@ class Key:
     labels: Mapping[str, str | None] = dataclasses.field(compare=False, repr=False)
     mapping: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
     family: str | None = dataclasses.field(default=None, compare=False)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.mapping[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.mapping)
+
+    def __len__(self) -> int:
+        return len(self.mapping)
 
     @classmethod
     def of(cls, key: KeyLike, family: str | None = None) -> Key:

@@ -19,7 +19,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from ..errors import InvalidEntryError, StoreError
 from ..keys import (
