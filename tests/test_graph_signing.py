@@ -1,6 +1,7 @@
 """Signed compiled graphs without Inductor: key pairs (tunecache.core.signing and
 `tunecache keygen`), the graph service's publish and verify-before-decompress load
-(tunecache.core.graphs) over the real artifact store, and the graph settings."""
+(tunecache.core.signed_artifacts, tunecache.core.graphs) over the real artifact store,
+each kind's bound (tunecache.core.kernels), and the graph settings."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import delete, update
 
 import tunecache
 from tunecache.core.graphs import GraphShare
+from tunecache.core.kernels import KernelShare
 from tunecache.core.signing import (
     PRIVATE_KEY_NAME,
     PUBLIC_KEY_NAME,
@@ -285,6 +287,26 @@ def test_a_signed_entry_is_decompressed_only_after_it_verifies(sqlite_url, keys,
     assert inflated == [b""]  # the spy does see a verified entry's decompression
     cache.close()
     cache2.close()
+
+
+def test_each_kind_of_artifact_has_its_own_bound_and_its_own_name_in_messages(
+        sqlite_url, keys, monkeypatch, caplog):
+    assert KernelShare.max_bytes < GraphShare.max_bytes
+    monkeypatch.setattr(KernelShare, "max_bytes", 1000)
+    graphs, cache = _share(sqlite_url, keys)
+    plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME)).kernel_sharing()
+    kernels = KernelShare.from_settings(plan, lambda: cache)
+    big = os.urandom(2000)
+    assert graphs.publish("fxgraph", "k", big, "2.13.0")
+    assert kernels.publish("kernel", "KERNELKEY", big, "2.13.0")
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert graphs.load("fxgraph", "k") == big
+        assert kernels.load("kernel", "KERNELKEY") is None  # over the kernels' bound
+    assert kernels.counts["refused"] == 1 and graphs.counts["loaded"] == 1
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "compiled kernel KERNELKEY in the database is signed but does not decompress" \
+        in warning and "Triton compiles it" in warning
+    cache.close()
 
 
 def test_an_unreachable_database_is_one_warning_and_no_graphs(keys, caplog):

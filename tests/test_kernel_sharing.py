@@ -20,7 +20,7 @@ from sqlalchemy import func, select, update
 
 import tunecache
 from tunecache import triton_cache
-from tunecache.core.graphs import GraphShare
+from tunecache.core.kernels import KernelShare
 from tunecache.core.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer, write_key_pair
 from tunecache.settings import Settings
 from tunecache.store import ArtifactStore
@@ -153,7 +153,7 @@ def test_a_kernel_entry_that_does_not_verify_is_never_loaded(db_url, keys, tmp_p
     assert out["outcome"] == "compiled", "Triton compiles the kernel as usual"
     assert out["files"] == _sha(compiled_files(NAME, "a"))
     assert out["counts"] == {"refused": 1}
-    assert len(out["warnings"]) == 1 and "compiled kernel kernel" in out["warnings"][0], \
+    assert len(out["warnings"]) == 1 and f"compiled kernel {KEY[:24]}" in out["warnings"][0], \
         out["warnings"]
     assert not any(marker in p.read_bytes() for p in node.rglob("*") if p.is_file()), \
         "nothing of the refused entry was written where Triton reads"
@@ -168,7 +168,7 @@ def test_a_signed_entry_with_file_names_outside_the_kernel_directory_is_not_writ
     # Even the key holder cannot make a reader write outside Triton's directory for the key.
     cache = tunecache.open(sqlite_url)
     plan = Settings.from_env({}, signing_key=str(keys / PRIVATE_KEY_NAME)).kernel_sharing()
-    share = GraphShare.from_settings(plan, lambda: cache, noun="kernel")
+    share = KernelShare.from_settings(plan, lambda: cache)
     hostile = triton_cache.pack(f"{NAME}.json", {f"{NAME}.json": b"{}", "../escaped": b"x"})
     assert share.publish("kernel", KEY, hostile, "2.11.0")
     cache.close()

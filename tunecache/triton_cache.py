@@ -12,7 +12,7 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
 
 - ``get_group``: the local directory first (a hit never asks the database); on a miss, the
   database's entry for the key, **only if its signature verifies** with the operator's
-  key (:class:`tunecache.core.graphs.GraphShare`, kind ``kernel``); its files are written
+  key (:class:`tunecache.core.kernels.KernelShare`, kind ``kernel``); its files are written
   locally, then Triton loads them. An entry that is unsigned, altered or signed with
   another key is one warning, and Triton compiles as usual: nothing of it is written.
 - ``put_group``: after the local write, the group's files are published, signed. The first
@@ -44,7 +44,7 @@ from .files import read_regular
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .core.cache import TuneCache
-    from .core.graphs import GraphShare
+    from .core.kernels import KernelShare
 
 try:  # Triton checks that the class it is named descends from one named CacheManager.
     from triton.runtime.cache import CacheManager as _TritonCacheManager
@@ -118,14 +118,14 @@ def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
 # -- the process's service ------------------------------------------------------------
 
 class _Service:
-    """The GraphShare kernels go through in this process, built at first use."""
+    """The KernelShare kernels go through in this process, built at first use."""
 
     def __init__(self) -> None:
         # Held while the service is built: a thread that asks meanwhile waits for it
         # rather than compiling a kernel it could have loaded.
         self.lock = threading.Lock()
         self.built = False
-        self.share: GraphShare | None = None
+        self.share: KernelShare | None = None
         self.cache_factory: Callable[[], TuneCache] | None = None
         self.env_lock = threading.Lock()
         self.env_cache: TuneCache | None = None
@@ -153,7 +153,7 @@ def _env_cache() -> TuneCache:
         return _SERVICE.env_cache
 
 
-def share() -> GraphShare | None:
+def share() -> KernelShare | None:
     """This process's kernel service, or None where kernels are not shared (no key
     configured, TUNECACHE_KERNELS=0, TUNECACHE_MODE=off, or a setting it cannot use)."""
     with _SERVICE.lock:
@@ -163,7 +163,7 @@ def share() -> GraphShare | None:
         return _SERVICE.share
 
 
-def _build(factory: Callable[[], TuneCache] | None) -> GraphShare | None:
+def _build(factory: Callable[[], TuneCache] | None) -> KernelShare | None:
     from .settings import Settings
 
     try:
@@ -171,9 +171,9 @@ def _build(factory: Callable[[], TuneCache] | None) -> GraphShare | None:
         plan = settings.kernel_sharing()
         if plan.state not in ("publish", "verify"):
             return None
-        from .core.graphs import GraphShare
+        from .core.kernels import KernelShare
 
-        return GraphShare.from_settings(plan, factory or _env_cache, noun="kernel")
+        return KernelShare.from_settings(plan, factory or _env_cache)
     except Exception as e:  # noqa: BLE001 - Triton compiles as it would alone
         log.warning("tunecache: compiled kernels are not shared in this process: %s", e)
         return None
@@ -191,7 +191,7 @@ def _record_use() -> None:
 
 def counts() -> dict[str, int]:
     """This process's kernel loads and publishes (loaded, absent, refused, published,
-    present, replaced; see GraphShare.counts)."""
+    present, replaced; see SignedArtifactShare.counts)."""
     found = _SERVICE.share
     return dict(found.counts) if found is not None else {}
 

@@ -353,28 +353,28 @@ class TuneCache:
             self._usage.add([result])
         return result
 
-    def note_graph_use(self, kind: str, key: str) -> None:
-        """A compiled graph was loaded from the database: counted, and written with the
-        usage counters (as hits are, so that a load stays a read)."""
-        self._usage.add_graph(kind, key)
+    def note_artifact_use(self, kind: str, key: str) -> None:
+        """A compiled artifact (graph or kernel) was loaded from the database: counted, and
+        written with the usage counters (as hits are, so that a load stays a read)."""
+        self._usage.add_artifact_use(kind, key)
         self._maybe_flush()
 
     def flush_usage(self) -> None:
         """Write the hit counts and the usage row gathered so far (one transaction), and
-        the compiled graphs' loads (another)."""
+        the compiled artifacts' loads (another)."""
         if self.settings.mode != "readwrite" or self._available.reason:
             self._usage.take()
-            self._usage.take_graphs()
+            self._usage.take_artifact_uses()
             return
         hits, counts = self._usage.take()
-        graphs = self._usage.take_graphs()
+        artifact_uses = self._usage.take_artifact_uses()
         try:
             if hits or any(counts.values()):
                 self._store.record_usage(hits, counts)
-            if graphs:
+            if artifact_uses:
                 from ..store.artifacts import ArtifactStore  # SQLAlchemy: first use only
 
-                ArtifactStore(self._db).record_uses(graphs)
+                ArtifactStore(self._db).record_uses(artifact_uses)
         except StoreError as e:
             logger.debug("tunecache: usage not recorded: %s", e)
 

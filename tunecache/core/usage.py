@@ -1,4 +1,5 @@
-"""Usage counters: hits and sources counted in memory until they are written to the store."""
+"""Usage counters: hits, sources and compiled artifacts' loads counted in memory until they
+are written to the store."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ __all__ = ["Usage"]
 
 
 class Usage:
-    """Hits and sources counted in memory, written by ``TuneCache.flush_usage``."""
+    """Hits, sources and artifact loads counted in memory, written by
+    ``TuneCache.flush_usage``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._since = time.monotonic()
         self._hits: dict[str, int] = {}
         self._counts: dict[str, float] = {}
-        # Compiled graphs loaded: (kind, key) -> (loads, wall-clock time of the last one)
-        self._graphs: dict[tuple[str, str], tuple[int, float]] = {}
+        # Compiled artifacts (graphs, kernels) loaded: (kind, key) -> (loads, wall-clock
+        # time of the last one)
+        self._artifact_uses: dict[tuple[str, str], tuple[int, float]] = {}
 
     def add(self, results: Iterable[Result]) -> None:
         with self._lock:
@@ -34,11 +37,11 @@ class Usage:
                     spent = self._counts.get("seconds_tuning", 0.0) + (r.tune_seconds or 0.0)
                     self._counts["seconds_tuning"] = spent
 
-    def add_graph(self, kind: str, key: str) -> None:
-        """A compiled graph was loaded (its time kept to the second, for `ls --graphs`)."""
+    def add_artifact_use(self, kind: str, key: str) -> None:
+        """A compiled artifact was loaded (its time kept to the second, for `ls --graphs`)."""
         with self._lock:
-            n, _ = self._graphs.get((kind, key), (0, 0.0))
-            self._graphs[(kind, key)] = (n + 1, time.time())
+            n, _ = self._artifact_uses.get((kind, key), (0, 0.0))
+            self._artifact_uses[(kind, key)] = (n + 1, time.time())
 
     def take(self) -> tuple[dict[str, int], dict[str, float]]:
         with self._lock:
@@ -46,10 +49,10 @@ class Usage:
             self._hits, self._counts, self._since = {}, {}, time.monotonic()
             return hits, counts
 
-    def take_graphs(self) -> dict[tuple[str, str], tuple[int, float]]:
+    def take_artifact_uses(self) -> dict[tuple[str, str], tuple[int, float]]:
         with self._lock:
-            graphs, self._graphs = self._graphs, {}
-            return graphs
+            uses, self._artifact_uses = self._artifact_uses, {}
+            return uses
 
     def age(self) -> float:
         return time.monotonic() - self._since

@@ -176,7 +176,7 @@ _REPLACE = (
             created_at=NOW, last_used_at=NOW, payload=bindparam("p_payload"))
     .returning(artifacts.c.kind)
 )
-# A job's loads of one graph, batched: the count added, the last use moved to the time of
+# A job's loads of one entry, batched: the count added, the last use moved to the time of
 # the last load (never back: jobs flush in any order).
 _RECORD_USES = (
     update(artifacts)
@@ -278,8 +278,9 @@ class ArtifactStore:
         return Artifact(kind, key, digest, signature, data, torch_version, created_at), row
 
     def record_uses(self, uses: Mapping[tuple[str, str], tuple[int, float]]) -> None:
-        """Add loads to graphs' counts: (kind, key) -> (loads, time of the last), in one
-        transaction. A graph pruned meanwhile is skipped."""
+        """Add loads to the entries' counts (compiled graphs and kernels alike): (kind,
+        key) -> (loads, time of the last), in one transaction. An entry pruned meanwhile
+        is skipped."""
         params = [{"p_kind": kind, "p_key": key, "p_n": n, "p_at": at}
                   for (kind, key), (n, at) in sorted(uses.items())]
         if params:
