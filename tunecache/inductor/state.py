@@ -15,17 +15,74 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .patches import Ledger
 from .stats import Stats, TritonStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..core.cache import TuneCache
     from ..core.graphs import GraphShare
-    from .gemm import GemmHooks
-    from .triton.remote import TritonCache
+    from .entries import GemmEntries
+    from .triton.attempt import Attempt
 
-__all__ = ["Registry", "REGISTRY"]
+__all__ = ["Registry", "REGISTRY", "InstalledGemmHooks", "InstalledTritonCache"]
+
+
+# What the registry holds, described by what its readers call: the hook modules import
+# this module, so it names their classes only through these protocols (mypy checks each
+# class against its protocol where enable() stores an instance).
+
+class CacheCloser(Protocol):
+    """The cache opener of the GEMM hooks (tunecache.inductor.opener.CacheOpener)."""
+
+    def close(self) -> None: ...
+
+
+class InstalledGemmHooks(Protocol):
+    """The GEMM selector hooks (tunecache.inductor.gemm.GemmHooks), as narrowing and
+    disable() read them."""
+
+    count_only: bool
+    entries: GemmEntries
+
+    @property
+    def opener(self) -> CacheCloser | None: ...
+    @property
+    def broken(self) -> bool: ...
+    def cache(self) -> TuneCache: ...
+    def warn_once(self, what: str, error: BaseException) -> None: ...
+
+
+class InstalledTritonCache(Protocol):
+    """The Triton remote-cache adapter (tunecache.inductor.triton.remote.TritonCache)."""
+
+    worker: bool
+
+    @property
+    def cache(self) -> Callable[[], TuneCache]: ...
+    def get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None: ...
+    def put(self, inductor_key: str, key_text: str, value: Any) -> None: ...
+    def flush(self, thread: int | None = None) -> None: ...
+    def warn_once(self, what: str, error: BaseException) -> None: ...
+    def attempt(self, what: str) -> Attempt: ...
+    def refuse(self, inductor_key: str, key_text: str, reason: str, config: Any) -> None: ...
+    def stored_config_failed(self, inductor_key: str, key_text: str, doing: str,
+                             error: BaseException) -> None: ...
+    def stored_instead(self, inductor_key: str, key_text: str) -> dict[str, Any] | None: ...
+    def plan_coordesc(self, inductor_key: str, key_text: str, *, waits: bool,
+                      ahead: bool = False) -> tuple[str, dict[str, Any] | None]: ...
+    def release_claim(self, inductor_key: str, key_text: str,
+                      error: BaseException | str) -> None: ...
+    def note_meta(self, inductor_key: str, key_text: str, **fields: Any) -> None: ...
+    def drop_meta(self, inductor_key: str, key_text: str) -> None: ...
+    def transfer_sources(self, inductor_key: str, key_text: str,
+                         limit: int = 2) -> list[tuple[str, dict[str, Any]]]: ...
+    def transfer_config_failed(self, inductor_key: str, key_text: str,
+                               error: BaseException) -> None: ...
+    def fusion_timing(self, key: Mapping[str, Any], *, waits: bool) -> tuple[str, Any]: ...
+    def publish_fusion_ms(self, key: Mapping[str, Any], claim: Any, ms: float) -> float: ...
 
 
 class Registry:
@@ -41,12 +98,12 @@ class Registry:
         self.patches = Ledger()
         # The GEMM selector hooks of the last enable() (tunecache.inductor.gemm); None
         # when disabled.
-        self.hooks: GemmHooks | None = None
+        self.hooks: InstalledGemmHooks | None = None
         # The Triton remote-cache adapter Inductor's calls reach (triton.remote); None
         # when Triton sharing is off (it may be on without the GEMM hooks: enabled from
         # the environment in a compile worker, or in the compiling process before the
         # GEMM hooks take it over).
-        self.triton: TritonCache | None = None
+        self.triton: InstalledTritonCache | None = None
         self.triton_atexit = False  # the at-exit flush of held Triton results is registered
         # Whether this enable has tried to install the runtime hooks on CachingAutotuner
         # and CoordescTuner (once: see triton.install.rekey_create).

@@ -25,7 +25,7 @@ from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
 from .kernel_sharing import disable_kernels, enable_kernels
 from .narrow import install_narrowing
 from .opener import CacheOpener
-from .state import REGISTRY
+from .state import REGISTRY, InstalledGemmHooks
 from .triton.install import disable_triton, enable_triton
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -166,7 +166,7 @@ def _disable_locked() -> None:
     _undo_locked(hooks)
 
 
-def _undo_locked(hooks: GemmHooks | None) -> None:
+def _undo_locked(hooks: InstalledGemmHooks | None) -> None:
     """Stop Triton and graph sharing, undo every patch in the ledger (newest first), and
     close the hooks' cache."""
     graphs_were_on = disable_graphs()

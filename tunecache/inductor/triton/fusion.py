@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..compat import param_names
-from ..state import REGISTRY
+from ..state import REGISTRY, InstalledTritonCache
 from .keys import fusion_benchmark_key
-from .remote import TritonCache
 from .signals import PeerMeasuring, released_as, stop_unless_wanted
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -44,7 +43,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             REGISTRY.triton_stats.add(fusion_seconds=time.perf_counter() - t0)
 
-    def shared_benchmark(state: TritonCache, self: Any, mod: Any, *args: Any,
+    def shared_benchmark(state: InstalledTritonCache, self: Any, mod: Any, *args: Any,
                          **kwargs: Any) -> Any:
         prefetching = getattr(REGISTRY.fusion_local, "prefetching", False)
         stop_unless_wanted()

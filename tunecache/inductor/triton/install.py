@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ... import keys as tc_keys
 from ...settings import Settings
 from ..compat import SUPPORTED_TORCH, param_names, torch_version
-from ..state import REGISTRY
+from ..state import REGISTRY, InstalledTritonCache
 from .candidates import install_candidate_skip
 from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
 from .fusion import install_fusion_sharing
@@ -111,7 +111,7 @@ def ensure_runtime_hooks(ours: type) -> None:
         _install_runtime_hooks(th.CachingAutotuner, ours, state)
 
 
-def _install_runtime_hooks(cls: type, ours: type, state: TritonCache) -> None:
+def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -> None:
     """Wrap, each on its own (one that fails leaves the others in place):
     ``CachingAutotuner.coordinate_descent_tuning`` (:func:`sharing_coordesc`),
     ``CachingAutotuner.autotune_to_one_config`` (:func:`sharing_one_config`),
