@@ -1,5 +1,6 @@
 """The registry of installed Inductor hooks: the one piece of mutable state of the
-Inductor package, and what :func:`tunecache.inductor.disable` empties.
+Inductor package, and what :func:`tunecache.inductor.disable` empties; and the protocols
+that describe the hook objects it holds (the modules that define them import this one).
 
 Every hook module reads and writes the registry's attributes instead of module globals,
 so a reader finds everything that enable() changed in one object. Every attribute set on
