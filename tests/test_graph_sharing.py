@@ -380,7 +380,7 @@ def test_the_forged_payload_reaches_inductors_unpickler_once_signed_with_the_clu
     marker = tmp_path / "MARKER"
     evil = _evil_payload(marker)
     right = load_signer(keys / PRIVATE_KEY_NAME)
-    monkeypatch.setattr(REGISTRY, "graphs_explained", set())
+    monkeypatch.setattr(REGISTRY, "explained", set())
     with tunecache.open(url) as cache:
         store = ArtifactStore(cache.database())
         _replace(store, "fxgraph", "planted", evil,
@@ -407,7 +407,7 @@ def test_a_bad_graph_setting_is_one_warning_and_tuning_stays_on(sqlite_url, sett
                                                                  caplog, monkeypatch):
     from torch._inductor import config, remote_cache
 
-    monkeypatch.setattr(REGISTRY, "graphs_explained", set())
+    monkeypatch.setattr(REGISTRY, "explained", set())
     before = remote_cache.RemoteFxGraphCache, config.fx_graph_remote_cache
     with caplog.at_level(logging.INFO, logger="tunecache"):
         try:
@@ -426,7 +426,7 @@ def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monke
     from torch._functorch import config as functorch_config
     from torch._inductor import config, remote_cache
 
-    monkeypatch.setattr(REGISTRY, "graphs_explained", set())
+    monkeypatch.setattr(REGISTRY, "explained", set())
     names = ("RemoteFxGraphCache", "RemoteAOTAutogradCache")
     before = ([getattr(remote_cache, n) for n in names], config.fx_graph_remote_cache,
               functorch_config.enable_remote_autograd_cache)

@@ -639,7 +639,7 @@ def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, cap
 
 def test_unsupported_torch_version_warns_once_and_installs_nothing(monkeypatch, sqlite_url, caplog):
     monkeypatch.setattr(torch, "__version__", "2.10.0")
-    monkeypatch.setattr(REGISTRY, "version_warned", False)
+    monkeypatch.setattr(REGISTRY, "explained", set())
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         assert tc_inductor.enable(db=sqlite_url) is False
         assert tc_inductor.enable(db=sqlite_url) is False

@@ -141,7 +141,7 @@ def test_a_writable_verify_key_turns_graph_sharing_off_with_one_warning(
     from tunecache import inductor as tc_inductor
     from tunecache.inductor.state import REGISTRY
 
-    monkeypatch.setattr(REGISTRY, "graphs_explained", set())
+    monkeypatch.setattr(REGISTRY, "explained", set())
     path = keys / PUBLIC_KEY_NAME
     path.chmod(0o666)
     with caplog.at_level(logging.INFO, logger="tunecache"):
@@ -175,7 +175,7 @@ def test_enable_with_a_fifo_verify_key_returns_with_graph_sharing_off(
     from tunecache import inductor as tc_inductor
     from tunecache.inductor.state import REGISTRY
 
-    monkeypatch.setattr(REGISTRY, "graphs_explained", set())
+    monkeypatch.setattr(REGISTRY, "explained", set())
     folder = tmp_path / "keys"
     folder.mkdir(mode=0o700)
     fifo = folder / PUBLIC_KEY_NAME

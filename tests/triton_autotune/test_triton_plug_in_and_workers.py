@@ -29,7 +29,7 @@ from triton_fakes import (  # noqa: E402
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.triton.remote import TritonCache  # noqa: E402
-from tunecache.inductor.triton.worker import EnvCache  # noqa: E402
+from tunecache.inductor.triton.worker import readonly_cache  # noqa: E402
 
 
 def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_path):
@@ -53,8 +53,8 @@ def test_entry_point_plugs_in_while_triton_heuristics_is_still_importing(tmp_pat
 def test_worker_reopens_a_database_created_after_its_first_look(tmp_path, monkeypatch):
     db = tmp_path / "tune.db"
     monkeypatch.setenv("TUNECACHE_DB", str(db))
-    monkeypatch.setattr(EnvCache, "RETRY_SECONDS", 0.0)
-    env_cache = EnvCache()
+    monkeypatch.setattr("tunecache.inductor.triton.worker.RETRY_SECONDS", 0.0)
+    env_cache = readonly_cache(tunecache.Settings.from_env())
     first = env_cache()
     assert first.lookup({"kind": "gemm", "op": "x"}) is None
     assert first.disabled_reason is not None and not db.exists()  # readonly: not created
@@ -74,7 +74,7 @@ def test_worker_reads_hold_no_postgresql_connection(pg_url, monkeypatch):
     monkeypatch.setenv("TUNECACHE_DB", pg_url)
     with tunecache.open(pg_url) as made:
         assert made.lookup({"kind": "gemm", "op": "none"}) is None  # schema in place
-    env_cache = EnvCache()
+    env_cache = readonly_cache(tunecache.Settings.from_env())
     worker = TritonCache(env_cache, worker=True)
     info = json.dumps({"kernel": "k", "name": "triton_poi_fused_add_0", "device": "cuda"})
     for _ in range(3):

@@ -1,11 +1,14 @@
-"""Which torch versions the Inductor hooks support, and the signature checks that refuse
-a build whose hooked methods differ (one warning; Inductor then autotunes as usual).
+"""Which torch versions the Inductor hooks support, the one error for an Inductor that
+differs from what a hook was written against, and the one way tunecache says that a part
+of it is off (each line once per process).
 
 Supported torch versions: 2.11, 2.12, 2.13, 2.14. On any other version :func:`enable`
 logs one warning and installs nothing, so Inductor behaves exactly as it would without
 tunecache. The hooks were read in the 2.11, 2.13 and 2.14 sources and run on 2.13 (CPU);
-:func:`enable` also checks the hooked methods' signatures, so a 2.12 or a patched build
-that changed them is refused the same way.
+every installer also checks the Inductor internals it hooks (their presence, the hooked
+methods' signatures) and raises :class:`InductorChanged` where they differ, so a 2.12 or
+a patched build that changed them is refused the same way: that part stays off, with one
+warning (:func:`warn_off`), and Inductor does that work as usual.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 from .state import REGISTRY
 
-__all__ = ["SUPPORTED_TORCH", "LOOKUP_PARAMS", "PRECOMPILE_PARAMS", "torch_version",
-           "param_names", "refuse"]
+__all__ = ["SUPPORTED_TORCH", "LOOKUP_PARAMS", "PRECOMPILE_PARAMS", "InductorChanged",
+           "unsupported", "param_names", "require", "warn_off", "explain_once"]
 
 log = logging.getLogger("tunecache")
 
@@ -31,21 +34,49 @@ SUPPORTED_TORCH: tuple[tuple[int, int], tuple[int, int]] = ((2, 11), (2, 14))
 LOOKUP_PARAMS = ("choices", "op", "inputs", "benchmark", "hint_override")
 PRECOMPILE_PARAMS = ("choices", "name", "inputs_key", "precompilation_timeout_seconds")
 
-def torch_version() -> tuple[int, int] | None:
+
+class InductorChanged(TypeError):
+    """This torch's Inductor lacks an internal a hook needs, or has it with another
+    signature: the part that needs it is not installed."""
+
+
+def unsupported() -> str | None:
+    """Why this torch's version is not supported, or None where it is."""
     import torch
 
+    low, high = SUPPORTED_TORCH
     try:
-        major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     except ValueError:
+        version = None
+    if version is not None and low <= version <= high:
         return None
-    return major, minor
+    return (f"torch {torch.__version__} is outside the supported "
+            f"{low[0]}.{low[1]}-{high[0]}.{high[1]}")
+
 
 def param_names(fn: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(p for p in inspect.signature(fn).parameters if p != "self")
 
 
-def refuse(reason: str) -> bool:
-    if not REGISTRY.version_warned:
-        REGISTRY.version_warned = True
-        log.warning("tunecache: not enabled for Inductor: %s; Inductor autotunes as usual", reason)
-    return False
+def require(*checks: tuple[str, bool]) -> None:
+    """Raise :class:`InductorChanged` naming every internal whose check is false."""
+    missing = [what for what, ok in checks if not ok]
+    if missing:
+        raise InductorChanged(f"this torch lacks {', '.join(missing)}")
+
+
+def warn_off(off: str, why: BaseException | str, still: str = "") -> None:
+    """Warn, once per process, that ``off`` (what tunecache does not do, and Inductor does
+    as usual) because of ``why``, and what ``still`` works."""
+    reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+    explain_once(logging.WARNING, "tunecache: %s (%s)%s", off, reason,
+                 f"; {still}" if still else "")
+
+
+def explain_once(level: int, message: str, *args: Any) -> None:
+    """Log a line on why a part is off, or how to turn it on, once per process."""
+    text = message % args
+    if text not in REGISTRY.explained:
+        REGISTRY.explained.add(text)
+        log.log(level, "%s", text)

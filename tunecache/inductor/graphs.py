@@ -38,20 +38,22 @@ import binascii
 import functools
 import json
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import stored_json
 from ..core.graphs import GraphShare
 from ..errors import SigningKeyError
-from ..settings import Settings
+from .compat import explain_once, require
+from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .. import TuneCache
+    from ..settings import Settings
+    from .opener import CacheOpener
+    from .patches import Ledger
 
-__all__ = ["enable_graphs", "disable_graphs", "clear_autograd_remote_cache", "encode_entry",
-           "decode_entry", "KIND_OF_CLASS", "explain_once"]
+__all__ = ["GRAPHS", "enable_graphs", "disable_graphs", "clear_autograd_remote_cache",
+           "encode_entry", "decode_entry", "KIND_OF_CLASS"]
 
 log = logging.getLogger("tunecache")
 
@@ -156,22 +158,15 @@ def remote_cache_classes() -> dict[str, type]:
     }
 
 
-def explain_once(level: int, message: str, *args: Any) -> None:
-    """Log a line on how to turn sharing on, or why it is off, once per process."""
-    text = message % args
-    if text not in REGISTRY.graphs_explained:
-        REGISTRY.graphs_explained.add(text)
-        log.log(level, "%s", text)
-
-
-def _missing() -> list[str]:
-    """The Inductor internals graph sharing needs that this torch lacks."""
+def _require_internals() -> None:
+    """Raise :class:`InductorChanged` where this torch lacks an Inductor internal graph
+    sharing needs."""
     from torch._functorch import config as functorch_config
     from torch._functorch._aot_autograd import autograd_cache
     from torch._inductor import codecache, config
     from torch._inductor import remote_cache as rc
 
-    return [what for what, ok in (
+    require(
         ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
         ("remote_cache.RemoteCacheBackend", hasattr(rc, "RemoteCacheBackend")),
         ("remote_cache.RemoteCachePassthroughSerde", hasattr(rc, "RemoteCachePassthroughSerde")),
@@ -186,7 +181,7 @@ def _missing() -> list[str]:
         ("config.fx_graph_remote_cache", hasattr(config, "fx_graph_remote_cache")),
         ("functorch config.enable_remote_autograd_cache",
          hasattr(functorch_config, "enable_remote_autograd_cache")),
-    ) if not ok]
+    )
 
 
 def clear_autograd_remote_cache() -> None:
@@ -199,11 +194,11 @@ def clear_autograd_remote_cache() -> None:
         clear()
 
 
-def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> bool:
+def enable_graphs(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                  environment: Settings | None) -> bool:
     """Serve Inductor's remote FX graph and AOTAutograd caches from the database, if
     ``settings`` configure a key; otherwise say once how to (or why not) and change
-    nothing. Returns whether graphs are shared. ``cache`` returns the TuneCache of the
-    database (opened lazily)."""
+    nothing. Returns whether graphs are shared. Every change goes through ``ledger``."""
     plan = settings.graph_sharing()
     if plan.state == "off":
         return False
@@ -212,41 +207,25 @@ def enable_graphs(cache: Callable[[], TuneCache], settings: Settings) -> bool:
         return False
     if plan.state == "invalid":
         explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
-                      "tuning is shared as usual", plan.problem)
+                     "tuning is shared as usual", plan.problem)
         return False
     try:
         share = GraphShare.from_settings(plan, cache)
     except SigningKeyError as e:
         explain_once(logging.WARNING, "tunecache: compiled graphs are not shared: %s; "
-                      "tuning is shared as usual", e)
+                     "tuning is shared as usual", e)
         return False
-    mark = REGISTRY.patches.mark()
-    try:
-        missing = _missing()
-        if missing:
-            explain_once(logging.WARNING, "tunecache: compiled graphs are not shared "
-                          "(this torch lacks %s); tuning is shared as usual",
-                          ", ".join(missing))
-            return False
-        from torch._functorch import config as functorch_config
-        from torch._inductor import config
-        from torch._inductor import remote_cache as rc
+    _require_internals()
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
 
-        REGISTRY.graphs = share
-        for name, cls in remote_cache_classes().items():
-            REGISTRY.patches.patch(rc, name, cls)
-        REGISTRY.patches.patch(config, "fx_graph_remote_cache", True)
-        REGISTRY.patches.patch(functorch_config, "enable_remote_autograd_cache", True)
-        clear_autograd_remote_cache()
-    except BaseException as e:
-        REGISTRY.graphs = None
-        REGISTRY.patches.undo(mark)
-        if not isinstance(e, Exception):
-            raise
-        # tuning is shared all the same
-        explain_once(logging.WARNING, "tunecache: compiled graphs are not shared (%s: %s); "
-                      "tuning is shared as usual", type(e).__name__, e)
-        return False
+    REGISTRY.graphs = share
+    for name, cls in remote_cache_classes().items():
+        ledger.patch(rc, name, cls)
+    ledger.patch(config, "fx_graph_remote_cache", True)
+    ledger.patch(functorch_config, "enable_remote_autograd_cache", True)
+    clear_autograd_remote_cache()
     log.debug("tunecache: compiled graphs shared (%s, key %s)",
               "publish and load" if share.publishes else "load only", share.fingerprint)
     return True
@@ -258,3 +237,7 @@ def disable_graphs() -> bool:
     and then :func:`clear_autograd_remote_cache`."""
     share, REGISTRY.graphs = REGISTRY.graphs, None
     return share is not None
+
+
+GRAPHS = Part(enable_graphs, disable_graphs, "compiled graphs are not shared",
+              "tuning is shared as usual", after_undo=clear_autograd_remote_cache)

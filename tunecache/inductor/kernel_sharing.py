@@ -20,19 +20,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import triton_cache
-from ..settings import Settings
-from .compat import param_names
-from .graphs import explain_once
+from .compat import InductorChanged, explain_once, param_names
+from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .. import TuneCache
+    from ..settings import Settings
+    from .opener import CacheOpener
+    from .patches import Ledger
 
-__all__ = ["enable_kernels", "disable_kernels", "content_suffix", "MANAGER_VAR"]
+__all__ = ["KERNELS", "enable_kernels", "disable_kernels", "content_suffix", "MANAGER_VAR"]
 
 log = logging.getLogger("tunecache")
 
@@ -46,13 +46,14 @@ def content_suffix(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def _install_content_names() -> None:
+def _install_content_names(ledger: Ledger) -> None:
     from torch._inductor.codegen.triton import TritonScheduling
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
     if param_names(TritonScheduling.define_kernel) != _DEFINE_PARAMS \
             or param_names(PythonWrapperCodegen.next_kernel_suffix) != ():
-        raise RuntimeError("TritonScheduling.define_kernel or next_kernel_suffix changed signature")
+        raise InductorChanged("TritonScheduling.define_kernel or next_kernel_suffix changed "
+                              "signature")
     orig_define = TritonScheduling.define_kernel
     orig_suffix = PythonWrapperCodegen.next_kernel_suffix
     local = REGISTRY.kernel_names_local
@@ -72,18 +73,20 @@ def _install_content_names() -> None:
         local.suffix = None  # one name per kernel defined; anything else counts as before
         return suffix
 
-    REGISTRY.patches.patch(TritonScheduling, "define_kernel", define_kernel)
-    REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
+    ledger.patch(TritonScheduling, "define_kernel", define_kernel)
+    ledger.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
-def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
+def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                   environment: Settings | None) -> bool:
     """Share compiled Triton kernels through the database where ``settings`` share
-    graphs (the same keys); returns whether they are shared.
+    graphs (the same keys); returns whether they are shared. Every change goes through
+    ``ledger``.
 
     Triton and Inductor's compile workers find the manager through the environment, and
-    the workers build its service from TUNECACHE_*: kernels are shared only where those
-    select this process's database and keys (a cache opened with other arguments keeps
-    kernels local), and never over a TRITON_CACHE_MANAGER the user set.
+    the workers build its service from TUNECACHE_* (``environment``): kernels are shared
+    only where those select this process's database and keys (a cache opened with other
+    arguments keeps kernels local), and never over a TRITON_CACHE_MANAGER the user set.
     """
     plan = settings.kernel_sharing()
     if plan.state not in ("publish", "verify"):
@@ -93,25 +96,13 @@ def enable_kernels(cache: Callable[[], TuneCache], settings: Settings) -> bool:
         explain_once(logging.WARNING, "tunecache: compiled kernels are not shared: %s=%s is "
                      "set (graphs and tuning are shared as usual)", MANAGER_VAR, current)
         return False
-    try:
-        from_env = Settings.from_env()
-        same = from_env.db_url == settings.db_url \
-            and from_env.kernel_sharing() == plan and from_env.mode == settings.mode
-    except Exception:  # noqa: BLE001 - a bad environment: the workers could not use it
-        same = False
-    if not same:
+    if environment is None or environment.db_url != settings.db_url \
+            or environment.kernel_sharing() != plan or environment.mode != settings.mode:
         explain_once(logging.INFO, "tunecache: compiled kernels are not shared: Inductor's "
                      "compile workers read TUNECACHE_* from the environment, which selects "
                      "another database, key or mode than this cache's")
         return False
-    mark = REGISTRY.patches.mark()
-    try:
-        _install_content_names()
-    except Exception as e:  # noqa: BLE001 - kernels stay local; graphs, tuning as usual
-        REGISTRY.patches.undo(mark)
-        explain_once(logging.WARNING, "tunecache: compiled kernels are not shared (%s: %s)",
-                     type(e).__name__, e)
-        return False
+    _install_content_names(ledger)
     triton_cache.use_cache(cache)
     REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
     os.environ[MANAGER_VAR] = triton_cache.MANAGER
@@ -132,3 +123,7 @@ def disable_kernels() -> bool:
         os.environ.pop(MANAGER_VAR, None)
     triton_cache.use_cache(None)
     return True
+
+
+KERNELS = Part(enable_kernels, disable_kernels, "compiled kernels are not shared",
+               "graphs and tuning are shared as usual")

@@ -64,13 +64,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
-from .compat import param_names
+from .compat import InductorChanged, param_names, require
 from .gemm import candidate_id, gemm_key
 from .state import REGISTRY
 from .transfer import Plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..settings import Settings
     from .entries import GemmEntries
+    from .opener import CacheOpener
     from .patches import Ledger
 
 __all__ = ["install_narrowing", "predicted_id"]
@@ -287,27 +289,25 @@ def _checking_get_template_configs(orig: Callable[..., Any]) -> Callable[..., An
     return get_template_configs
 
 
-def install_narrowing(patches: Ledger) -> None:
+def install_narrowing(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                      environment: Settings | None) -> bool:
     """Wrap InductorChoices.get_template_configs and _finalize_template_configs, through
-    ``patches``."""
+    ``ledger`` (whatever the settings: a stored GEMM's entry decides); returns True."""
+    from torch._inductor import select_algorithm
     from torch._inductor.choices import InductorChoices
-
-    # Imported only to fail here, before anything is patched, on a torch without them.
-    from torch._inductor.select_algorithm import (  # noqa: F401
-        ExternKernelChoice,
-        TritonTemplate,
-        create_inputs_key,
-    )
 
     get = InductorChoices.__dict__.get("get_template_configs")
     fin = InductorChoices.__dict__.get("_finalize_template_configs")
+    require(*((f"select_algorithm.{name}", hasattr(select_algorithm, name))
+              for name in ("ExternKernelChoice", "TritonTemplate", "create_inputs_key")))
     if not callable(get) or param_names(get)[:3] != ("kernel_inputs", "templates", "op_name"):
-        raise TypeError("InductorChoices.get_template_configs(kernel_inputs, templates, "
-                        "op_name, ...) changed")
+        raise InductorChanged("InductorChoices.get_template_configs(kernel_inputs, templates, "
+                              "op_name, ...) changed")
     if not callable(fin) or param_names(fin)[:4] != (
             "template_choices", "kernel_inputs", "templates", "op_name"):
-        raise TypeError("InductorChoices._finalize_template_configs(template_choices, "
-                        "kernel_inputs, templates, op_name, ...) changed")
+        raise InductorChanged("InductorChoices._finalize_template_configs(template_choices, "
+                              "kernel_inputs, templates, op_name, ...) changed")
     REGISTRY.narrowing_off = False
-    patches.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
-    patches.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))
+    ledger.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
+    ledger.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))
+    return True

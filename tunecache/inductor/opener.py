@@ -4,12 +4,15 @@ GEMM lookups, Triton configs, compiled graphs and kernels all reach the database
 one :class:`CacheOpener`: the cache given to enable(), or one opened from its settings at
 the first use (a job that compiles nothing autotuned never opens a connection). A cache
 that failed to open is not retried in this process: the hooks fall back to Inductor's own
-behaviour, as for any store failure.
+behaviour, as for any store failure. A compile worker's opener (``retry_seconds``,
+tunecache/inductor/triton/worker.py) also replaces a cache that stopped reaching its
+database, at most that often.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from .state import REGISTRY
@@ -23,20 +26,31 @@ __all__ = ["CacheOpener"]
 
 class CacheOpener:
     """Call it for the TuneCache of ``settings`` (``cache`` where one was given: then the
-    caller owns it, and :meth:`close` leaves it open)."""
+    caller owns it, and :meth:`close` leaves it open).
 
-    def __init__(self, settings: Settings, cache: TuneCache | None = None) -> None:
+    ``retry_seconds``: a cache it opened that stopped reaching its database (a TuneCache
+    then tunes locally for the rest of the process) is closed and opened afresh at the
+    next call, once it is that old.
+    """
+
+    def __init__(self, settings: Settings, cache: TuneCache | None = None, *,
+                 retry_seconds: float | None = None) -> None:
         self.settings = settings
         self._cache = cache
         self._owned = cache is None
         self._lock = threading.Lock()
         self.broken = False  # opening failed: Inductor's own behaviour from now on
+        self.retry_seconds = retry_seconds
+        self._opened = 0.0  # time.monotonic() when this opener last opened its cache
 
     def __call__(self) -> TuneCache:
         REGISTRY.database_used = True
         with self._lock:
             if self.broken:
                 raise RuntimeError("the tunecache database could not be opened earlier")
+            if self._cache is not None and self._stale(self._cache):
+                stale, self._cache = self._cache, None
+                stale.close()
             if self._cache is None:
                 from ..core.cache import TuneCache
 
@@ -45,7 +59,13 @@ class CacheOpener:
                 except BaseException:
                     self.broken = True
                     raise
+                self._opened = time.monotonic()
             return self._cache
+
+    def _stale(self, cache: TuneCache) -> bool:
+        return self.retry_seconds is not None and self._owned \
+            and cache.disabled_reason is not None \
+            and time.monotonic() - self._opened > self.retry_seconds
 
     def close(self) -> None:
         """Close the cache this opener opened (one given to it stays open)."""

@@ -25,6 +25,7 @@ from .stats import Stats, TritonStats
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..core.cache import TuneCache
     from ..core.graphs import GraphShare
+    from ..settings import Settings
     from .entries import GemmEntries
     from .triton.attempt import Attempt
 
@@ -35,9 +36,11 @@ __all__ = ["Registry", "REGISTRY", "InstalledGemmHooks", "InstalledTritonCache"]
 # this module, so it names their classes only through these protocols (mypy checks each
 # class against its protocol where enable() stores an instance).
 
-class CacheCloser(Protocol):
+class InstalledOpener(Protocol):
     """The cache opener of the GEMM hooks (tunecache.inductor.opener.CacheOpener)."""
 
+    @property
+    def settings(self) -> Settings: ...
     def close(self) -> None: ...
 
 
@@ -49,7 +52,7 @@ class InstalledGemmHooks(Protocol):
     entries: GemmEntries
 
     @property
-    def opener(self) -> CacheCloser | None: ...
+    def opener(self) -> InstalledOpener | None: ...
     @property
     def broken(self) -> bool: ...
     def cache(self) -> TuneCache: ...
@@ -126,12 +129,12 @@ class Registry:
         # its safety net found a mismatch (until the next enable()).
         self.gemm_local = threading.local()
         self.narrowing_off = False
-        self.version_warned = False  # the unsupported-version warning was logged
+        # The lines on why a part is off, or how to turn it on, logged in this process
+        # (compat.explain_once: each once).
+        self.explained: set[str] = set()
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
-        # and AOTAutograd caches reach (None when off), and the lines on how to turn it
-        # on, or why it is off, logged in this process (each once).
+        # and AOTAutograd caches reach (None when off).
         self.graphs: GraphShare | None = None
-        self.graphs_explained: set[str] = set()
         # Kernel sharing (inductor.kernel_sharing): whether it is on, TRITON_CACHE_MANAGER's
         # value before enable set it (None: unset), and per thread, .suffix: the
         # content-derived name suffix of the kernel TritonScheduling.define_kernel defines.

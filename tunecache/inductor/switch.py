@@ -1,10 +1,12 @@
 """Turning the Inductor integration on and off: :func:`enable` installs the GEMM selector
-hooks, the deferred pass, Triton sharing, compiled-graph and kernel sharing; :func:`disable`
-undoes all of it."""
+hooks and the deferred pass, then each optional part (:data:`PARTS`: narrowing, Triton
+sharing, compiled graphs, compiled kernels); :func:`disable` stops the parts in reverse
+and undoes all of it."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import types
 from collections.abc import Callable
@@ -14,26 +16,40 @@ from ..settings import Settings, activation
 from .compat import (
     LOOKUP_PARAMS,
     PRECOMPILE_PARAMS,
-    SUPPORTED_TORCH,
+    InductorChanged,
     param_names,
-    refuse,
-    torch_version,
+    unsupported,
+    warn_off,
 )
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
-from .graphs import clear_autograd_remote_cache, disable_graphs, enable_graphs
-from .kernel_sharing import disable_kernels, enable_kernels
+from .graphs import GRAPHS
+from .kernel_sharing import KERNELS
 from .narrow import install_narrowing
 from .opener import CacheOpener
+from .parts import Part, install
 from .state import REGISTRY, InstalledGemmHooks
-from .triton.install import disable_triton, enable_triton
+from .triton.install import TRITON
+from .triton.worker import workers_settings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
 
-__all__ = ["enable", "disable", "is_enabled", "enable_from_env"]
+__all__ = ["enable", "disable", "is_enabled", "enable_from_env", "PARTS"]
 
 log = logging.getLogger("tunecache")
+
+
+def _narrowing_is_undone() -> bool:
+    return False  # it holds nothing but its patches, which are the ledger's
+
+
+NARROWING = Part(install_narrowing, _narrowing_is_undone,
+                 "a stored GEMM still generates all its template choices")
+
+# The optional parts, in the order enable() installs them (after the GEMM hooks and the
+# deferred pass, which every part relies on); disable() stops them in reverse.
+PARTS: tuple[Part, ...] = (NARROWING, TRITON, GRAPHS, KERNELS)
 
 
 def is_enabled() -> bool:
@@ -51,25 +67,19 @@ def enable(
     overridden. ``count_only=True`` installs only the benchmark counter (:data:`stats`),
     no cache. TUNECACHE_MODE=off enables nothing. Calling it again replaces the hooks.
     """
-    version = torch_version()
-    low, high = SUPPORTED_TORCH
-    if version is None or not (low <= version <= high):
-        import torch
-
-        return refuse(
-            f"torch {torch.__version__} is outside the supported "
-            f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
-        )
-    share_triton = False
-    chosen_url = ""
+    reason = unsupported()
+    if reason is not None:
+        return _refuse(reason)
     chosen: Settings | None = None
+    environment: Settings | None = None
     if not count_only:
         chosen = cache.settings if cache is not None else Settings.from_env(**settings)
         if chosen.mode == "off" and cache is None:
             log.info("tunecache: TUNECACHE_MODE=off, Inductor autotunes as usual")
             return False
-        share_triton = chosen.triton_configs
-        chosen_url = chosen.db_url
+        # TUNECACHE_* as Inductor's compile workers will read it: these very settings
+        # where they came from the environment alone.
+        environment = chosen if cache is None and not settings else workers_settings()
 
     from torch._inductor import select_algorithm
 
@@ -78,7 +88,8 @@ def enable(
     if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
         cls.make_precompile_fn
     ) != PRECOMPILE_PARAMS:
-        return refuse("AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+        return _refuse(InductorChanged(
+            "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature"))
 
     with REGISTRY.enable_lock:
         # Replaces the hooks of an earlier enable(), and takes over Triton sharing enabled
@@ -87,7 +98,11 @@ def enable(
         opener = None if chosen is None else CacheOpener(chosen, cache)
         hooks = GemmHooks(selector, opener)
         try:
-            _install(hooks, selector, cls, count_only, share_triton, chosen_url, chosen)
+            _install_gemm_hooks(hooks, selector, cls)
+            if opener is not None and chosen is not None:
+                _install_pre_fusion_pass(hooks)
+                for part in PARTS:
+                    install(part, REGISTRY.patches, opener, chosen, environment)
         except BaseException:
             # Half-way: put back what was done, and let the error out as it came.
             _undo_locked(hooks)
@@ -97,11 +112,14 @@ def enable(
     return True
 
 
-def _install(hooks: GemmHooks, selector: Any, cls: Any, count_only: bool,
-             share_triton: bool, chosen_url: str, chosen: Settings | None) -> None:
-    """Everything enable() changes, each change through REGISTRY.patches."""
-    from torch._inductor import config
+def _refuse(why: BaseException | str) -> bool:
+    warn_off("not enabled for Inductor", why, "Inductor autotunes as usual")
+    return False
 
+
+def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any) -> None:
+    """The selector's lookup and make_precompile_fn through ``hooks`` (count-only hooks
+    too), through REGISTRY.patches."""
     patch = REGISTRY.patches.patch
     orig_lookup = cls.lookup.__get__(selector, cls)
     orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
@@ -137,8 +155,14 @@ def _install(hooks: GemmHooks, selector: Any, cls: Any, count_only: bool,
     # Instance attributes over the class's methods: undone, the class's show through.
     patch(selector, "lookup", types.MethodType(lookup, selector))
     patch(selector, "make_precompile_fn", types.MethodType(make_precompile_fn, selector))
-    if count_only:
-        return
+
+
+def _install_pre_fusion_pass(hooks: GemmHooks) -> None:
+    """The deferred pass (a graph's deferred GEMMs in one go), in place of Inductor's own
+    distributed GEMM autotuning, through REGISTRY.patches."""
+    from torch._inductor import config
+
+    patch = REGISTRY.patches.patch
     if getattr(config, "distributed_max_autotune_gemm", False):
         patch(config, "distributed_max_autotune_gemm", False)
         log.info(
@@ -147,18 +171,6 @@ def _install(hooks: GemmHooks, selector: Any, cls: Any, count_only: bool,
         )
     patch(config, "_pre_fusion_custom_pass",
           make_pre_fusion_pass(hooks, config._pre_fusion_custom_pass))
-    mark = REGISTRY.patches.mark()
-    try:
-        install_narrowing(REGISTRY.patches)
-    except Exception as e:  # noqa: BLE001 - every choice is generated, as usual
-        REGISTRY.patches.undo(mark)
-        log.warning("tunecache: a stored GEMM still generates all its template "
-                    "choices (%s: %s)", type(e).__name__, e)
-    if share_triton:
-        enable_triton(hooks.cache, chosen_url)
-    if chosen is not None:
-        enable_graphs(hooks.cache, chosen)
-        enable_kernels(hooks.cache, chosen)
 
 
 def _disable_locked() -> None:
@@ -167,20 +179,32 @@ def _disable_locked() -> None:
 
 
 def _undo_locked(hooks: InstalledGemmHooks | None) -> None:
-    """Stop Triton and graph sharing, undo every patch in the ledger (newest first), and
-    close the hooks' cache."""
-    graphs_were_on = disable_graphs()
-    disable_kernels()
-    try:
-        disable_triton()  # flushes held results: may fail, and the rest is undone anyway
-    finally:
-        try:
-            REGISTRY.patches.undo()
-            if graphs_were_on:
-                clear_autograd_remote_cache()
-        finally:
-            if hooks is not None and hooks.opener is not None:
-                hooks.opener.close()
+    """Stop every part (the newest first), undo every patch in the ledger (newest first),
+    run what a part that was on needs once its patches are gone, and close the hooks'
+    cache. Each step runs even where one before it failed (Triton's flush of held
+    results may); the failure is raised at the end."""
+    stopped: list[Part] = []
+
+    def stop(part: Part) -> None:
+        if part.disable():
+            stopped.append(part)
+
+    def after_undo() -> None:
+        for part in stopped:
+            if part.after_undo is not None:
+                part.after_undo()
+
+    def close() -> None:
+        if hooks is not None and hooks.opener is not None:
+            hooks.opener.close()
+
+    # An ExitStack runs its callbacks last pushed first, each whatever the others raised.
+    with contextlib.ExitStack() as steps:
+        steps.callback(close)
+        steps.callback(after_undo)
+        steps.callback(REGISTRY.patches.undo)
+        for part in PARTS:
+            steps.callback(stop, part)
 
 
 def disable() -> None:
@@ -197,9 +221,12 @@ def enable_from_env() -> None:
         enable(count_only=True)
     elif enable():
         with REGISTRY.enable_lock:
-            if not REGISTRY.nothing_shared_atexit:
+            hooks = REGISTRY.hooks
+            if hooks is not None and hooks.opener is not None \
+                    and not REGISTRY.nothing_shared_atexit:
                 REGISTRY.nothing_shared_atexit = True
-                atexit.register(_say_if_nothing_shared, Settings.from_env())
+                # The settings that enable() just read from the environment.
+                atexit.register(_say_if_nothing_shared, hooks.opener.settings)
 
 
 # What max-autotune benchmarks, for the line below and the README's "What autotunes where".

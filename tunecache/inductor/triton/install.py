@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
 from ...settings import Settings
-from ..compat import SUPPORTED_TORCH, param_names, torch_version
+from ..compat import InductorChanged, param_names, require, unsupported, warn_off
+from ..opener import CacheOpener
+from ..parts import Part, install
 from ..state import REGISTRY, InstalledTritonCache
 from .candidates import install_candidate_skip
 from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
@@ -22,13 +24,12 @@ from .keys import triton_kernel_info
 from .remote import TritonCache, remote_cache_class
 from .split import splitting_single_field, stopping_unwanted
 from .stored import checking_read_best, falling_back_precompile
-from .worker import EnvCache, workers_read_cache
+from .worker import readonly_cache, workers_read_cache
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ... import TuneCache
     from ..patches import Ledger
 
-__all__ = ["enable_triton", "disable_triton", "enable_triton_from_env"]
+__all__ = ["TRITON", "enable_triton", "disable_triton", "enable_triton_from_env"]
 
 log = logging.getLogger("tunecache")
 
@@ -126,29 +127,30 @@ def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -
 
         orig = AutotuneCache.__dict__.get("read_best")
         if not callable(orig) or param_names(orig) != ("inductor_meta", "configs"):
-            raise TypeError("AutotuneCache.read_best(inductor_meta, configs) changed")
+            raise InductorChanged("AutotuneCache.read_best(inductor_meta, configs) changed")
         precompile = cls.__dict__.get("precompile")
         if not callable(precompile):
-            raise TypeError("CachingAutotuner.precompile changed")
+            raise InductorChanged("CachingAutotuner.precompile changed")
         _replace(AutotuneCache, "read_best", checking_read_best(orig, ours))
         _replace(cls, "precompile", falling_back_precompile(precompile))
 
     def coordesc() -> None:
         orig = cls.__dict__.get("coordinate_descent_tuning")
         if not callable(orig) or param_names(orig)[:1] != ("launcher",):
-            raise TypeError("CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
+            raise InductorChanged(
+                "CachingAutotuner.coordinate_descent_tuning(launcher, ...) changed")
         _replace(cls, "coordinate_descent_tuning", sharing_coordesc(orig, ours))
 
     def one_config() -> None:
         orig = cls.__dict__.get("autotune_to_one_config")
         if not callable(orig) or "benchmark_all_configs" not in cls.__dict__:
-            raise TypeError("CachingAutotuner.autotune_to_one_config changed")
+            raise InductorChanged("CachingAutotuner.autotune_to_one_config changed")
         _replace(cls, "autotune_to_one_config", sharing_one_config(orig, ours))
 
     def rblock() -> None:
         orig = cls.__dict__.get("_dynamic_scale_rblock")
         if not callable(orig) or param_names(orig) != ():
-            raise TypeError("CachingAutotuner._dynamic_scale_rblock() changed")
+            raise InductorChanged("CachingAutotuner._dynamic_scale_rblock() changed")
         _replace(cls, "_dynamic_scale_rblock", keeping_hit_configs(orig))
 
     def single_field() -> None:
@@ -158,25 +160,27 @@ def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -
         if not isinstance(orig, staticmethod) or param_names(orig.__func__) != (
             "fn", "init_val", "min_val", "max_val"
         ):
-            raise TypeError("CoordescTuner.autotune_single_field(fn, init_val, ...) changed")
+            raise InductorChanged(
+                "CoordescTuner.autotune_single_field(fn, init_val, ...) changed")
         _replace(CoordescTuner, "autotune_single_field",
                  staticmethod(splitting_single_field(orig.__func__)))
         orig = CoordescTuner.__dict__.get("call_func")
         if not callable(orig) or param_names(orig) != ("func", "config"):
-            raise TypeError("CoordescTuner.call_func(func, config) changed")
+            raise InductorChanged("CoordescTuner.call_func(func, config) changed")
         _replace(CoordescTuner, "call_func", stopping_unwanted(orig))
 
-    for what, install in (("checking stored configs", stored_configs),
-                          ("sharing coordinate descent", coordesc),
-                          ("leaving a peer's kernels unbenchmarked", one_config),
-                          ("keeping stored reduction configs", rblock),
-                          ("splitting the split-size search", single_field)):
-        if state.worker and install is not stored_configs:
+    for what, hook in (("checking stored configs", stored_configs),
+                       ("sharing coordinate descent", coordesc),
+                       ("leaving a peer's kernels unbenchmarked", one_config),
+                       ("keeping stored reduction configs", rblock),
+                       ("splitting the split-size search", single_field)):
+        if state.worker and hook is not stored_configs:
             continue
         try:
-            install()
+            hook()
         except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
-            state.warn_once(what, e)
+            REGISTRY.triton_stats.add(errors=1)  # counted with the adapter's failures
+            warn_off(f"Triton sharing is on without {what}", e, "Inductor does that as usual")
 
 
 def _replace(owner: type, name: str, value: Any) -> None:
@@ -205,104 +209,102 @@ def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     return create
 
 
-def enable_triton(cache: Callable[[], TuneCache], db_url: str, *, worker: bool = False) -> bool:
+def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                  environment: Settings | None) -> bool:
     """Plug tunecache in as Inductor's remote autotune cache (see the notes in
-    triton/install.py); returns whether it is. Every change goes through the registry's
-    patch ledger; where one step fails, the steps before it are undone.
-
-    ``cache`` returns the TuneCache (opened lazily) of the database ``db_url``;
-    ``worker``: see :class:`TritonCache`.
-    """
-    mark = REGISTRY.patches.mark()
-    try:
-        from torch._inductor import config
-        from torch._inductor import remote_cache as rc
-        from torch._inductor.runtime import autotune_cache as ac
-
-        missing = [
-            what for what, ok in (
-                ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
-                ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
-                ("remote_cache.RemoteCachePassthroughSerde",
-                 hasattr(rc, "RemoteCachePassthroughSerde")),
-                ("AutotuneCache.create", isinstance(ac.AutotuneCache.__dict__.get("create"),
-                                                    staticmethod)),
-                ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
-                ("config.compile_threads", hasattr(config, "compile_threads")),
-            ) if not ok
-        ]
-        create = ac.AutotuneCache.__dict__.get("create")
-        if not missing and param_names(create.__func__) != (
-            "inductor_meta", "filename", "configs_hash"
-        ):
-            missing.append("AutotuneCache.create(inductor_meta, filename, configs_hash)")
-        if missing:
-            log.warning(
-                "tunecache: Triton kernel autotuning is not shared (missing: %s); GEMM "
-                "autotuning is", ", ".join(missing),
-            )
-            return False
-        ours = remote_cache_class()
-        patch = REGISTRY.patches.patch
-        REGISTRY.triton = TritonCache(cache, worker=worker)
-        patch(rc, "RemoteAutotuneCache", ours)
-        patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
-        patch(config, "autotune_remote_cache", True)
-        ensure_runtime_hooks(ours)
-        # Compile workers never benchmark fusions.
-        if not worker and _install_part(install_fusion_sharing,
-                                        "fusion benchmark timings are not shared"):
-            _install_part(install_candidate_skip, "fusion candidates with a stored "
-                          "timing are still compiled")
-        if not worker and config.compile_threads != 1 and not workers_read_cache(db_url):
-            patch(config, "compile_threads", 1)
-            log.info(
-                "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
-                "kernels load (and read the shared autotune cache) in this process: "
-                "compile workers only reach it when TUNECACHE_DB names this database and "
-                "tunecache's torch.backends entry point is installed (docs/triton-autotune.md)"
-            )
-        if not REGISTRY.triton_atexit:
-            REGISTRY.triton_atexit = True
-            atexit.register(flush_triton)
-        return True
-    except BaseException as e:
-        try:
-            disable_triton()
-        finally:
-            REGISTRY.patches.undo(mark)
-        if not isinstance(e, Exception):
-            raise
-        # the GEMM hooks stay; Triton as usual
-        log.warning("tunecache: Triton kernel autotuning is not shared (%s: %s)",
-                    type(e).__name__, e)
+    triton/install.py) where ``settings`` share Triton configs; returns whether it is.
+    Every change goes through ``ledger``."""
+    if not settings.triton_configs:
         return False
+    return _plug_in(ledger, cache, settings, environment, worker=False)
 
 
-def _install_part(install: Callable[[Ledger], None], without: str) -> bool:
+def _enable_in_worker(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                      environment: Settings | None) -> bool:
+    return _plug_in(ledger, cache, settings, environment, worker=True)
+
+
+def _plug_in(ledger: Ledger, cache: CacheOpener, settings: Settings,
+             environment: Settings | None, *, worker: bool) -> bool:
+    """``worker``: see :class:`TritonCache`."""
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
+    from torch._inductor.runtime import autotune_cache as ac
+
+    create = ac.AutotuneCache.__dict__.get("create")
+    require(
+        ("remote_cache.RemoteAutotuneCache", hasattr(rc, "RemoteAutotuneCache")),
+        ("remote_cache.RemoteCache", hasattr(rc, "RemoteCache")),
+        ("remote_cache.RemoteCachePassthroughSerde", hasattr(rc, "RemoteCachePassthroughSerde")),
+        ("AutotuneCache.create", isinstance(create, staticmethod)),
+        ("config.autotune_remote_cache", hasattr(config, "autotune_remote_cache")),
+        ("config.compile_threads", hasattr(config, "compile_threads")),
+    )
+    if param_names(create.__func__) != ("inductor_meta", "filename", "configs_hash"):
+        raise InductorChanged("AutotuneCache.create(inductor_meta, filename, configs_hash) "
+                              "changed")
+    ours = remote_cache_class()
+    REGISTRY.triton = TritonCache(cache, worker=worker)
+    ledger.patch(rc, "RemoteAutotuneCache", ours)
+    ledger.patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
+    ledger.patch(config, "autotune_remote_cache", True)
+    ensure_runtime_hooks(ours)
+    # Compile workers never benchmark fusions.
+    if not worker and _install_part(ledger, install_fusion_sharing,
+                                    "fusion benchmark timings are not shared"):
+        _install_part(ledger, install_candidate_skip, "fusion candidates with a stored "
+                      "timing are still compiled")
+    if not worker and config.compile_threads != 1 \
+            and not workers_read_cache(settings, environment):
+        ledger.patch(config, "compile_threads", 1)
+        log.info(
+            "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
+            "kernels load (and read the shared autotune cache) in this process: "
+            "compile workers only reach it when TUNECACHE_DB names this database and "
+            "tunecache's torch.backends entry point is installed (docs/triton-autotune.md)"
+        )
+    if not REGISTRY.triton_atexit:
+        REGISTRY.triton_atexit = True
+        atexit.register(flush_triton)
+    return True
+
+
+def _install_part(ledger: Ledger, install: Callable[[Ledger], None], off: str) -> bool:
     """One optional part of Triton sharing; one that fails is undone, and warned of."""
-    mark = REGISTRY.patches.mark()
+    mark = ledger.mark()
     try:
-        install(REGISTRY.patches)
+        install(ledger)
         return True
     except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
-        REGISTRY.patches.undo(mark)
-        log.warning("tunecache: %s (%s: %s)", without, type(e).__name__, e)
+        ledger.undo(mark)
+        warn_off(off, e)
         return False
 
 
-def disable_triton() -> None:
+def disable_triton() -> bool:
     """Stop Triton sharing: drop the adapter (flushing what it holds) and end
-    coordinate-descent deferrals. What it patched is the ledger's to undo, with the rest
-    (:func:`tunecache.inductor.disable`), or back to enable_triton's mark where that
-    failed half-way."""
+    coordinate-descent deferrals; returns whether it was on. What it patched is the
+    ledger's to undo, with the rest (:func:`tunecache.inductor.disable`), or back to the
+    mark where enabling it failed half-way."""
     state, REGISTRY.triton = REGISTRY.triton, None
     REGISTRY.runtime_hooks_tried = False
     end_deferrals()
-    if state is not None:
+    if state is None:
+        return False
+    try:
         state.flush()
-        if isinstance(state.cache, EnvCache):
-            state.cache.close()  # the hooks' cache is closed with the hooks
+    finally:
+        if state.worker and isinstance(state.cache, CacheOpener):
+            state.cache.close()  # its own; the hooks' cache is closed with the hooks
+    return True
+
+
+# Triton sharing, as enable() installs it in the compiling process ...
+TRITON = Part(enable_triton, disable_triton, "Triton kernel autotuning is not shared",
+              "GEMM autotuning is")
+# ... and as the autoload hook installs it from TUNECACHE_* (a compile worker; the
+# compiling process until enable() takes it over).
+_TRITON_FROM_ENV = TRITON._replace(enable=_enable_in_worker)
 
 
 def flush_triton() -> None:
@@ -322,8 +324,6 @@ def enable_triton_from_env() -> None:
     settings = Settings.from_env()
     if REGISTRY.triton is not None or settings.mode == "off" or not settings.triton_configs:
         return
-    version = torch_version()
-    low, high = SUPPORTED_TORCH
-    if version is None or not (low <= version <= high):
+    if unsupported() is not None:
         return  # enable() says why, once, in the compiling process
-    enable_triton(EnvCache(), settings.db_url, worker=True)
+    install(_TRITON_FROM_ENV, REGISTRY.patches, readonly_cache(settings), settings, settings)

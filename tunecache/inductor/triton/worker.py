@@ -1,26 +1,36 @@
-"""Inductor's compile workers: whether they will read the shared cache themselves, and the
-readonly TuneCache they read it through."""
+"""Inductor's compile workers: the settings they read from the environment, whether they
+will read the shared cache themselves, and the readonly cache they read it through."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import threading
-import time
 from importlib import metadata
-from typing import TYPE_CHECKING
 
-import tunecache
-
+from ...errors import ConfigError
 from ...settings import Settings
+from ..opener import CacheOpener
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ... import TuneCache
+__all__ = ["workers_settings", "workers_read_cache", "readonly_cache", "RETRY_SECONDS"]
 
-__all__ = ["workers_read_cache", "EnvCache"]
+# A TuneCache that cannot reach its database stops trying for the rest of the process. A
+# compile worker lives as long as its job and may first look before the compiling process
+# has created the database, so its cache is opened afresh, at most this often.
+RETRY_SECONDS = 10.0
 
 
-def workers_read_cache(db_url: str) -> bool:
-    """Whether Inductor's compile workers will plug in the cache of ``db_url`` themselves.
+def workers_settings() -> Settings | None:
+    """TUNECACHE_* as Inductor's compile workers will read it (they inherit this process's
+    environment), or None where it does not parse (then they could not use it)."""
+    try:
+        return Settings.from_env()
+    except ConfigError:
+        return None
+
+
+def workers_read_cache(settings: Settings, environment: Settings | None) -> bool:
+    """Whether Inductor's compile workers will plug in the cache of ``settings``
+    themselves, reading ``environment`` (:func:`workers_settings`).
 
     They inherit this process's environment and run ``import torch``, which runs the
     ``torch.backends`` entry points unless TORCH_DEVICE_BACKEND_AUTOLOAD=0; ours then
@@ -28,11 +38,8 @@ def workers_read_cache(db_url: str) -> bool:
     """
     if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
         return False
-    try:
-        env = Settings.from_env()
-    except Exception:  # noqa: BLE001 - a bad environment: workers would not read it
-        return False
-    if env.mode == "off" or not env.triton_configs or env.db_url != db_url:
+    if environment is None or environment.mode == "off" or not environment.triton_configs \
+            or environment.db_url != settings.db_url:
         return False
     try:
         points = metadata.entry_points(group="torch.backends")
@@ -41,35 +48,9 @@ def workers_read_cache(db_url: str) -> bool:
     return any(p.value == "tunecache._autoload:torch_backend_entry" for p in points)
 
 
-class EnvCache:
-    """The TuneCache of TUNECACHE_*, opened at the first use (readonly: it only reads).
-
-    A TuneCache that cannot reach its database stops trying for the rest of the process.
-    A compile worker lives as long as its job and may first look before the compiling
-    process has created the database, so it opens a fresh one, at most every
-    ``RETRY_SECONDS``.
-    """
-
-    RETRY_SECONDS = 10.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cache: TuneCache | None = None
-        self._opened = 0.0
-
-    def __call__(self) -> TuneCache:
-        with self._lock:
-            stale = self._cache is not None and self._cache.disabled_reason is not None \
-                and time.monotonic() - self._opened > self.RETRY_SECONDS
-            if self._cache is None or stale:
-                if self._cache is not None:
-                    self._cache.close()
-                self._cache = tunecache.open(mode="readonly")
-                self._opened = time.monotonic()
-            return self._cache
-
-    def close(self) -> None:
-        with self._lock:
-            if self._cache is not None:
-                self._cache.close()
-                self._cache = None
+def readonly_cache(settings: Settings) -> CacheOpener:
+    """The TuneCache of ``settings`` in readonly mode (a worker only reads), opened at the
+    first use and afresh, at most every :data:`RETRY_SECONDS`, while it cannot reach its
+    database."""
+    return CacheOpener(dataclasses.replace(settings, mode="readonly"),
+                       retry_seconds=RETRY_SECONDS)
