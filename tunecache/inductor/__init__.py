@@ -2,9 +2,10 @@
 Triton kernels' best configs and fusion-benchmark timings) from the shared tunecache.
 
 This package is the only part of tunecache that touches ``torch._inductor``. Its rooms:
-``switch`` (enable/disable), ``state`` (the one registry of installed hooks),
-``patches`` (the ledger of every attribute set on Inductor), ``stats``,
-``compat`` (supported versions), ``fingerprint`` (the environment part of a key),
+``switch`` (enable/disable), ``parts`` (the one shape of an optional part),
+``state`` (the one registry of installed hooks), ``patches`` (the ledger of every
+attribute set on Inductor), ``stats``, ``compat`` (supported versions, an Inductor that
+changed, the line saying a part is off), ``fingerprint`` (the environment part of a key),
 ``gemm`` (selector hooks, candidate ids, GEMM keys), ``entries`` (what the process knows
 of GEMM entries), ``transfer`` (a new GEMM key starts from its neighbours' winners),
 ``narrow`` (a stored GEMM generates only the template choices that can win), ``deferred``

@@ -46,7 +46,7 @@ def content_suffix(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def _install_content_names(ledger: Ledger) -> None:
+def _install_content_names() -> None:
     from torch._inductor.codegen.triton import TritonScheduling
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
@@ -73,15 +73,15 @@ def _install_content_names(ledger: Ledger) -> None:
         local.suffix = None  # one name per kernel defined; anything else counts as before
         return suffix
 
-    ledger.patch(TritonScheduling, "define_kernel", define_kernel)
-    ledger.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
+    REGISTRY.patches.patch(TritonScheduling, "define_kernel", define_kernel)
+    REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
 def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                    environment: Settings | None) -> bool:
     """Share compiled Triton kernels through the database where ``settings`` share
     graphs (the same keys); returns whether they are shared. Every change goes through
-    ``ledger``.
+    the registry's ledger (``ledger``).
 
     Triton and Inductor's compile workers find the manager through the environment, and
     the workers build its service from TUNECACHE_* (``environment``): kernels are shared
@@ -102,7 +102,7 @@ def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                      "compile workers read TUNECACHE_* from the environment, which selects "
                      "another database, key or mode than this cache's")
         return False
-    _install_content_names(ledger)
+    _install_content_names()
     triton_cache.use_cache(cache)
     REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
     os.environ[MANAGER_VAR] = triton_cache.MANAGER

@@ -40,11 +40,11 @@ __all__ = ["enable", "disable", "is_enabled", "enable_from_env", "PARTS"]
 log = logging.getLogger("tunecache")
 
 
-def _narrowing_is_undone() -> bool:
-    return False  # it holds nothing but its patches, which are the ledger's
+def _stop_narrowing() -> bool:
+    return False  # narrowing holds nothing but its patches, which are the ledger's
 
 
-NARROWING = Part(install_narrowing, _narrowing_is_undone,
+NARROWING = Part(install_narrowing, _stop_narrowing,
                  "a stored GEMM still generates all its template choices")
 
 # The optional parts, in the order enable() installs them (after the GEMM hooks and the
