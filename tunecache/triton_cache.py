@@ -21,7 +21,7 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
 Files of other kinds (Triton's launcher libraries, its autotuning cache) stay local. The
 service is built once per process from TUNECACHE_* (:func:`share`), which the compile
 workers inherit; the process that enabled tunecache may hand it its own
-(:func:`use_cache`). Nothing here raises into Triton: a database that fails turns kernel
+(:func:`serve`). Nothing here raises into Triton: a database that fails turns kernel
 sharing off in the process with one warning, and Triton compiles as it would alone.
 """
 
@@ -51,13 +51,15 @@ try:  # Triton checks that the class it is named descends from one named CacheMa
 except ImportError:  # no Triton (a CPU-only torch): nothing will ask for this class
     _TritonCacheManager = object
 
-__all__ = ["MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share", "use_cache",
-           "counts"]
+__all__ = ["MANAGER_VAR", "MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share",
+           "serve", "stop_serving", "counts"]
 
 log = logging.getLogger("tunecache")
 
-# The value of TRITON_CACHE_MANAGER that selects this module's manager (tunecache._autoload
-# spells it out, so as not to import this module at `import torch`).
+# The variable Triton reads its cache manager's class from, and the value that selects
+# this module's (tunecache._autoload spells both out, so as not to import this module at
+# `import torch`).
+MANAGER_VAR = "TRITON_CACHE_MANAGER"
 MANAGER = f"{__name__}:KernelCacheManager"
 KIND = "kernel"
 _MAGIC = b"TCK1"
@@ -118,7 +120,9 @@ def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
 # -- the process's service ------------------------------------------------------------
 
 class _Service:
-    """The KernelShare kernels go through in this process, built at first use."""
+    """Kernel sharing in this process: the KernelShare kernels go through (built at first
+    use), the cache it is built on, and what :func:`serve` changed. Triton names the
+    manager class, never an instance, so this is the one owner of that state."""
 
     def __init__(self) -> None:
         # Held while the service is built: a thread that asks meanwhile waits for it
@@ -129,18 +133,39 @@ class _Service:
         self.cache_factory: Callable[[], TuneCache] | None = None
         self.env_lock = threading.Lock()
         self.env_cache: TuneCache | None = None
+        # serve() is in effect, and TRITON_CACHE_MANAGER's value before it (None: unset).
+        self.serving = False
+        self.manager_was: str | None = None
 
 
 _SERVICE = _Service()
 
 
-def use_cache(factory: Callable[[], TuneCache] | None) -> None:
-    """Serve kernels from this TuneCache (the enabling process's own, so that it opens one
-    database, not two); None: from TUNECACHE_* again. The service is rebuilt at next use."""
+def serve(factory: Callable[[], TuneCache]) -> None:
+    """Share kernels from this TuneCache (the enabling process's own, so that it opens one
+    database, not two), and name this module's manager in TRITON_CACHE_MANAGER, which
+    Triton reads at every compile here and in the compile workers (they inherit the
+    environment). :func:`stop_serving` puts both back."""
     with _SERVICE.lock:
-        _SERVICE.cache_factory = factory
-        _SERVICE.share = None
-        _SERVICE.built = False
+        if not _SERVICE.serving:
+            _SERVICE.serving, _SERVICE.manager_was = True, os.environ.get(MANAGER_VAR)
+        os.environ[MANAGER_VAR] = MANAGER
+        _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = factory, None, False
+
+
+def stop_serving() -> bool:
+    """Undo :func:`serve` (TUNECACHE_* build the service again at next use); returns
+    whether it was in effect."""
+    with _SERVICE.lock:
+        if not _SERVICE.serving:
+            return False
+        if _SERVICE.manager_was:
+            os.environ[MANAGER_VAR] = _SERVICE.manager_was
+        else:
+            os.environ.pop(MANAGER_VAR, None)
+        _SERVICE.serving, _SERVICE.manager_was = False, None
+        _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = None, None, False
+        return True
 
 
 def _env_cache() -> TuneCache:

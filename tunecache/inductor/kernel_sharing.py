@@ -36,7 +36,7 @@ __all__ = ["KERNELS", "enable_kernels", "disable_kernels", "content_suffix", "MA
 
 log = logging.getLogger("tunecache")
 
-MANAGER_VAR = "TRITON_CACHE_MANAGER"
+MANAGER_VAR = triton_cache.MANAGER_VAR
 _DEFINE_PARAMS = ("src_code", "node_schedule", "kernel")
 
 
@@ -103,9 +103,7 @@ def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                      "another database, key or mode than this cache's")
         return False
     _install_content_names()
-    triton_cache.use_cache(cache)
-    REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = True, current
-    os.environ[MANAGER_VAR] = triton_cache.MANAGER
+    triton_cache.serve(cache)
     return True
 
 
@@ -113,16 +111,7 @@ def disable_kernels() -> bool:
     """Stop sharing kernels (the name patches are the ledger's to undo); returns whether
     they were shared. A manager the autoload hook named at ``import torch`` stays named:
     that activation is the environment's, as the hook itself is."""
-    if not REGISTRY.kernels_shared:
-        return False
-    before = REGISTRY.kernel_manager_was
-    REGISTRY.kernels_shared, REGISTRY.kernel_manager_was = False, None
-    if before:
-        os.environ[MANAGER_VAR] = before
-    else:
-        os.environ.pop(MANAGER_VAR, None)
-    triton_cache.use_cache(None)
-    return True
+    return triton_cache.stop_serving()
 
 
 KERNELS = Part(enable_kernels, disable_kernels, "compiled kernels are not shared",

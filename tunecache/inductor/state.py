@@ -135,11 +135,10 @@ class Registry:
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
         # and AOTAutograd caches reach (None when off).
         self.graphs: GraphShare | None = None
-        # Kernel sharing (inductor.kernel_sharing): whether it is on, TRITON_CACHE_MANAGER's
-        # value before enable set it (None: unset), and per thread, .suffix: the
-        # content-derived name suffix of the kernel TritonScheduling.define_kernel defines.
-        self.kernels_shared = False
-        self.kernel_manager_was: str | None = None
+        # Kernel names (inductor.kernel_sharing), per thread, .suffix: the content-derived
+        # name suffix of the kernel TritonScheduling.define_kernel defines. Whether kernels
+        # are shared is tunecache.triton_cache's (Triton names its manager class, so that
+        # module owns the state it serves kernels from).
         self.kernel_names_local = threading.local()
         # Facts of the process, kept across disable(): Inductor lowered a graph through
         # our hooks, and something (a GEMM, a Triton kernel, a compiled graph) asked for
