@@ -95,31 +95,27 @@ class TritonCache:
             info = {"kernel": key_text}
         return info
 
-    def _key(self, inductor_key: str, key_text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
-        """(info, key, key hash) of the kernel Inductor names by these two strings."""
+    def _key(self, inductor_key: str, key_text: str) -> tuple[dict[str, Any], tc_keys.Key]:
+        """(info, Key) of the kernel Inductor names by these two strings: the key hashed
+        once, with the kernel's family where its key text has one (a kernel keyed before
+        transfer, or by Inductor's own key, has none)."""
         info = self._info(key_text)
-        key = triton_key(inductor_key, info)
-        return info, key, tc_keys.key_hash(key)[0]
-
-    @staticmethod
-    def _keyed(info: Mapping[str, Any], key: Mapping[str, Any]) -> tc_keys.Key:
-        """The Key of ``key`` with the kernel's family, where its key text has one (a
-        kernel keyed before transfer, or by Inductor's own key, has none)."""
         family = info.get(FAMILY_FIELD)
         valid = isinstance(family, str) and 0 < len(family) <= tc_keys.MAX_FAMILY \
             and family.isalnum()
-        return tc_keys.Key.of(key, family=family if valid else None)
+        return info, tc_keys.Key.of(triton_key(inductor_key, info),
+                                    family=family if valid else None)
 
     def note_meta(self, inductor_key: str, key_text: str, **fields: Any) -> None:
         """Meta for the coordinate-descent result of this kernel that this process is
         about to save (coordesc.py): :meth:`_publish` stores it with the entry."""
-        key_hash = self._key(inductor_key, key_text)[2]
+        key_hash = self._key(inductor_key, key_text)[1].hash
         with self._lock:
             self._meta.setdefault(key_hash, {}).update(fields)
 
     def drop_meta(self, inductor_key: str, key_text: str) -> None:
         """Forget :meth:`note_meta`'s fields of a kernel whose save did not follow."""
-        key_hash = self._key(inductor_key, key_text)[2]
+        key_hash = self._key(inductor_key, key_text)[1].hash
         with self._lock:
             self._meta.pop(key_hash, None)
 
@@ -127,7 +123,7 @@ class TritonCache:
                                error: BaseException) -> None:
         """A neighbour's config that raised when compiled or benchmarked for this kernel
         (coordesc.py): skipped; one warning per process."""
-        _, key, _ = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
         REGISTRY.triton_stats.add(transfer_failed=1)
         level = logging.WARNING if self._once("transfer failed") else logging.DEBUG
         log.log(level, "tunecache: a neighbour's Triton config failed for kernel %s (%s: %s); "
@@ -143,15 +139,14 @@ class TritonCache:
         (meta "sizes") are within :data:`.keys.TRITON_MAX_OCTAVES` in every dimension. Whatever
         a neighbour holds is checked (:func:`.keys.coordesc_result`); one that does not
         pass is skipped."""
-        info, key, _ = self._key(inductor_key, key_text)
-        keyed = self._keyed(info, key)
+        info, key = self._key(inductor_key, key_text)
         sizes = _valid_sizes(info.get(SIZES_FIELD))
-        if keyed.family is None or not sizes:
+        if key.family is None or not sizes:
             return []
         ranked = []
         with self._lock:
             refused = set(self._refused)
-        for n in self.cache().neighbours(keyed):
+        for n in self.cache().neighbours(key):
             distance = size_distance(sizes, n.meta.get("sizes"))
             if distance is None or n.key_hash in refused:
                 continue
@@ -195,7 +190,8 @@ class TritonCache:
         """A stored config that is not one this kernel could have (``reason``, from
         triton/keys.py): this process leaves the entry alone and Inductor tunes the
         kernel. One warning per reason, not one per kernel."""
-        _, key, key_hash = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         served = getattr(self._local, "served", None) == key_text
         self._local.served = None
         with self._lock:
@@ -213,7 +209,8 @@ class TritonCache:
         """A stored config that raised while ``doing`` ("compiling", "launching"): from
         now on this process tunes the kernel as without the entry. One warning per
         ``doing``."""
-        _, key, key_hash = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         with self._lock:
             self._refused.add(key_hash)
         REGISTRY.triton_stats.add(stored_config_failed=1)
@@ -274,7 +271,8 @@ class TritonCache:
     # -- the protocol
 
     def _get(self, inductor_key: str, key_text: str) -> dict[str, Any] | None:
-        _, key, key_hash = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         self._local.served = None
         with self._lock:
             refused = key_hash in self._refused
@@ -310,7 +308,8 @@ class TritonCache:
         kernel be planned on this thread first (a caller that tunes no further), the
         claim is given back then.
         """
-        info, key, key_hash = self._key(inductor_key, key_text)
+        info, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         thread = threading.get_ident()
         with self._lock:
             # The autotune_to_one_config save held for this key: coordinate descent
@@ -325,7 +324,7 @@ class TritonCache:
         with self._lock:
             if key_hash in self._refused:  # tuned here, as without the entry
                 return "local", None
-        state, value = self._claim_step(self._keyed(info, key), waits, coordesc_result)
+        state, value = self._claim_step(key, waits, coordesc_result)
         if state == "claimed":
             with self._lock:
                 self._claims[key_hash] = value
@@ -378,7 +377,7 @@ class TritonCache:
         # Called on Inductor's paths, even its errors'.
         with self.attempt("giving back a Triton kernel's claim"):
             text, failed = released_as(error)
-            self._release(self._key(inductor_key, key_text)[2], text, failed=failed)
+            self._release(self._key(inductor_key, key_text)[1].hash, text, failed=failed)
 
     def _release(self, key_hash: str, error: str, *, failed: bool = True) -> None:
         with self._lock:
@@ -392,9 +391,9 @@ class TritonCache:
     def _put(self, inductor_key: str, key_text: str, value: Any) -> None:
         if not isinstance(value, dict):
             return
-        info, key, key_hash = self._key(inductor_key, key_text)
+        info, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         REGISTRY.triton_stats.saved(str(key["op"]))
-        keyed = self._keyed(info, key)
         sizes = _valid_sizes(info.get(SIZES_FIELD))
         meta: dict[str, Any] = {"sizes": sizes} if sizes else {}
         thread = threading.get_ident()
@@ -411,9 +410,9 @@ class TritonCache:
         self.flush(thread)  # this thread has moved on from any other kernel it held
         if first_of_two:
             with self._lock:
-                self._held[key_hash] = (thread, keyed, dict(value), meta)
+                self._held[key_hash] = (thread, key, dict(value), meta)
             return
-        self._publish(keyed, value, meta)
+        self._publish(key, value, meta)
 
     def _publish(self, key: tc_keys.Key, value: Mapping[str, Any],
                  meta: Mapping[str, Any] | None = None) -> None:
@@ -469,7 +468,8 @@ class TritonCache:
         stalled past the lease and a peer took the key over): the stored config, which
         every other rank runs. None if the publish went through or nothing valid is stored.
         """
-        _, key, key_hash = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
+        key_hash = key.hash
         with self._lock:
             if key_hash not in self._unpublished:
                 return None
