@@ -308,7 +308,7 @@ class TritonCache:
         kernel be planned on this thread first (a caller that tunes no further), the
         claim is given back then.
         """
-        info, key = self._key(inductor_key, key_text)
+        _, key = self._key(inductor_key, key_text)
         key_hash = key.hash
         thread = threading.get_ident()
         with self._lock:
