@@ -95,6 +95,28 @@ def test_a_kernel_compiled_on_one_node_loads_on_another_without_compiling(db_url
     assert [(kind, key) for kind, key, _ in _rows(db_url)] == [("kernel", KEY)]
 
 
+@pytest.mark.parametrize("name", ["triton_mm", "triton_mm_plus_mm", "triton_"])
+def test_kernels_inductor_compiles_only_to_benchmark_stay_local(sqlite_url, keys, tmp_path,
+                                                                name):
+    # Inductor's GEMM template candidates and fusion candidates carry these names; a
+    # graph's own kernels carry a content suffix (kernel_sharing.content_suffix).
+    out = _compile(sqlite_url, tmp_path / "node1", key="BENCHMARKKEY", name=name,
+                   **_publisher(keys))
+    assert out["outcome"] == "compiled"
+    assert f"__grp__{name}.json" in out["local"], "Triton's local cache keeps it"
+    assert "published" not in out["counts"]
+    graph_kernel = _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
+    assert graph_kernel["counts"] == {"absent": 1, "published": 1}
+    assert [(kind, key) for kind, key, _ in _rows(sqlite_url)] == [("kernel", KEY)]
+
+
+def test_only_inductor_names_without_a_content_suffix_count_as_benchmark_only():
+    assert not triton_cache.benchmark_only("my_rmsnorm_fwd.json")
+    assert not triton_cache.benchmark_only(f"{NAME}.json")
+    assert triton_cache.benchmark_only("triton_poi_fused_add_3.json"), \
+        "a position-numbered name is not one a graph with other kernels compiles again"
+
+
 def test_two_processes_compiling_the_same_kernel_at_once_publish_it_once(db_url, keys,
                                                                         tmp_path):
     barrier = tmp_path / "barrier"
@@ -224,7 +246,8 @@ def test_without_a_key_kernels_stay_local(sqlite_url, tmp_path):
 
 def test_operator_commands_cover_kernel_entries(db_url, keys, tmp_path):
     _compile(db_url, tmp_path / "node1", **_publisher(keys))
-    _compile(db_url, tmp_path / "node1", key="SECONDKEY", name="triton_red_x", **_publisher(keys))
+    _compile(db_url, tmp_path / "node1", key="SECONDKEY",
+             name="triton_red_fused_sum_fedcba9876543210", **_publisher(keys))
     stats = run_json("stats", "--db", db_url)["graphs"]
     assert [(r["kind"], r["count"]) for r in stats["by_kind"]] == [("kernel", 2)]
     assert "kernel 2" in run("stats", "--db", db_url).stdout
@@ -253,6 +276,20 @@ def test_a_kernel_load_is_counted_as_a_use(sqlite_url, keys, tmp_path):
     hits = cache.database().run(lambda c: c.execute(select(func.sum(artifacts.c.hits))).scalar())
     cache.close()
     assert hits == 1
+
+
+def test_stats_shows_kernels_published_against_kernels_ever_loaded(sqlite_url, keys, tmp_path):
+    _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
+    _compile(sqlite_url, tmp_path / "node1", key="UNUSEDKEY",
+             name="triton_red_fused_sum_fedcba9876543210", **_publisher(keys))
+    for node in ("node2", "node3"):
+        _compile(sqlite_url, tmp_path / node, **_consumer(keys))
+    [kernels] = run_json("stats", "--db", sqlite_url)["graphs"]["by_kind"]
+    assert (kernels["count"], kernels["loaded"], kernels["hits"]) == (2, 1, 2)
+    table = run("stats", "--db", sqlite_url).stdout
+    assert "ever loaded" in table
+    [row] = [line.split() for line in table.splitlines() if line.lstrip().startswith("kernel ")]
+    assert row[2:4] == ["2", "1"], table
 
 
 def test_the_autoload_names_the_manager_before_inductor_starts_its_workers(sqlite_url, keys,
@@ -309,6 +346,44 @@ def test_kernels_stay_local_when_the_environment_selects_another_database(sqlite
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     out = _enable_in_a_process(env, sqlite_url)
     assert out["during"] == [None, False], out["stderr"]
+
+
+def _ptxas_after_enable(env: dict[str, str], db: str, torch_tree: Path) -> str:
+    """TRITON_PTXAS_PATH after enable(), in a process whose torch ships a ptxas of its
+    own: Inductor's own _set_triton_ptxas_path finds it beside its module, which is moved
+    into ``torch_tree`` (a CUDA wheel's layout; the CPU wheel has none)."""
+    module = torch_tree / "_inductor" / "runtime" / "compile_tasks.py"
+    code = (
+        "import os, tunecache, tunecache.inductor as ti\n"
+        "from torch._inductor.runtime import compile_tasks\n"
+        f"compile_tasks.__file__ = {str(module)!r}\n"
+        f"ti.enable(tunecache.open({db!r}))\n"
+        "print(os.environ.get('TRITON_PTXAS_PATH'))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_sharing_kernels_compiles_in_this_process_with_the_compile_workers_ptxas(
+        sqlite_url, keys, tmp_path):
+    # Triton's key holds `ptxas --version`; Inductor's compile workers take torch's own
+    # ptxas at start. A kernel compiled here with another ptxas had another key, and a
+    # job that compiled it here never found what a worker of another job published.
+    ptxas = tmp_path / "torch" / "_inductor" / "bin" / "ptxas"
+    ptxas.parent.mkdir(parents=True)
+    ptxas.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9'\n")
+    ptxas.chmod(0o755)
+    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
+    env.pop("TRITON_PTXAS_PATH", None)
+    assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == str(ptxas)
+    env["TUNECACHE_KERNELS"] = "0"
+    assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == "None", \
+        "kernels not shared: nothing changes"
+    env.pop("TUNECACHE_KERNELS")
+    env["TRITON_PTXAS_PATH"] = "/opt/cuda/bin/ptxas"
+    assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == "/opt/cuda/bin/ptxas", \
+        "a ptxas the user named is kept"
 
 
 class _Emitted:

@@ -17,6 +17,8 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
   another key is one warning, and Triton compiles as usual: nothing of it is written.
 - ``put_group``: after the local write, the group's files are published, signed. The first
   publish of a key wins; a second process that compiled the same kernel writes nothing.
+  Kernels Inductor compiles only to benchmark them stay local (:func:`benchmark_only`):
+  no later job compiles them.
 
 Files of other kinds (Triton's launcher libraries, its autotuning cache) stay local. The
 service is built once per process from TUNECACHE_* (:func:`share`), which the compile
@@ -52,7 +54,7 @@ except ImportError:  # no Triton (a CPU-only torch): nothing will ask for this c
     _TritonCacheManager = object
 
 __all__ = ["MANAGER_VAR", "MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share",
-           "serve", "stop_serving", "counts"]
+           "serve", "stop_serving", "counts", "benchmark_only", "forget_ptxas_version"]
 
 log = logging.getLogger("tunecache")
 
@@ -69,6 +71,13 @@ MAX_FILES = 32
 # \Z, not $: "$" also matches before a final newline, which would let "name\n" through.
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")
 _GROUP = "__grp__"
+# Inductor names a graph's kernels triton_<kind>_<fused ops>_<n>, and where kernels are
+# shared n is a 16-digit hash of the kernel's source (tunecache.inductor.kernel_sharing).
+# What it compiles only to benchmark is named otherwise: GEMM template candidates
+# ("triton_mm", "triton_bmm", ...) and fusion candidates ("triton_"). A later job reads
+# their stored timings and never generates them, so publishing them fills the database
+# with entries nobody loads (hundreds per recording against tens of graph kernels).
+_GRAPH_KERNEL = re.compile(r"triton_\w*_[0-9a-f]{16}\Z")
 # A pack's header lists at most MAX_FILES names of 200 characters and their lengths; a
 # local group file maps as many names to paths.
 _MAX_HEADER = 64 * 1024
@@ -221,6 +230,25 @@ def counts() -> dict[str, int]:
     return dict(found.counts) if found is not None else {}
 
 
+def benchmark_only(filename: str) -> bool:
+    """Whether the kernel of this group file (``<kernel name>.json``) is one Inductor
+    compiles only to benchmark it: an Inductor name (``triton_...``) without the content
+    suffix of a graph's kernel. Kernels of other names (a user's ``@triton.jit``) are
+    published as before."""
+    name = filename.removesuffix(".json")
+    return name.startswith("triton_") and _GRAPH_KERNEL.match(name) is None
+
+
+def forget_ptxas_version() -> None:
+    """Have Triton read ptxas's version again after TRITON_PTXAS_PATH changed: its CUDA
+    backend reads it once per process (``get_ptxas_version``, cached) and puts it in every
+    kernel's cache key. Nothing to forget where that backend is not loaded yet."""
+    backend = sys.modules.get("triton.backends.nvidia.compiler")
+    clear = getattr(getattr(backend, "get_ptxas_version", None), "cache_clear", None)
+    if callable(clear):
+        clear()
+
+
 def _versions_label() -> str:
     """The stored entry's version label: torch's and Triton's, where loaded."""
     triton = sys.modules.get("triton")
@@ -291,7 +319,7 @@ class KernelCacheManager(_TritonCacheManager):
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         path = self._put_local_group(filename, group)
-        if self.shared:
+        if self.shared and not benchmark_only(filename):
             self._publish(filename, group)
         return path
 

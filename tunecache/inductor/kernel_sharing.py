@@ -13,6 +13,17 @@ scheduler generated it, before the name is put in: the descriptive part stays, a
 same kernel gets the same name in every graph. Two different kernels of one graph get
 different hashes (64 bits), and the same source is one kernel already
 (``wrapper.src_to_kernel``).
+
+Why one ptxas: Triton's cache key holds the output of ``ptxas --version`` (its CUDA
+backend's hash). Inductor's compile workers point Triton at the ptxas shipped in torch's
+own ``bin/`` where the wheel has one (``_set_triton_ptxas_path`` in
+``torch/_inductor/runtime/compile_tasks.py``, at worker start), while the main process uses
+Triton's bundled ptxas until its first compile outside the workers. A kernel compiled in a
+worker by one job and in the main process by the next (a coordinate descent's winner, a
+stored config compiled where the first job benchmarked) then has two keys, and the second
+job compiles what the database holds. So this process takes the workers' ptxas when
+kernels are shared, as Inductor itself does before it compiles here (a
+TRITON_PTXAS_PATH the user set is kept).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ __all__ = ["KERNELS", "enable_kernels", "disable_kernels", "content_suffix", "MA
 log = logging.getLogger("tunecache")
 
 MANAGER_VAR = triton_cache.MANAGER_VAR
+PTXAS_VAR = "TRITON_PTXAS_PATH"
 _DEFINE_PARAMS = ("src_code", "node_schedule", "kernel")
 
 
@@ -77,6 +89,22 @@ def _install_content_names() -> None:
     REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
+def _use_the_workers_ptxas() -> None:
+    """Compile in this process with the ptxas Inductor's compile workers use (module
+    docstring). Triton caches the version it read per process: it is read again after
+    a change, so that keys name the ptxas that compiles."""
+    from torch._inductor.runtime import compile_tasks
+
+    set_path = getattr(compile_tasks, "_set_triton_ptxas_path", None)
+    if set_path is None or param_names(set_path) != ():
+        raise InductorChanged("torch._inductor.runtime.compile_tasks._set_triton_ptxas_path "
+                              "is missing or changed signature")
+    before = os.environ.get(PTXAS_VAR)
+    set_path()
+    if os.environ.get(PTXAS_VAR) != before:
+        triton_cache.forget_ptxas_version()
+
+
 def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                    environment: Settings | None) -> bool:
     """Share compiled Triton kernels through the database where ``settings`` share
@@ -103,6 +131,7 @@ def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                      "another database, key or mode than this cache's")
         return False
     _install_content_names()
+    _use_the_workers_ptxas()
     triton_cache.serve(cache)
     return True
 
