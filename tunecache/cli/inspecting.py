@@ -88,9 +88,10 @@ def stats(inv: Invocation) -> None:
                            "(--json lists all)")
         if graphs.groups:
             click.echo("compiled graphs by kind and torch:")
-            fmt.table(("kind", "torch", "graphs", "size", "loads", "last used"),
-                      [(g["kind"], g["torch"], g["count"], fmt.size(g["bytes"]), g["hits"],
-                        fmt.when(g["last_used_at"])) for g in graphs.groups])
+            # "ever loaded" against "entries": what publishing them was worth.
+            fmt.table(("kind", "torch", "entries", "ever loaded", "size", "loads", "last used"),
+                      [(g["kind"], g["torch"], g["count"], g["loaded"], fmt.size(g["bytes"]),
+                        g["hits"], fmt.when(g["last_used_at"])) for g in graphs.groups])
         if claims.live:
             click.echo("claims in flight:")
             fmt.table(("key", "op", "owner", "age", "lease left"),

@@ -152,11 +152,9 @@ def graph_stats(db: Database) -> GraphStats:
     for g in groups:
         for table, name, value in ((by_kind, "kind", g["kind"]), (by_torch, "torch", g["torch"])):
             row = table.setdefault(value, {name: value, "count": 0, "bytes": 0, "invalid": 0,
-                                           "hits": 0})
-            row["count"] += g["count"]
-            row["bytes"] += g["bytes"]
-            row["invalid"] += g["invalid"]
-            row["hits"] += g["hits"]
+                                           "hits": 0, "loaded": 0})
+            for field in ("count", "bytes", "invalid", "hits", "loaded"):
+                row[field] += g[field]
 
     def order(row: Row) -> tuple[int, str]:
         return (-row["bytes"], json.dumps(row, sort_keys=True, default=str))

@@ -118,6 +118,9 @@ _STATS = select(
     # and PostgreSQL refused every stats with "integer out of range".
     func.coalesce(func.sum(case((artifacts.c.hits.between(0, _MAX_HITS), artifacts.c.hits),
                                 else_=0)), 0).label("hits"),
+    # Entries loaded at least once: against the count, what publishing was worth.
+    func.coalesce(func.sum(case((artifacts.c.hits.between(1, _MAX_HITS), 1), else_=0)),
+                  0).label("loaded"),
 ).group_by(artifacts.c.kind, artifacts.c.torch_version)
 # A row is deleted by a prune only if it is still the one the prune read (same digest)
 # and no read has recorded a use since (a graph just used is not "least recently used").
@@ -140,16 +143,16 @@ _REFERENCED = select(artifacts.c.digest).where(
 # -- transaction bodies -------------------------------------------------------------------
 
 def stats(conn: Connection) -> list[dict[str, Any]]:
-    """Count, bytes, oldest creation and last use, by kind and torch version;
-    ``invalid`` counts rows whose size is impossible (see payload_size), left out of
-    bytes."""
+    """Count, bytes, oldest creation and last use, loads and entries ever loaded, by
+    kind and torch version; ``invalid`` counts rows whose size is impossible (see
+    payload_size), left out of bytes."""
     return [{"kind": columns.text(r.kind, MAX_LABEL_CHARS) or columns.clip(r.kind),
              "torch": columns.text(r.torch_version, MAX_LABEL_CHARS),
              "count": int(r.graphs), "bytes": columns.total(r.bytes),
              "invalid": columns.total(r.invalid),
              "oldest_created_at": columns.time(r.oldest),
              "last_used_at": columns.time(r.last_used),
-             "hits": columns.total(r.hits)}
+             "hits": columns.total(r.hits), "loaded": columns.total(r.loaded)}
             for r in conn.execute(_STATS).all()]
 
 

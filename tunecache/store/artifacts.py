@@ -438,9 +438,9 @@ class ArtifactStore:
     # -- the operators' side (statements: artifact_queries) ------------------------------
 
     def stats(self) -> list[dict[str, Any]]:
-        """Count, bytes, oldest creation and last use, by kind and torch version;
-        ``invalid`` counts rows whose size is impossible (see payload_size), left out of
-        bytes."""
+        """Count, bytes, oldest creation and last use, loads and entries ever loaded, by
+        kind and torch version; ``invalid`` counts rows whose size is impossible (see
+        payload_size), left out of bytes."""
         return self.db.run(artifact_queries.stats)
 
     def infos(self, where: GraphFilter | None = None) -> Iterator[list[ArtifactInfo]]:
