@@ -12,7 +12,11 @@ query heads and 8 KV heads of 128, i.e. KV dim 1024; 8192 tokens; bf16), forward
 backward: about ten distinct GEMM keys. ``--model mlp`` is a structure without norms or
 attention: ``--layers`` residual MLPs ``x + down(gelu(up(x)))``. ``--model gpt`` is a
 GPT-2-style layer of another structure: LayerNorm with bias, one fused QKV projection with
-bias (addmm), multi-head causal SDPA without grouped KV, and a GELU MLP with biases. Modes:
+bias (addmm), multi-head causal SDPA without grouped KV, and a GELU MLP with biases.
+``--model reduce`` is a block whose large GEMMs feed reductions: an RMSNorm, then a
+projection whose output is centred by its row mean and shifted by its mean over the whole
+tensor (a reduction to one scalar, broadcast-added into the residual), beside a gated MLP
+on the same normed input. Modes:
 
 ``default``               torch.compile without max-autotune
 ``plain``                 max-autotune (every rank benchmarks every GEMM)
@@ -58,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (CPU smoke test)")
-    p.add_argument("--model", choices=("block", "mlp", "gpt"), default="block")
+    p.add_argument("--model", choices=("block", "mlp", "gpt", "reduce"), default="block")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=4096)
@@ -119,6 +123,34 @@ def build_model(args: argparse.Namespace, torch: Any) -> Any:
 
         return nn.Sequential(*[Residual() for _ in range(args.layers)])
 
+    class RMSNorm(Module):
+        def __init__(self, dim: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x: Any) -> Any:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    if args.model == "reduce":
+        class ReduceLayer(Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.norm = RMSNorm(args.hidden)
+                self.proj = nn.Linear(args.hidden, args.hidden, bias=False)
+                self.gate = nn.Linear(args.hidden, args.mlp, bias=False)
+                self.up = nn.Linear(args.hidden, args.mlp, bias=False)
+                self.down = nn.Linear(args.mlp, args.hidden, bias=False)
+
+            def forward(self, x: Any) -> Any:
+                h = self.norm(x)
+                p = self.proj(h)
+                wide = p.float()
+                centred = p - wide.mean(-1, keepdim=True).to(p.dtype)
+                x = x + centred + wide.mean().to(p.dtype)
+                return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+        return nn.Sequential(*[ReduceLayer() for _ in range(args.layers)])
+
     head_dim = args.hidden // args.heads
     kv_dim = args.kv_heads * head_dim
     if args.model == "gpt":
@@ -142,14 +174,6 @@ def build_model(args: argparse.Namespace, torch: Any) -> Any:
                 return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
         return nn.Sequential(*[GPTLayer() for _ in range(args.layers)])
-
-    class RMSNorm(Module):
-        def __init__(self, dim: int) -> None:
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(dim))
-
-        def forward(self, x: Any) -> Any:
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
     class Layer(Module):
         def __init__(self) -> None:
