@@ -8,7 +8,10 @@ shares.
     python kernel_worker.py KEY NAME SEED [BARRIER_DIR PARTIES]
 
 SEED makes the compiled files (a real compile of the same kernel on another node gives
-the same bytes; a different seed stands for different bytes). With BARRIER_DIR, the
+the same bytes; a different seed stands for different bytes). After compiling, the
+process keeps the kernel as Inductor keeps a graph's kernel once its launcher is chosen
+(``triton_cache.publish_kept``), unless KERNEL_WORKER_KEEPS=0 (a compile worker's part
+alone). With BARRIER_DIR, the
 process waits after its lookup until PARTIES processes have looked up: every one of them
 missed and compiles. Prints one JSON line: outcome ("hit" or "compiled"), the sha256 of
 each file Triton got, this process's kernel counts, and the files in its local directory.
@@ -56,6 +59,8 @@ def main() -> None:
         group[metadata] = manager.put(compiled_files(name, seed)[metadata].decode(), metadata,
                                       binary=False)
         manager.put_group(metadata, group)
+        if os.environ.get("KERNEL_WORKER_KEEPS", "1") == "1":
+            triton_cache.publish_kept(key)
     local = sorted(str(p.relative_to(manager.cache_dir)) for p in
                    Path(manager.cache_dir).rglob("*") if p.is_file())
     print(json.dumps({

@@ -110,11 +110,31 @@ def test_kernels_inductor_compiles_only_to_benchmark_stay_local(sqlite_url, keys
     assert [(kind, key) for kind, key, _ in _rows(sqlite_url)] == [("kernel", KEY)]
 
 
-def test_only_inductor_names_without_a_content_suffix_count_as_benchmark_only():
-    assert not triton_cache.benchmark_only("my_rmsnorm_fwd.json")
-    assert not triton_cache.benchmark_only(f"{NAME}.json")
-    assert triton_cache.benchmark_only("triton_poi_fused_add_3.json"), \
-        "a position-numbered name is not one a graph with other kernels compiles again"
+def test_a_graph_kernel_is_published_once_inductor_keeps_it_not_when_compiled(
+        sqlite_url, keys, tmp_path):
+    # A compile worker compiles every config of a kernel Inductor autotunes; the main
+    # process keeps one (tunecache.inductor.kernel_sharing) and publishes that one.
+    compiled = _compile(sqlite_url, tmp_path / "node1", KERNEL_WORKER_KEEPS="0",
+                        **_publisher(keys))
+    assert compiled["outcome"] == "compiled" and "published" not in compiled["counts"]
+    assert _rows(sqlite_url) == [] or not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+    kept = subprocess.run(
+        [sys.executable, "-c", f"from tunecache import triton_cache as t\n"
+                               f"print(t.publish_kept({KEY!r}), t.counts())"],
+        env=_env(sqlite_url, tmp_path / "node1", **_publisher(keys)), capture_output=True,
+        text=True, timeout=120)
+    assert kept.stdout.split()[0] == "True", kept.stderr
+    assert "'published': 1" in kept.stdout
+    loaded = _compile(sqlite_url, tmp_path / "node2", **_consumer(keys))
+    assert loaded["outcome"] == "hit"
+    assert loaded["files"] == _sha(compiled_files(NAME, "a"))
+
+
+def test_a_kernel_not_named_by_inductor_is_published_when_compiled(sqlite_url, keys,
+                                                                   tmp_path):
+    out = _compile(sqlite_url, tmp_path / "node1", key="USERKEY", name="my_rmsnorm_fwd",
+                   KERNEL_WORKER_KEEPS="0", **_publisher(keys))
+    assert out["counts"] == {"absent": 1, "published": 1}
 
 
 def test_two_processes_compiling_the_same_kernel_at_once_publish_it_once(db_url, keys,

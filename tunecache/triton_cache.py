@@ -17,8 +17,11 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
   another key is one warning, and Triton compiles as usual: nothing of it is written.
 - ``put_group``: after the local write, the group's files are published, signed. The first
   publish of a key wins; a second process that compiled the same kernel writes nothing.
-  Kernels Inductor compiles only to benchmark them stay local (:func:`benchmark_only`):
-  no later job compiles them.
+  Kernels Inductor names (``triton_...``) are the exception: Inductor compiles most of
+  them only to benchmark them (template and fusion candidates, every config of a kernel
+  it autotunes), and no later job compiles those. They stay local, and a graph's kernel is
+  published once Inductor keeps it (:func:`publish_kept`, called by
+  ``tunecache.inductor.kernel_sharing`` when a kernel's launcher is chosen).
 
 Files of other kinds (Triton's launcher libraries, its autotuning cache) stay local. The
 service is built once per process from TUNECACHE_* (:func:`share`), which the compile
@@ -54,7 +57,7 @@ except ImportError:  # no Triton (a CPU-only torch): nothing will ask for this c
     _TritonCacheManager = object
 
 __all__ = ["MANAGER_VAR", "MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share",
-           "serve", "stop_serving", "counts", "benchmark_only", "forget_ptxas_version"]
+           "serve", "stop_serving", "counts", "publish_kept", "forget_ptxas_version"]
 
 log = logging.getLogger("tunecache")
 
@@ -77,6 +80,7 @@ _GROUP = "__grp__"
 # ("triton_mm", "triton_bmm", ...) and fusion candidates ("triton_"). A later job reads
 # their stored timings and never generates them, so publishing them fills the database
 # with entries nobody loads (hundreds per recording against tens of graph kernels).
+_INDUCTOR_KERNEL = "triton_"
 _GRAPH_KERNEL = re.compile(r"triton_\w*_[0-9a-f]{16}\Z")
 # A pack's header lists at most MAX_FILES names of 200 characters and their lengths; a
 # local group file maps as many names to paths.
@@ -145,6 +149,8 @@ class _Service:
         # serve() is in effect, and TRITON_CACHE_MANAGER's value before it (None: unset).
         self.serving = False
         self.manager_was: str | None = None
+        # Keys publish_kept has handled: Inductor may keep one launcher more than once.
+        self.kept: set[str] = set()
 
 
 _SERVICE = _Service()
@@ -160,6 +166,7 @@ def serve(factory: Callable[[], TuneCache]) -> None:
             _SERVICE.serving, _SERVICE.manager_was = True, os.environ.get(MANAGER_VAR)
         os.environ[MANAGER_VAR] = MANAGER
         _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = factory, None, False
+        _SERVICE.kept.clear()
 
 
 def stop_serving() -> bool:
@@ -174,6 +181,7 @@ def stop_serving() -> bool:
             os.environ.pop(MANAGER_VAR, None)
         _SERVICE.serving, _SERVICE.manager_was = False, None
         _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = None, None, False
+        _SERVICE.kept.clear()
         return True
 
 
@@ -230,13 +238,32 @@ def counts() -> dict[str, int]:
     return dict(found.counts) if found is not None else {}
 
 
-def benchmark_only(filename: str) -> bool:
-    """Whether the kernel of this group file (``<kernel name>.json``) is one Inductor
-    compiles only to benchmark it: an Inductor name (``triton_...``) without the content
-    suffix of a graph's kernel. Kernels of other names (a user's ``@triton.jit``) are
-    published as before."""
-    name = filename.removesuffix(".json")
-    return name.startswith("triton_") and _GRAPH_KERNEL.match(name) is None
+def publish_kept(key: str) -> bool:
+    """Publish the graph kernel Triton compiled under ``key``, from the local cache
+    directory, now that Inductor keeps it for a graph; returns whether a kernel was
+    found there to publish. Candidates (names without a content suffix) never are.
+    Never raises: the kernel has loaded either way."""
+    service = share()
+    if service is None or not service.publishes or not _safe_name(key):
+        return False
+    with _SERVICE.lock:
+        if key in _SERVICE.kept:  # coordinate descent may hand the same launcher again
+            return False
+        _SERVICE.kept.add(key)
+    manager = KernelCacheManager(key)
+    found = False
+    try:
+        for path in sorted(Path(manager.cache_dir).glob(_GROUP + "*.json")):
+            filename = path.name[len(_GROUP):]
+            if _GRAPH_KERNEL.match(filename.removesuffix(".json")) is None:
+                continue
+            group = manager._local_group(filename)
+            if group is not None and filename in group:
+                manager._publish(filename, group)
+                found = True
+    except OSError as e:
+        log.debug("tunecache: kernel %s not published: %r", key, e)
+    return found
 
 
 def forget_ptxas_version() -> None:
@@ -319,7 +346,7 @@ class KernelCacheManager(_TritonCacheManager):
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         path = self._put_local_group(filename, group)
-        if self.shared and not benchmark_only(filename):
+        if self.shared and not filename.startswith(_INDUCTOR_KERNEL):
             self._publish(filename, group)
         return path
 

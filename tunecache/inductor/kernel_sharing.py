@@ -89,6 +89,53 @@ def _install_content_names() -> None:
     REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
+def _install_publish_on_choice() -> None:
+    """Publish a graph kernel once Inductor keeps one launcher of it: after a compile that
+    leaves one config (precompile, outside a worker's warm-up), after autotuning picks one
+    (autotune_to_one_config), and after coordinate descent (its launcher). Every other
+    config Inductor compiled for the kernel was only benchmarked; so, at most two entries
+    per kernel (the autotuned winner, then coordinate descent's), where every config was
+    one. Read in torch 2.11 and 2.13, runtime/triton_heuristics.py: CachingAutotuner.run
+    calls these once per kernel, never per launch."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    orig_precompile = CachingAutotuner.precompile
+    orig_one_config = CachingAutotuner.autotune_to_one_config
+    orig_coordesc = CachingAutotuner.coordinate_descent_tuning
+    # Triton sharing may have wrapped them already (``*args``): its own check read them.
+    if param_names(orig_precompile)[:1] not in (("warm_cache_only",), ("args",)) \
+            or param_names(orig_coordesc)[:1] != ("launcher",):
+        raise InductorChanged("CachingAutotuner.precompile or coordinate_descent_tuning "
+                              "changed signature")
+
+    def keep(launchers: Any) -> None:
+        if isinstance(launchers, list) and len(launchers) == 1:
+            key = getattr(launchers[0], "cache_hash", None)
+            if isinstance(key, str):
+                triton_cache.publish_kept(key)
+
+    def precompile(self: Any, warm_cache_only: bool = False, *args: Any, **kwargs: Any) -> Any:
+        result = orig_precompile(self, warm_cache_only, *args, **kwargs)
+        if not warm_cache_only:
+            keep(getattr(self, "launchers", None))
+        return result
+
+    def autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig_one_config(self, *args, **kwargs)
+        keep(getattr(self, "launchers", None))
+        return result
+
+    def coordinate_descent_tuning(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        chosen = orig_coordesc(self, launcher, *args, **kwargs)
+        keep([chosen])
+        return chosen
+
+    REGISTRY.patches.patch(CachingAutotuner, "precompile", precompile)
+    REGISTRY.patches.patch(CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
+    REGISTRY.patches.patch(CachingAutotuner, "coordinate_descent_tuning",
+                           coordinate_descent_tuning)
+
+
 def _use_the_workers_ptxas() -> None:
     """Compile in this process with the ptxas Inductor's compile workers use (module
     docstring). Triton caches the version it read per process: it is read again after
@@ -131,6 +178,7 @@ def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
                      "another database, key or mode than this cache's")
         return False
     _install_content_names()
+    _install_publish_on_choice()
     _use_the_workers_ptxas()
     triton_cache.serve(cache)
     return True
