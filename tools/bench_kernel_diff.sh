@@ -9,7 +9,9 @@
 #   record     max-autotune + tunecache at $LAYERS layers (default 2) on an empty database
 #   changed    tunecache on a new node (empty Inductor caches) at $CHANGED layers (default
 #              LAYERS + 1)
-#   same-node  the same on the node that recorded (its Inductor and Triton caches)
+#   same-node  the same on the node that recorded (its Inductor and Triton caches), on a
+#              copy of the database as the recording left it (the changed job publishes
+#              its graph, which a later job would load)
 #   default-changed  default mode at $CHANGED layers
 # then tools/kernel_diff.py dumps both jobs' final kernels and Triton keys, with the kernel
 # keys the database held before the changed job, and writes the diff to OUTDIR/diff.txt.
@@ -45,9 +47,13 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("kernel entri
     "$work/stored.json" | tee "$out/recording.txt"
 ls -la "$db" >>"$out/recording.txt"
 python3 "$here/tools/kernel_diff.py" dump "$work/record/rank0" "$out/record.json"
+# The database file, its write-ahead log if one is left, and its blob directory.
+for part in "$db" "$db-wal" "$db.blobs"; do
+    [ -e "$part" ] && cp -r "$part" "$work/same-node.db${part#"$db"}"
+done
 TUNECACHE_DB=$db job changed --mode tunecache --inductor-caches \
     --keep-inductor-cache "$work/changed" --layers "$changed"
-TUNECACHE_DB=$db job same-node --mode tunecache --inductor-caches \
+TUNECACHE_DB=$work/same-node.db job same-node --mode tunecache --inductor-caches \
     --keep-inductor-cache "$work/record" --layers "$changed"
 job default-changed --mode default --layers "$changed"
 python3 "$here/tools/kernel_diff.py" dump "$work/changed/rank0" "$out/changed.json" \
