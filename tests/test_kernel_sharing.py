@@ -368,6 +368,32 @@ def test_kernels_stay_local_when_the_environment_selects_another_database(sqlite
     assert out["during"] == [None, False], out["stderr"]
 
 
+def test_enable_publishes_the_launchers_inductor_keeps_and_disable_puts_them_back(
+        sqlite_url, keys, tmp_path):
+    code = (
+        "import json, tunecache, tunecache.inductor as ti\n"
+        "from torch._inductor.runtime.triton_heuristics import CachingAutotuner as C\n"
+        "names = ('precompile', 'autotune_to_one_config', 'coordinate_descent_tuning')\n"
+        "before = [C.__dict__[n] for n in names]\n"
+        f"on = ti.enable(tunecache.open({sqlite_url!r}))\n"
+        "during = [C.__dict__[n] is not b for n, b in zip(names, before)]\n"
+        "ti.disable()\n"
+        "after = [C.__dict__[n] is b for n, b in zip(names, before)]\n"
+        "print(json.dumps([on, during, after]))\n")
+    # Triton sharing (stored configs) off: it wraps the same methods.
+    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys),
+               TUNECACHE_TRITON_CONFIGS="0", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, [True] * 3, [True] * 3]
+    env["TUNECACHE_KERNELS"] = "0"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert json.loads(done.stdout.strip().splitlines()[-1])[1] == [False] * 3, \
+        "kernels not shared: Inductor's methods are its own"
+
+
 def _ptxas_after_enable(env: dict[str, str], db: str, torch_tree: Path) -> str:
     """TRITON_PTXAS_PATH after enable(), in a process whose torch ships a ptxas of its
     own: Inductor's own _set_triton_ptxas_path finds it beside its module, which is moved

@@ -250,9 +250,9 @@ def publish_kept(key: str) -> bool:
         if key in _SERVICE.kept:  # coordinate descent may hand the same launcher again
             return False
         _SERVICE.kept.add(key)
-    manager = KernelCacheManager(key)
     found = False
     try:
+        manager = KernelCacheManager(key)
         for path in sorted(Path(manager.cache_dir).glob(_GROUP + "*.json")):
             filename = path.name[len(_GROUP):]
             if _GRAPH_KERNEL.match(filename.removesuffix(".json")) is None:
@@ -261,7 +261,7 @@ def publish_kept(key: str) -> bool:
             if group is not None and filename in group:
                 manager._publish(filename, group)
                 found = True
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - called from Inductor's compile: never raise into it
         log.debug("tunecache: kernel %s not published: %r", key, e)
     return found
 
