@@ -253,6 +253,12 @@ def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
     return {"count": sum(k["count"] for k in kernels), "hits": sum(k["hits"] for k in kernels)}
 
 
+def _kernel_counts() -> dict[str, int]:
+    from tunecache import triton_cache
+
+    return triton_cache.counts()
+
+
 def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
     """all_gather of a JSON-able object without numpy (dist.all_gather_object needs it:
     torch/distributed/distributed_c10d.py _tensor_to_object calls Tensor.numpy())."""
@@ -429,6 +435,10 @@ def main() -> int:
                               else kernels_after["count"] - kernels_before["count"]),
         "kernels_loaded": (None if kernels_after is None or kernels_before is None
                            else kernels_after["hits"] - kernels_before["hits"]),
+        # This rank's own kernel lookups (tunecache.triton_cache.counts): loaded from the
+        # database, absent there (so compiled), published, refused; compile workers count
+        # their own.
+        "kernel_counts": _kernel_counts(),
         # Kernels in this rank's local Triton cache after the job (each compiled here, or
         # loaded from the store or from a compiled graph's bundle).
         "triton_kernels_local": sum(1 for _ in Path(
@@ -494,6 +504,7 @@ def main() -> int:
                 "kernels_published": everyone[0]["kernels_published"],
                 "kernels_loaded": everyone[0]["kernels_loaded"],
                 "triton_kernels_local": sum(r["triton_kernels_local"] for r in everyone),
+                "kernel_counts": _summed(r["kernel_counts"] for r in everyone),
             }
             f.write(json.dumps(job) + "\n")
             print(json.dumps(job))
