@@ -253,12 +253,6 @@ def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
     return {"count": sum(k["count"] for k in kernels), "hits": sum(k["hits"] for k in kernels)}
 
 
-def _kernel_counts() -> dict[str, int]:
-    from tunecache import triton_cache
-
-    return triton_cache.counts()
-
-
 def gather_json(obj: Any, world: int, device: Any, torch: Any) -> list[Any]:
     """all_gather of a JSON-able object without numpy (dist.all_gather_object needs it:
     torch/distributed/distributed_c10d.py _tensor_to_object calls Tensor.numpy())."""
@@ -289,6 +283,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from tunecache import inductor as tc_inductor
+    from tunecache import triton_cache
 
     if args.mode == "inductor-distributed" and importlib.util.find_spec("numpy") is None:
         sys.exit("--mode inductor-distributed needs numpy: Inductor shares its results with "
@@ -438,7 +433,7 @@ def main() -> int:
         # This rank's own kernel lookups (tunecache.triton_cache.counts): loaded from the
         # database, absent there (so compiled), published, refused; compile workers count
         # their own.
-        "kernel_counts": _kernel_counts(),
+        "kernel_counts": triton_cache.counts(),
         # Kernels in this rank's local Triton cache after the job (each compiled here, or
         # loaded from the store or from a compiled graph's bundle).
         "triton_kernels_local": sum(1 for _ in Path(

@@ -48,7 +48,8 @@ def _wrappers(root: Path) -> list[Path]:
 
 def dump(root: Path, stored: Path | None) -> dict[str, Any]:
     final: dict[str, str] = {}
-    for wrapper in _wrappers(root):
+    wrappers = _wrappers(root)
+    for wrapper in wrappers:
         for _, name, source in _KERNEL.findall(wrapper.read_text(errors="replace")):
             final[name] = source
     triton: dict[str, str] = {}
@@ -62,7 +63,7 @@ def dump(root: Path, stored: Path | None) -> dict[str, Any]:
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             triton[meta.parent.name] = value["name"]
     out: dict[str, Any] = {"final": final, "triton": triton,
-                           "wrappers": len(_wrappers(root))}
+                           "wrappers": len(wrappers)}
     if stored is not None:
         rows = json.loads(stored.read_text() or "[]")
         keys = {r["key"] for r in rows if isinstance(r, dict) and r.get("kind") == "kernel"}
