@@ -130,6 +130,23 @@ def test_a_graph_kernel_is_published_once_inductor_keeps_it_not_when_compiled(
     assert loaded["files"] == _sha(compiled_files(NAME, "a"))
 
 
+def test_a_fifo_planted_in_a_kept_kernels_directory_publishes_nothing_and_never_blocks(
+        sqlite_url, keys, tmp_path):
+    node = tmp_path / "node1"
+    _compile(sqlite_url, node, KERNEL_WORKER_KEEPS="0", **_publisher(keys))
+    cubin = node / KEY / f"{NAME}.cubin"
+    cubin.unlink()
+    os.mkfifo(cubin)  # no writer: a plain read waits forever
+    kept = subprocess.run(
+        [sys.executable, "-c", f"from tunecache import triton_cache as t\n"
+                               f"t.publish_kept({KEY!r}); print(t.counts())"],
+        env=_env(sqlite_url, node, **_publisher(keys)), capture_output=True, text=True,
+        timeout=60)
+    assert kept.returncode == 0, kept.stderr
+    assert "published" not in kept.stdout
+    assert _rows(sqlite_url) == [] or not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
 def test_a_kernel_not_named_by_inductor_is_published_when_compiled(sqlite_url, keys,
                                                                    tmp_path):
     out = _compile(sqlite_url, tmp_path / "node1", key="USERKEY", name="my_rmsnorm_fwd",

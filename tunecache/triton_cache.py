@@ -400,17 +400,29 @@ class KernelCacheManager(_TritonCacheManager):
         service = share()
         if service is None or not service.publishes:
             return
+        from .core.kernels import MAX_KERNEL_BYTES
+
         root = Path(self.cache_dir).resolve()
         files: dict[str, bytes] = {}
+        left = MAX_KERNEL_BYTES
         try:
             for name, path in group.items():
                 resolved = Path(path).resolve()
-                # Only files Triton just put here, under their own names.
+                # Only files under their own names in this key's directory. A kept kernel's
+                # group is read back from that directory, which anyone who can write it
+                # may have changed: each file is opened without blocking (a FIFO) and read
+                # up to what an entry may hold.
                 if resolved.parent != root or not _safe_name(name) \
                         or resolved.name != name or len(files) >= MAX_FILES:
                     log.debug("tunecache: kernel %s not published (file %r)", self.key, name)
                     return
-                files[name] = resolved.read_bytes()
+                data, _ = read_regular(resolved, left + 1)
+                if len(data) > left:
+                    log.debug("tunecache: kernel %s not published (over %d bytes)", self.key,
+                              MAX_KERNEL_BYTES)
+                    return
+                files[name] = data
+                left -= len(data)
         except OSError as e:
             log.debug("tunecache: kernel %s not published: %r", self.key, e)
             return
