@@ -7,14 +7,15 @@
 # appending its JSON line to OUTDIR/bench.jsonl as it ends:
 #   warmup     default mode, 1 layer (the first job of a fresh machine is slower)
 #   record     max-autotune + tunecache at $LAYERS layers (default 2) on an empty database
-#   changed    tunecache on a new node (empty Inductor caches) at $CHANGED layers (default
-#              LAYERS + 1)
-#   same-node  the same on the node that recorded (its Inductor and Triton caches), on a
-#              copy of the database as the recording left it (the changed job publishes
-#              its graph, which a later job would load)
-#   default-changed  default mode at $CHANGED layers
-# then tools/kernel_diff.py dumps both jobs' final kernels and Triton keys, with the kernel
-# keys the database held before the changed job, and writes the diff to OUTDIR/diff.txt.
+# then for each layer count N in $CHANGED (default LAYERS + 1; e.g. CHANGED="3 4"):
+#   changed-N    tunecache on a new node (empty Inductor caches)
+#   same-node-N  the same on a copy of the node that recorded (its Inductor and Triton
+#                caches)
+#   default-N    default mode
+# Each tunecache job runs on its own copy of the database as the recording left it (a
+# job publishes its graph, which a later job would load). tools/kernel_diff.py then dumps
+# the recording's and each changed-N job's final kernels and Triton keys, with the kernel
+# keys the database held, into OUTDIR/diff-N.txt.
 # Environment: TUNECACHE_SIGNING_KEY (required), DEADLINE_S (default 480).
 set -u
 out=$1 model=$2
@@ -47,16 +48,26 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("kernel entri
     "$work/stored.json" | tee "$out/recording.txt"
 ls -la "$db" >>"$out/recording.txt"
 python3 "$here/tools/kernel_diff.py" dump "$work/record/rank0" "$out/record.json"
-# The database file, its write-ahead log if one is left, and its blob directory.
-for part in "$db" "$db-wal" "$db.blobs"; do
-    [ -e "$part" ] && cp -r "$part" "$work/same-node.db${part#"$db"}"
+# The database as the recording left it: the file, its write-ahead log if one is left,
+# and its blob directory.
+copy_db() {  # destination
+    rm -rf "$1" "$1-wal" "$1.blobs"
+    for part in "$db" "$db-wal" "$db.blobs"; do
+        [ -e "$part" ] && cp -r "$part" "$1${part#"$db"}"
+    done
+}
+for n in $changed; do
+    copy_db "$work/changed-$n.db"
+    TUNECACHE_DB=$work/changed-$n.db job "changed-$n" --mode tunecache --inductor-caches \
+        --keep-inductor-cache "$work/changed-$n" --layers "$n"
+    copy_db "$work/same-node-$n.db"
+    rm -rf "$work/same-node-$n"; cp -r "$work/record" "$work/same-node-$n"
+    TUNECACHE_DB=$work/same-node-$n.db job "same-node-$n" --mode tunecache --inductor-caches \
+        --keep-inductor-cache "$work/same-node-$n" --layers "$n"
+    job "default-$n" --mode default --layers "$n"
+    python3 "$here/tools/kernel_diff.py" dump "$work/changed-$n/rank0" "$out/changed-$n.json" \
+        --stored "$work/stored.json"
+    python3 "$here/tools/kernel_diff.py" diff "$out/record.json" "$out/changed-$n.json" \
+        >"$out/diff-$n.txt" 2>&1
+    head -c 2000 "$out/diff-$n.txt"
 done
-TUNECACHE_DB=$db job changed --mode tunecache --inductor-caches \
-    --keep-inductor-cache "$work/changed" --layers "$changed"
-TUNECACHE_DB=$work/same-node.db job same-node --mode tunecache --inductor-caches \
-    --keep-inductor-cache "$work/record" --layers "$changed"
-job default-changed --mode default --layers "$changed"
-python3 "$here/tools/kernel_diff.py" dump "$work/changed/rank0" "$out/changed.json" \
-    --stored "$work/stored.json"
-python3 "$here/tools/kernel_diff.py" diff "$out/record.json" "$out/changed.json" >"$out/diff.txt" 2>&1
-head -c 3000 "$out/diff.txt"

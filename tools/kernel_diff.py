@@ -9,6 +9,8 @@ the wrapper code of the graphs it compiled and Triton's cache under ``triton/``)
 - ``final``: the Triton kernels of the job's final graphs, name -> source, read from the
   wrapper modules (``name = async_compile.triton('name', '''source''', ...)``); kernels
   compiled only to be benchmarked are not in a wrapper;
+- ``benchmarked``: the modules Inductor generated only to time them (a fusion candidate,
+  a mix-order reduction's split size: a kernel with a benchmark harness), file -> source;
 - ``triton``: Triton's cache, key -> kernel name (each key directory's metadata file);
 - ``stored`` (with ``--stored``, the JSON of ``tunecache ls --kind kernel --json`` taken
   before the job): which of those keys were in the database, i.e. could be loaded.
@@ -16,8 +18,10 @@ the wrapper code of the graphs it compiled and Triton's cache under ``triton/``)
 ``diff`` prints, for the new job's final kernels: found in the old job's final graphs by
 name (same source, so same name: tunecache names kernels by content), and for each one that
 is not, the old kernel of the same descriptive name (the part before the content suffix)
-whose source is nearest, as a unified diff. Then the new job's Triton keys that were not in
-the database, by kernel name: what the job compiled rather than loaded.
+whose source is nearest, as a unified diff. Then the new job's benchmarked modules whose
+tunecache key (the kernel's identity in :mod:`tunecache.inductor.triton.keys`) no old
+module has, with the nearest old one's diff; then the new job's Triton keys that were not
+in the database, by kernel name: what the job compiled rather than loaded.
 """
 
 from __future__ import annotations
@@ -34,23 +38,26 @@ _KERNEL = re.compile(r"(\w+) = async_compile\.triton\('(\w+)', '''(.*?)''', devi
                      re.DOTALL)
 
 
-def _wrappers(root: Path) -> list[Path]:
-    found = []
-    for path in root.rglob("*.py"):
+def _modules(root: Path) -> tuple[list[str], dict[str, str]]:
+    """The job's wrapper modules' sources, and its benchmarked modules by file name."""
+    wrappers, benchmarked = [], {}
+    for path in sorted(root.rglob("*.py")):
         try:
             text = path.read_text(errors="replace")
         except OSError:
             continue
         if "async_compile.wait(globals())" in text and "def call(" in text:
-            found.append(path)
-    return sorted(found)
+            wrappers.append(text)
+        elif "def get_args():" in text and "@triton.jit" in text:
+            benchmarked[path.name] = text
+    return wrappers, benchmarked
 
 
 def dump(root: Path, stored: Path | None) -> dict[str, Any]:
     final: dict[str, str] = {}
-    wrappers = _wrappers(root)
+    wrappers, benchmarked = _modules(root)
     for wrapper in wrappers:
-        for _, name, source in _KERNEL.findall(wrapper.read_text(errors="replace")):
+        for _, name, source in _KERNEL.findall(wrapper):
             final[name] = source
     triton: dict[str, str] = {}
     for meta in (root / "triton").rglob("*.json"):
@@ -62,7 +69,7 @@ def dump(root: Path, stored: Path | None) -> dict[str, Any]:
             continue
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             triton[meta.parent.name] = value["name"]
-    out: dict[str, Any] = {"final": final, "triton": triton,
+    out: dict[str, Any] = {"final": final, "triton": triton, "benchmarked": benchmarked,
                            "wrappers": len(wrappers)}
     if stored is not None:
         rows = json.loads(stored.read_text() or "[]")
@@ -77,6 +84,24 @@ def _stem(name: str) -> str:
 
 def _likeness(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def _benchmarked(old: dict[str, str], new: dict[str, str]) -> None:
+    from tunecache.inductor.triton.keys import triton_kernel_info
+
+    def identity(source: str) -> str:
+        return str(triton_kernel_info(source, {})["kernel"])
+
+    old_keys = {identity(s) for s in old.values()}
+    missing = [name for name, s in new.items() if identity(s) not in old_keys]
+    print(f"\nnew job's benchmarked modules: {len(new)}; whose key no old one has: "
+          f"{len(missing)}")
+    for name in missing[:3]:
+        nearest = max(old, key=lambda n: _likeness(old[n], new[name]), default=None)
+        if nearest is not None:
+            print("\n".join(difflib.unified_diff(old[nearest].splitlines(),
+                                                  new[name].splitlines(), nearest, name,
+                                                  lineterm="", n=1)))
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -97,6 +122,7 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> None:
                                      .splitlines(), source.splitlines(), nearest, name,
                                      lineterm="", n=1)
         print("\n".join(lines))
+    _benchmarked(old.get("benchmarked", {}), new.get("benchmarked", {}))
     if "stored" in new:
         stored = set(new["stored"])
         compiled = sorted((name, key) for key, name in new["triton"].items()

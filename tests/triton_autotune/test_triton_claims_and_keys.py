@@ -9,6 +9,7 @@ drive Inductor's own autotune-cache code with fake configs.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,34 @@ def test_benchmark_harness_device_index_is_not_in_the_key(enabled, tmp_path):
                     meta()).remote_cache[1]
     assert k0 == k1
     assert bigger != k0  # the shapes in the harness stay in
+
+
+KERNELS = Path(__file__).resolve().parent.parent / "data" / "triton_kernels"
+
+
+def _key_of_source(tmp_path: Path, label: str, source: str) -> dict:
+    """The shared-cache key of a kernel module, as a compile worker makes it."""
+    path = tmp_path / label / "kernel.py"
+    path.parent.mkdir()
+    path.write_text(source)
+    kernel_name = re.search(r"def (\w+)\(", source).group(1)
+    text = create(str(path), meta(coordesc=True, name=kernel_name)).remote_cache[1]
+    return tc_inductor.triton_key("inductor-key", json.loads(text))
+
+
+def test_a_kernel_written_in_place_has_the_key_of_its_out_of_place_twin(enabled, tmp_path):
+    # Inductor's sources on an H200, tools/bench_gpu.py's block: the middle layer of a
+    # 3-layer graph writes a reduction's result in place (in_out_ptr0) where both layers
+    # of a 2-layer graph read in_ptr3 and write out_ptr1. One computation, the same bytes
+    # moved; keyed apart, every deeper graph tuned it again.
+    in_place = (KERNELS / "mix_order_reduction_in_place.txt").read_text()
+    out_of_place = (KERNELS / "mix_order_reduction_out_of_place.txt").read_text()
+    key = _key_of_source(tmp_path, "in-place", in_place)
+    assert _key_of_source(tmp_path, "out-of-place", out_of_place) == key
+    assert key["op"] == "triton_per_fused_add_div_expand_mul_pow_sum", \
+        "the source hash that names a shared kernel is not in its key"
+    # What it computes still counts: another index or another dtype is another kernel.
+    for n, (old, new) in enumerate([("(r0_1 + 2048*x0), tmp22", "(r0_1 + 2049*x0), tmp22"),
+                                    ("'in_ptr3': '*bf16'", "'in_ptr3': '*fp16'")]):
+        assert old in in_place
+        assert _key_of_source(tmp_path, f"changed-{n}", in_place.replace(old, new)) != key

@@ -49,11 +49,12 @@ _HARNESS_DEVICE_INDEX = (
 def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[str, Any]:
     """The rank-independent identity of a generated Triton kernel module.
 
-    ``kernel``: sha256 of the source with the device index and the kernel's name blanked
-    (everything else in the source, including its inductor_meta and triton_meta, stays
-    in); ``name``: the kernel's name (:func:`triton_key` keeps it without its counter);
-    ``device_type``; ``device``: the GPU's capability and SM count, from the source's
-    DeviceProperties; ``heuristic``: the ``triton_heuristics`` decorator; ``coordesc``:
+    ``kernel``: sha256 of the source with the device index, the kernel's name and which
+    buffers it reads and writes blanked (:func:`buffer_names_blanked`; everything else in
+    the source, including its inductor_meta and triton_meta, stays in); ``name``: the
+    kernel's name (:func:`triton_key` keeps it without its counter); ``device_type``;
+    ``device``: the GPU's capability and SM count, from the source's DeviceProperties;
+    ``heuristic``: the ``triton_heuristics`` decorator; ``coordesc``:
     whether coordinate descent is on; ``tag``: ``torch.compiler.config.cache_key_tag``,
     which Inductor's own key has too.
     """
@@ -72,6 +73,7 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
         # The name ends in a per-graph counter (triton_poi_fused_add_3): one more or one
         # less kernel earlier in the graph renumbers identical kernels.
         normalized = re.sub(rf"\b{re.escape(name)}\b", "KERNEL_NAME", normalized)
+    normalized = buffer_names_blanked(normalized)
     heuristic = _DECORATOR.search(source)
     info = {
         "kernel": hashlib.sha256(normalized.encode()).hexdigest(),
@@ -92,6 +94,54 @@ def triton_kernel_info(source: str, inductor_meta: Mapping[str, Any]) -> dict[st
     }).encode()).hexdigest()
     info[SIZES_FIELD] = kernel_sizes(source)
     return info
+
+
+# A kernel's buffer arguments: read, written, or written in place (Inductor's
+# KernelArgs names, 2.11-2.14).
+_BUFFER_ARG = re.compile(r"\b(?:in_out_ptr|in_ptr|out_ptr)\d+\b")
+_SIGNATURE_BUFFERS = re.compile(r"(?:'BUF': '[^']*', )+")
+_BUF_DTYPE = re.compile(r"'BUF': ('[^']*')")
+_PARAMETER_BUFFERS = re.compile(r"(?:\bBUF, )+")
+# Inductor's divisibility hints, one per argument position (triton_meta's 'configs').
+_ARG_HINTS = re.compile(r"'configs': \[\{(.*?)\}\]")
+_ARG_HINT = re.compile(r"\(\d+,\): (\[\[.*?\]\])")
+# The benchmark harness's arguments (get_args: one line per kernel argument) and its
+# estimate of the bytes moved, which counts a buffer written in place twice.
+_HARNESS_ARGS = re.compile(r"(?:^[ \t]*arg_\d+ = .*\n)+", re.M)
+_HARNESS_ARG = re.compile(r"^[ \t]*arg_\d+ = (.*)$", re.M)
+_DERIVED_SIZES = (
+    (re.compile(r"return (?:arg_\d+, ?)+"), "return ARGS, "),
+    (re.compile(r"^([ \t]*num_gb = ).*$", re.M), r"\1N"),
+    (re.compile(r"'kernel_num_gb': [0-9.e+-]+"), "'kernel_num_gb': N"),
+    (re.compile(r"'mutated_arg_names': \[[^\]]*\]"), "'mutated_arg_names': []"),
+)
+
+
+def _distinct(part: re.Pattern[str], match: re.Match[str]) -> str:
+    """The distinct values of ``part`` in a match, sorted: the same for any number of
+    repeats and in any order."""
+    return ", ".join(sorted(set(part.findall(match.group(0)))))
+
+
+def buffer_names_blanked(text: str) -> str:
+    """A kernel module's source with the names of the buffers it reads and writes blanked.
+
+    Inductor writes a result in place (``in_out_ptr0``) where the input it replaces dies
+    at that kernel, which depends on the graph around it: the middle layer of a 3-layer
+    graph writes a reduction's result in place where both layers of a 2-layer graph write
+    a new buffer (``in_ptr3`` read, ``out_ptr1`` written). The two kernels compute the
+    same thing with the same index expressions and move the same bytes, so their best configs
+    and benchmark timings are the same; blanked, both have one key. What stays: every
+    load and store with its index, the set of buffer dtypes, the other arguments.
+    """
+    text = _BUFFER_ARG.sub("BUF", text)
+    text = _SIGNATURE_BUFFERS.sub(lambda m: f"'BUF': {_distinct(_BUF_DTYPE, m)}, ", text)
+    text = _PARAMETER_BUFFERS.sub("BUF, ", text)
+    text = _ARG_HINTS.sub(lambda m: f"'configs': [{{{_distinct(_ARG_HINT, m)}}}]", text)
+    text = _HARNESS_ARGS.sub(lambda m: f"    ARGS = {_distinct(_HARNESS_ARG, m)}\n", text)
+    for pattern, blank in _DERIVED_SIZES:
+        text = pattern.sub(blank, text)
+    return text
 
 
 # The fields triton_kernel_info adds for transfer that are not part of the key.
@@ -117,7 +167,7 @@ _SIZE_LITERALS = (
 # An index expression: the pointer argument of tl.load / tl.store (up to its first
 # top-level comma, which Inductor's codegen never nests), or the right-hand side of an
 # index variable (x0 = ..., r0_1 = ..., xindex = ...): not the tmpN values.
-_LOAD_STORE_INDEX = re.compile(r"(tl\.(?:load|store)\([a-z_]+\d* \+ )([^,]*)")
+_LOAD_STORE_INDEX = re.compile(r"(tl\.(?:load|store)\((?:BUF|[a-z_]+\d*) \+ )([^,]*)")
 _INDEX_ASSIGN = re.compile(r"^(\s*(?:[xyzr]\d*_?\d*|[xyzr]0?_?(?:index|offset|base)) = )(.*)$",
                            re.M)
 _INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
@@ -176,6 +226,9 @@ def _env(device: str, device_type: str) -> dict[str, str]:
     }
 
 
+_NAME_SUFFIX = re.compile(r"_(?:\d+|[0-9a-f]{16})\Z")
+
+
 def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
     """The shared-cache key of one Triton kernel's best config.
 
@@ -193,9 +246,11 @@ def triton_key(inductor_key: str, info: Mapping[str, Any]) -> dict[str, Any]:
     # Transfer's, not the key's: the hash of every key stays what it was without them.
     info.pop(FAMILY_FIELD, None)
     info.pop(SIZES_FIELD, None)
-    # The kernel's name without its per-graph counter: a label for `tunecache stats`,
-    # and part of the hash like every key field, so it must not carry the counter.
-    name = re.sub(r"_\d+$", "", str(info.pop("name", None) or "")) or "triton_kernel"
+    # The kernel's name without its suffix: a label for `tunecache stats`, and part of
+    # the hash like every key field, so it must not carry what differs between graphs:
+    # Inductor's per-graph counter, or the hash of the source that names a kernel when
+    # kernels are shared (twins in and out of place have one key, and two names).
+    name = _NAME_SUFFIX.sub("", str(info.pop("name", None) or "")) or "triton_kernel"
     env = _env(str(info.pop("device", None) or ""), str(info.get("device_type") or ""))
     return {
         "kind": "triton_config",
