@@ -189,3 +189,22 @@ def test_a_kernel_written_in_place_has_the_key_of_its_out_of_place_twin(enabled,
                                     ("'in_ptr3': '*bf16'", "'in_ptr3': '*fp16'")]):
         assert old in in_place
         assert _key_of_source(tmp_path, f"changed-{n}", in_place.replace(old, new)) != key
+
+
+def test_a_benchmarked_module_is_keyed_by_the_arguments_it_builds_not_their_count():
+    # The module Inductor times to pick a mix-order reduction's split size, written in
+    # place (an H200, the block's 3-layer graph). Its out-of-place twin builds one more
+    # argument of a shape it already builds (the buffer it writes) and counts the bytes
+    # moved otherwise; the timing is the same, so is the key.
+    module = (KERNELS / "mix_order_reduction_in_place_benchmark.txt").read_text()
+    key = tc_inductor.fusion_benchmark_key(module, "default")
+    one_more = ("    arg_0 = rand_strided((4096, 2048), (2048, 1), device='cuda:0', "
+                "dtype=torch.bfloat16)\n")
+    assert one_more in module
+    twin = (module.replace(one_more, one_more + one_more.replace("arg_0", "arg_6"))
+            .replace("return arg_0, arg_1,", "return arg_0, arg_6, arg_1,")
+            .replace("num_gb = 0.067121152", "num_gb = 0.083898368"))
+    assert tc_inductor.fusion_benchmark_key(twin, "default") == key
+    other_shape = module.replace("rand_strided((4096, 1), (1, 1)", "rand_strided((4096, 2), (2, 1)")
+    assert other_shape != module
+    assert tc_inductor.fusion_benchmark_key(other_shape, "default") != key
