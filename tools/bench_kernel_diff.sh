@@ -12,6 +12,7 @@
 #   same-node-N  the same on a copy of the node that recorded (its Inductor and Triton
 #                caches)
 #   default-N    default mode
+# REPEAT (default 1) runs the three REPEAT times, alternating (tags changed-N-2 ...).
 # Each tunecache job runs on its own copy of the database as the recording left it (a
 # job publishes its graph, which a later job would load). tools/kernel_diff.py then dumps
 # the recording's and each changed-N job's final kernels and Triton keys, with the kernel
@@ -57,14 +58,18 @@ copy_db() {  # destination
     done
 }
 for n in $changed; do
-    copy_db "$work/changed-$n.db"
-    TUNECACHE_DB=$work/changed-$n.db job "changed-$n" --mode tunecache --inductor-caches \
-        --keep-inductor-cache "$work/changed-$n" --layers "$n"
-    copy_db "$work/same-node-$n.db"
-    rm -rf "$work/same-node-$n"; cp -r "$work/record" "$work/same-node-$n"
-    TUNECACHE_DB=$work/same-node-$n.db job "same-node-$n" --mode tunecache --inductor-caches \
-        --keep-inductor-cache "$work/same-node-$n" --layers "$n"
-    job "default-$n" --mode default --layers "$n"
+    for r in $(seq "${REPEAT:-1}"); do
+        tag=$([ "$r" = 1 ] && echo "$n" || echo "$n-$r")
+        copy_db "$work/changed-$n.db"
+        rm -rf "$work/changed-$n"
+        TUNECACHE_DB=$work/changed-$n.db job "changed-$tag" --mode tunecache \
+            --inductor-caches --keep-inductor-cache "$work/changed-$n" --layers "$n"
+        copy_db "$work/same-node-$n.db"
+        rm -rf "$work/same-node-$n"; cp -r "$work/record" "$work/same-node-$n"
+        TUNECACHE_DB=$work/same-node-$n.db job "same-node-$tag" --mode tunecache \
+            --inductor-caches --keep-inductor-cache "$work/same-node-$n" --layers "$n"
+        job "default-$tag" --mode default --layers "$n"
+    done
     python3 "$here/tools/kernel_diff.py" dump "$work/changed-$n/rank0" "$out/changed-$n.json" \
         --stored "$work/stored.json"
     python3 "$here/tools/kernel_diff.py" diff "$out/record.json" "$out/changed-$n.json" \
