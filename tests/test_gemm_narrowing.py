@@ -121,17 +121,19 @@ def gemm(tmp_path, monkeypatch):
             inputs = create_inputs_key(nodes)
         return tc_inductor.make_key("mm", inputs, None, "cpu")
 
-    def tune(choices: list[Any], skip: int | None = None) -> dict[str, float]:
-        """What the tuning job stores for these choices (CONFIGS[FASTEST] fastest)."""
+    def tune(choices: list[Any], skip: int | None = None, fastest: int = FASTEST,
+             aten_ms: float = 0.5) -> dict[str, float]:
+        """What the tuning job stores for these choices: CONFIGS[fastest] in 0.1 ms, aten
+        in ``aten_ms``, the other templates in 1 ms and more."""
         ids = tc_inductor.candidate_ids(choices)
         timings = {}
         for i, cid in enumerate(ids):
             if cid.startswith("extern:"):
-                timings[cid] = 0.5
+                timings[cid] = aten_ms
             else:
                 n = next(j for j, c in enumerate(CONFIGS) if tc_inductor.candidate_id(
                     choices[i]).endswith(inductors_description(c)))
-                timings[cid] = 0.1 if n == FASTEST else 1.0 + n
+                timings[cid] = 0.1 if n == fastest else 1.0 + n
         if skip is not None:
             del timings[ids[skip]]
         # with its family, as the lookup hook stores a key it tunes
@@ -271,3 +273,62 @@ def test_with_transfer_off_a_miss_next_to_a_recorded_size_generates_every_templa
         gemm.resize(128)
         gemm.compile()
     assert len(gemm.generated) == len(CONFIGS)
+
+
+@pytest.fixture
+def decisive(gemm):
+    """The gemm fixture with TUNECACHE_DECISIVE=1 (``.active``: its cache)."""
+    with tunecache.open(gemm.cache.settings.db_url, decisive=True) as cache:
+        gemm.active = cache
+        yield gemm
+
+
+def _recorded_at(gemm: Any, sizes: list[int], **tuning: Any) -> None:
+    """The mm tuned in full at these M (each compile generating every choice), then set
+    to M=128, a new key between them, with the fixture's cache enabled again."""
+    with tunecache.open(gemm.cache.settings.db_url, transfer=False) as recording:
+        assert tc_inductor.enable(recording)
+        for m in sizes:
+            gemm.resize(m)
+            gemm.tune(gemm.compile(), **tuning)
+    assert tc_inductor.enable(getattr(gemm, "active", gemm.cache))
+    gemm.generated.clear()
+    tc_inductor.stats.reset()
+    gemm.resize(128)
+
+
+def test_a_miss_whose_neighbours_picked_one_template_by_far_generates_only_it(decisive):
+    _recorded_at(decisive, [64, 256])  # CONFIGS[FASTEST] 5x faster than aten at both
+    choices = decisive.compile()
+    assert decisive.generated == [CONFIGS[FASTEST]]
+    assert len(choices) == 1, "one choice: Inductor takes it without a benchmark"
+    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 1
+
+
+def test_a_miss_whose_neighbours_picked_aten_by_far_generates_no_template(decisive):
+    _recorded_at(decisive, [64], aten_ms=0.01)
+    choices = decisive.compile()
+    assert decisive.generated == [] and len(choices) == 1
+
+
+def test_neighbours_that_disagree_leave_the_transfer_plan(decisive):
+    _recorded_at(decisive, [64])
+    _recorded_at(decisive, [256], fastest=0)
+    decisive.compile()
+    assert len(decisive.generated) > 1
+    stats = tc_inductor.stats.as_dict()
+    assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
+
+
+def test_a_winner_within_the_margin_leaves_the_transfer_plan(decisive):
+    _recorded_at(decisive, [64], aten_ms=0.1 * 1.1)  # aten 10% behind the winner
+    decisive.compile()
+    assert len(decisive.generated) > 1
+    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0
+
+
+def test_without_TUNECACHE_DECISIVE_a_clear_winner_is_benchmarked_with_the_plan(gemm):
+    _recorded_at(gemm, [64, 256])
+    gemm.compile()
+    assert len(gemm.generated) == 4  # transfer.FROM_NEAREST
+    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0

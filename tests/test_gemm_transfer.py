@@ -206,6 +206,34 @@ def test_a_plan_takes_the_nearest_neighbours_best_first_and_is_bounded():
     assert len(plan.ids) <= transfer.MAX_TEMPLATES
 
 
+def test_only_full_tunings_that_agree_by_the_margin_decide_a_winner():
+    def neighbour(m: int, fastest: list[int], transferred: bool = False,
+                  aten: float = 1.0) -> Any:
+        key = tc_inductor.make_key("mm", inputs_key(m), None, "cpu")
+        ids = tc_inductor.candidate_ids(choices())
+        t = {cid: ms for cid, ms in zip(ids, times(fastest, aten).values())}
+        return tunecache.Neighbour(f"h{m}", key, t, {"transfer": {}} if transferred else {})
+
+    key = tc_inductor.make_key("mm", inputs_key(2048), None, "cpu")
+
+    def winner(*neighbours: Any) -> str | None:
+        plan = transfer.plan_transfer(key, list(neighbours), decisive=True)
+        assert plan is not None
+        return plan.winner
+
+    by_id = {transfer.transfer_id(i): c.name for i, c in
+             zip(tc_inductor.candidate_ids(choices()), choices())}
+    # template 3 in 0.1 ms, the runner-up (aten) in 1 ms: by far
+    assert by_id[winner(neighbour(1024, [3]), neighbour(4096, [3]))] == "triton_mm_3"
+    assert winner(neighbour(1024, [3]), neighbour(4096, [5])) is None, "they disagree"
+    assert winner(neighbour(1024, [3], aten=0.11)) is None, "aten 10% behind"
+    assert winner(neighbour(1024, [3], aten=0.01)) is None, \
+        "a winner of a kind matched across shapes by nothing (neither template nor ATen)"
+    assert winner(neighbour(1024, [3]), neighbour(4096, [3], transferred=True)) is None, \
+        "a transferred entry timed only what it kept"
+    assert transfer.plan_transfer(key, [neighbour(1024, [3])]).winner is None, "off"
+
+
 def test_a_family_leaves_out_sizes_but_not_layout_dtype_or_op():
     def family(op: str = "mm", **kw: Any) -> str | None:
         return transfer.gemm_family(tc_inductor.make_key(op, inputs_key(**kw), None, "cpu"))

@@ -405,10 +405,11 @@ def main() -> int:
         "gemm_choice_lists_in_full": stats.get("choice_lists_in_full", 0),
         "gemm_narrowing_mismatches": stats.get("narrowing_mismatches", 0),
         # New keys tuned from their neighbours (transfer.py): keys, candidates left out,
-        # choice lists cut before generation.
+        # choice lists cut before generation, and cut to the one choice neighbours decided.
         "gemm_transferred_keys": stats.get("transferred_keys", 0),
         "gemm_transfer_skipped": stats.get("transfer_skipped", 0),
         "gemm_choice_lists_transferred": stats.get("choice_lists_transferred", 0),
+        "gemm_choice_lists_decided": stats.get("choice_lists_decided", 0),
         "gemm_keys": sorted({e["key_hash"] for e in stats["events"] if e.get("key_hash")}),
         # Benchmark calls by the key they measured (a top-up of new candidates is a key
         # of its own): how many distinct keys were measured, and was any measured twice?

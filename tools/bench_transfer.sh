@@ -8,7 +8,8 @@
 # 2. for each of TOKENS (default "4096 16384"), every key new:
 #      plain-N     max-autotune, every GEMM and kernel tuned in full
 #      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
-#    and, with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0.
+#    and, with DECISIVE=1, transfer-decisive-N: the same with TUNECACHE_DECISIVE=1;
+#    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0.
 # A throwaway default-mode job runs first (the first job on a fresh machine is slower).
 # Environment: ARGS (tools/bench_gpu.py arguments: --model, --layers ...), STEPS (timed
 # steps, default 21: the median of the last 20 is step_ms), NPROC (default 1), DEADLINE_S
@@ -51,6 +52,11 @@ for tokens in ${TOKENS:-4096 16384}; do
     bench "plain-$tokens" --mode plain --tokens "$tokens"
     cp "$recorded" "$out/transfer-$tokens.db"
     TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache --tokens "$tokens"
+    if [[ ${DECISIVE:-0} == 1 ]]; then
+        cp "$recorded" "$out/decisive-$tokens.db"
+        TUNECACHE_DECISIVE=1 TUNECACHE_DB=$out/decisive-$tokens.db bench \
+            "transfer-decisive-$tokens" --mode tunecache --tokens "$tokens"
+    fi
     if [[ ${OFF:-0} == 1 ]]; then
         cp "$recorded" "$out/off-$tokens.db"
         TUNECACHE_TRANSFER=0 TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \

@@ -188,6 +188,10 @@ class Settings:
     # only their best candidates are benchmarked (docs/transfer.md). TUNECACHE_TRANSFER=0
     # tunes every new key in full, as plain max-autotune does.
     transfer: bool = True
+    # With transfer: a GEMM whose nearest recorded sizes all picked one choice by a clear
+    # margin generates only that choice, so nothing is benchmarked for it
+    # (docs/transfer.md). Off until its regret is measured on GPUs.
+    decisive: bool = False
     # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
@@ -212,6 +216,7 @@ class Settings:
         "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
         "triton_configs": "TUNECACHE_TRITON_CONFIGS",
         "transfer": "TUNECACHE_TRANSFER",
+        "decisive": "TUNECACHE_DECISIVE",
         "signing_key": "TUNECACHE_SIGNING_KEY",
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
@@ -267,6 +272,7 @@ class Settings:
             self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
         )
         object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
+        object.__setattr__(self, "decisive", _flag(self._ENV["decisive"], self.decisive))
         self._graph_settings()
 
     def _graph_settings(self) -> None:

@@ -139,7 +139,9 @@ class GemmEntries:
             # it has no part in an attempt, and its next job marked the key failed. The
             # neighbours are other keys' rows; here they only fail the transfer.
             try:
-                plan = plan_transfer(key.mapping, self._cache().neighbours(key))
+                cache = self._cache()
+                plan = plan_transfer(key.mapping, cache.neighbours(key),
+                                     decisive=cache.settings.decisive)
             except Exception as e:  # noqa: BLE001 - the key is tuned in full
                 with self._lock:
                     first, self._plan_warned = not self._plan_warned, True

@@ -67,7 +67,7 @@ from .. import keys as tc_keys
 from .compat import InductorChanged, param_names, require
 from .gemm import candidate_id, gemm_key
 from .state import REGISTRY
-from .transfer import Plan
+from .transfer import Plan, transfer_id
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..settings import Settings
@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .opener import CacheOpener
     from .patches import Ledger
 
-__all__ = ["install_narrowing", "predicted_id"]
+__all__ = ["install_narrowing", "predicted_id", "decided_narrow"]
 
 log = logging.getLogger("tunecache")
 
@@ -178,6 +178,30 @@ def transfer_narrow(ktcs: list[Any], plan: Plan) -> tuple[list[Any], list[str]] 
     return [ktc for ktc, _ in kept], expected
 
 
+def decided_narrow(ktcs: list[Any], plan: Plan) -> tuple[list[Any], list[str]] | None:
+    """The one choice to generate for a key with no entry whose neighbours decided it
+    (``plan.winner``), or None (follow the plan's templates): the template whose
+    identity across shapes is the winner's, or, where the winner is an ATen kernel, the
+    call's only extern choice. One choice is returned by ``AlgorithmSelectorCache``
+    at once: no benchmark, no lookup, no epilogue-fusion benchmark (the scheduler fuses
+    as it does for a single template)."""
+    from torch._inductor.select_algorithm import ExternKernelChoice
+
+    winner = plan.winner
+    if winner is None:
+        return None
+    if winner.startswith("extern:"):
+        # Two extern kernels (mm and a bias addmm) would be benchmarked and their entry
+        # stored without templates, which a later job would top up in full.
+        externs = [k for k in ktcs if isinstance(k.template, ExternKernelChoice)]
+        return (externs, []) if len(externs) == 1 else None
+    found = [(ktc, pid) for ktc in ktcs
+             if (pid := predicted_id(ktc)) is not None and transfer_id(pid) == winner]
+    if len(found) != 1:
+        return None
+    return [found[0][0]], [found[0][1]]
+
+
 def _gemm_key(op_name: str, kernel_inputs: Any) -> tc_keys.Key:
     """The key the selector's lookup will build for this call (gemm.py)."""
     from torch._inductor.select_algorithm import create_inputs_key
@@ -236,10 +260,14 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
             miss = not entries.known(key)  # entries.stored keeps every entry it finds
             if planned is None and templates >= 2 and miss:
                 plan = entries.plan(key)
-                planned = None if plan is None else transfer_narrow(ktcs, plan)
+                planned = None if plan is None else decided_narrow(ktcs, plan)
                 if planned is not None:
-                    entries.note_not_generated(key, len(ktcs) - len(planned[0]))
-                    REGISTRY.stats.add(choice_lists_transferred=1)
+                    REGISTRY.stats.add(choice_lists_decided=1)
+                elif plan is not None:
+                    planned = transfer_narrow(ktcs, plan)
+                    if planned is not None:
+                        entries.note_not_generated(key, len(ktcs) - len(planned[0]))
+                        REGISTRY.stats.add(choice_lists_transferred=1)
         except Exception as e:  # noqa: BLE001 - generate every choice, as without us
             hooks.warn_once(f"narrowing the {op_name} choices", e)
             return ktcs

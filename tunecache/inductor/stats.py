@@ -72,6 +72,7 @@ class Stats(Counters):
     # that transfer therefore never benchmarked (generated or not).
     transferred_keys: int = 0
     choice_lists_transferred: int = 0  # cut before generation by a transfer plan
+    choice_lists_decided: int = 0  # cut to the one choice the neighbours decided
     transfer_skipped: int = 0
     # one dict per lookup that wanted timings: op, key hash, source, best, benchmarked
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)

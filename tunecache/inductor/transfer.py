@@ -52,8 +52,9 @@ from typing import Any
 
 from .. import keys as tc_keys
 
-__all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "Plan", "gemm_family",
-           "gemm_sizes", "transfer_id", "plan_transfer", "measure_by_plan", "baseline_meta"]
+__all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "DECISIVE_MARGIN",
+           "Plan", "gemm_family", "gemm_sizes", "transfer_id", "decisive_winner",
+           "plan_transfer", "measure_by_plan", "baseline_meta"]
 
 log = logging.getLogger("tunecache")
 
@@ -64,6 +65,11 @@ NEIGHBOURS = 3
 FROM_NEAREST = 4
 FROM_OTHERS = 2
 MAX_TEMPLATES = 6
+# A winner this much faster than the runner-up in every neighbour (runner-up's time over
+# the winner's, minus 1) is decisive: only it is generated. Provisional: the margin that
+# keeps regret within 1% is measured on GPUs, and the rule stays off by default
+# (TUNECACHE_DECISIVE) until it is.
+DECISIVE_MARGIN = 0.25
 # Fields of a Triton template's config that follow from the shape, not the choice
 # (mm_options, torch 2.11-2.14): K divisible by BLOCK_K, and TF32 allowed for it.
 _SHAPE_FIELDS = re.compile(r"(?:^|, )(?:EVEN_K|ALLOW_TF32)=[^,]*")
@@ -151,10 +157,13 @@ def transfer_id(candidate: str) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What transfer keeps for one key: template identities (transfer_id) and the
-    neighbours they came from."""
+    neighbours they came from; ``winner``, where the neighbours decide it
+    (:func:`decisive_winner`), the one choice to generate: a template's transfer_id or
+    an extern kernel's candidate id."""
 
     ids: frozenset[str]
     sources: tuple[str, ...]
+    winner: str | None = None
 
     def keeps(self, candidate: str) -> bool:
         tid = transfer_id(candidate)
@@ -165,9 +174,43 @@ class Plan:
                              "generated": generated}}
 
 
-def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any]) -> Plan | None:
+def _winner(timings: Mapping[str, float]) -> tuple[str, float] | None:
+    """A neighbour's winner as an identity across shapes, and its margin over the
+    runner-up (runner-up's time over the winner's, minus 1; inf where nothing else ran);
+    None where the winner is of a kind we cannot match."""
+    best = sorted((ms, c) for c, ms in timings.items() if math.isfinite(ms))
+    if not best:
+        return None
+    ms, candidate = best[0]
+    identity = transfer_id(candidate)
+    if identity is None and candidate.startswith("extern:"):
+        identity = candidate  # an ATen kernel's id names no size
+    if identity is None:
+        return None
+    runner_up = best[1][0] if len(best) > 1 else math.inf
+    margin = math.inf if ms <= 0 or not math.isfinite(runner_up) else runner_up / ms - 1
+    return identity, margin
+
+
+def decisive_winner(ranked: Sequence[Any]) -> str | None:
+    """The choice every one of the nearest neighbours (``ranked``: nearest first, at
+    most :data:`NEIGHBOURS`) picked by at least :data:`DECISIVE_MARGIN`, or None. Only
+    neighbours tuned in full count: a transferred entry timed a subset, so its
+    runner-up may not be the real one."""
+    if not ranked or any("transfer" in n.meta for n in ranked):
+        return None
+    winners = [_winner(n.timings) for n in ranked]
+    if any(w is None or w[1] < DECISIVE_MARGIN for w in winners):
+        return None
+    identities = {w[0] for w in winners if w is not None}
+    return identities.pop() if len(identities) == 1 else None
+
+
+def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
+                  decisive: bool = False) -> Plan | None:
     """The plan for ``key`` from its family's recorded entries (``Neighbour`` objects),
-    or None: no neighbour near enough, or none with a runnable template."""
+    or None: no neighbour near enough, or none with a runnable template. ``decisive``:
+    also name the winner where the nearest neighbours decide it."""
     sizes = gemm_sizes(key)
     if sizes is None:
         return None
@@ -191,7 +234,9 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any]) -> Plan | N
             sources.append(key_hash)
     if not ids:
         return None
-    return Plan(frozenset(ids), tuple(sources))
+    nearest = [n for *_, n in ranked[:NEIGHBOURS]]
+    winner = decisive_winner(nearest) if decisive else None
+    return Plan(frozenset(ids), tuple(sources), winner)
 
 
 def measure_by_plan(
