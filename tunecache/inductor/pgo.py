@@ -30,16 +30,17 @@ the same calls in the upstream source of the 2.11 era, see below):
 torch 2.11: the upstream pgo.py of that era reads the remote cache through the same
 ``get_remote_cache``/``create_cache`` name and value format, and gets its key the same
 way (``format_cache_key``: job id, rank, tag; ``force_disable_caches`` read from
-``torch.compiler.config``); only internals we do not touch differ (asserts in place of
-AssertionError). Earlier releases read ``force_disable_caches`` from Inductor's config;
+``torch.compiler.config``). What differs is inside the pickle: its ``CodeId`` (a
+function's identity in the profile) has no ``closure_hash``, which 2.13's has and
+compares. Earlier releases read ``force_disable_caches`` from Inductor's config;
 :func:`_require_internals` checks the names we use, so a build without them leaves this
 part off with one warning.
 
 The stored key is Dynamo's key behind the torch version (``torch VERSION/KEY``): a
-profile pickles Dynamo's own classes, whose fields change between releases, so a job
-only ever unpickles a profile written by its own torch. The bytes are framed as graphs
-are (inductor.graphs.encode_entry), and tunecache.core.pgo signs, bounds and verifies
-them before anything reaches Dynamo's unpickler.
+profile pickles Dynamo's own classes, whose fields change between releases (CodeId
+above), so a job only ever unpickles a profile written by its own torch. The bytes are
+framed as graphs are (inductor.graphs.encode_entry), and tunecache.core.pgo signs, bounds
+and verifies them before anything reaches Dynamo's unpickler.
 """
 
 from __future__ import annotations
