@@ -432,8 +432,11 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     for name in ("_pre_fusion_custom_pass", "autotune_remote_cache", "compile_threads",
                  "distributed_max_autotune_gemm"):
         found[f"config.{name}"] = getattr(inductor_config, name)
-    for name in ("RemoteAutotuneCache", "RemoteFxGraphCache", "RemoteAOTAutogradCache"):
+    for name in ("RemoteAutotuneCache", "RemoteFxGraphCache", "RemoteAOTAutogradCache",
+                 "RemoteDynamoPGOCache"):
         found[f"remote_cache.{name}"] = getattr(remote_cache, name)
+    found["dynamo_config.automatic_dynamic_remote_pgo"] = (
+        torch._dynamo.config.automatic_dynamic_remote_pgo)
     found["config.fx_graph_remote_cache"] = inductor_config.fx_graph_remote_cache
     found["functorch_config.enable_remote_autograd_cache"] = (
         functorch_config.enable_remote_autograd_cache)
@@ -444,10 +447,10 @@ def _patched_inductor_attributes() -> dict[str, Any]:
 def _flags_enable_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Inductor flags set to values enable() changes, and the settings that make it change
     every attribute it can on this CPU: Triton sharing on, compile workers that cannot
-    read this database (it is not TUNECACHE_DB, so compile_threads=1), graph sharing with
-    a signing key. Yields the TuneCache. (Inductor's own config.patch, not monkeypatch:
-    monkeypatch's undo deletes a config module attribute, after which torch says it "does
-    not exist" in every later test.)"""
+    read this database (it is not TUNECACHE_DB, so compile_threads=1), graph sharing and
+    Dynamo's shape profiles with a signing key. Yields the TuneCache. (Inductor's own
+    config.patch, not monkeypatch: monkeypatch's undo deletes a config module attribute,
+    after which torch says it "does not exist" in every later test.)"""
     from torch._functorch import config as functorch_config
     from torch._inductor.runtime import triton_heuristics  # noqa: F401 - runtime hooks too
 
@@ -458,7 +461,8 @@ def _flags_enable_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> An
     with inductor_config.patch(compile_threads=4, distributed_max_autotune_gemm=True,
                                autotune_remote_cache=None, fx_graph_remote_cache=None), \
             functorch_config.patch(enable_remote_autograd_cache=None), \
-            tunecache.open(str(tmp_path / "tune.db"), triton_configs=True,
+            torch._dynamo.config.patch(automatic_dynamic_remote_pgo=None), \
+            tunecache.open(str(tmp_path / "tune.db"), triton_configs=True, pgo=True,
                            signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME)) as cache:
         try:
             yield cache
@@ -473,6 +477,7 @@ def _left_behind(before: dict[str, Any]) -> set[str]:
 
 def _registry_is_empty() -> None:
     assert REGISTRY.hooks is None and REGISTRY.triton is None and REGISTRY.graphs is None
+    assert REGISTRY.pgo is None
     assert len(REGISTRY.patches) == 0, REGISTRY.patches.entries()
     assert not REGISTRY.runtime_hooks_tried
 

@@ -204,8 +204,14 @@ class Settings:
     # Compiled Triton kernels shared across graphs and nodes (tunecache.triton_cache), with the
     # same keys and trust as graphs; TUNECACHE_KERNELS=0 keeps them in Triton's local cache.
     kernels: bool = True
+    # Dynamo's profile-guided dynamic shapes served from the database (tunecache.inductor.
+    # pgo), with the same keys and trust as graphs. Off until a GPU measurement shows step
+    # time within 1.02x of static compiles; TUNECACHE_PGO=1 turns it on.
+    pgo: bool = False
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
+    _pgo_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     _ENV: ClassVar[dict[str, str]] = {
         "db_url": "TUNECACHE_DB",
@@ -221,6 +227,7 @@ class Settings:
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
         "kernels": "TUNECACHE_KERNELS",
+        "pgo": "TUNECACHE_PGO",
     }
 
     @classmethod
@@ -287,6 +294,11 @@ class Settings:
         except ConfigError as e:
             object.__setattr__(self, "kernels", False)
             problems.append(str(e))
+        try:
+            object.__setattr__(self, "pgo", _flag(self._ENV["pgo"], self.pgo))
+        except ConfigError as e:  # turns profiles off, not graphs
+            object.__setattr__(self, "pgo", False)
+            object.__setattr__(self, "_pgo_problem", str(e))
         for name in ("signing_key", "verify_key"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
@@ -302,7 +314,13 @@ class Settings:
         """Whether and how this process shares compiled graphs (never raises)."""
         if self._graphs_problem is not None:
             return GraphSharing("invalid", problem=self._graphs_problem)
-        if not self.graphs or self.mode == "off":
+        if not self.graphs:
+            return GraphSharing("off")
+        return self._keyed()
+
+    def _keyed(self) -> GraphSharing:
+        """What the key settings and the mode allow a signed artifact."""
+        if self.mode == "off":
             return GraphSharing("off")
         if self.signing_key is not None and self.mode == "readwrite":
             return GraphSharing("publish", self.signing_key, self.verify_key)
@@ -316,6 +334,18 @@ class Settings:
         (the same keys), unless TUNECACHE_KERNELS=0."""
         plan = self.graph_sharing()
         return plan if self.kernels or plan.state == "invalid" else GraphSharing("off")
+
+    def pgo_sharing(self) -> GraphSharing:
+        """Whether and how this process shares Dynamo's shape profiles: off unless
+        TUNECACHE_PGO=1, then as graphs are (the same keys), whatever TUNECACHE_GRAPHS
+        says: a profile is no compiled graph."""
+        if self._pgo_problem is not None:
+            return GraphSharing("invalid", problem=self._pgo_problem)
+        if not self.pgo:
+            return GraphSharing("off")
+        if self._graphs_problem is not None:  # a bad key setting
+            return GraphSharing("invalid", problem=self._graphs_problem)
+        return self._keyed()
 
     @classmethod
     def from_env(

@@ -160,10 +160,10 @@ def _human_gains(gains: GainsReport, transferred: TransferredReport) -> None:
 @click.command("ls")
 @entry_filters(states=True)
 @click.option("--graphs", is_flag=True,
-              help="List compiled graphs and kernels (Inductor's FX graph and AOTAutograd "
-                   "entries, Triton's kernels), most recently used first, instead of tuning "
-                   "entries; --kind fxgraph, autograd or kernel implies it. Filters: --kind, "
-                   "--torch.")
+              help="List compiled graphs, kernels and shape profiles (Inductor's FX graph and "
+                   "AOTAutograd entries, Triton's kernels, Dynamo's profiles), most recently "
+                   "used first, instead of tuning entries; --kind fxgraph, autograd, kernel or "
+                   "pgo implies it. Filters: --kind, --torch.")
 @click.option("--limit", type=click.IntRange(1, None), default=50, show_default=True)
 @common
 def ls(inv: Invocation, selection: Selection, limit: int, graphs: bool) -> None:

@@ -74,11 +74,12 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
     --triton, --device, --op and --kind. A claim whose lease runs is never deleted. A deleted done
     entry is tuned again by the next job that needs it.
 
-    Compiled graphs and kernels (kinds fxgraph, autograd, kernel) are selected by the same
-    filters where they apply (--older-than, --torch, --keep-torch, --kind; a filter on --op,
-    --device or --triton selects none of them), and by --max-graph-bytes. On SQLite the
-    blob files of deleted graphs go with them, and so do orphan blob files older than an
-    hour. A deleted graph or kernel is compiled again by the next job that needs it.
+    Compiled graphs, kernels and shape profiles (kinds fxgraph, autograd, kernel, pgo) are
+    selected by the same filters where they apply (--older-than, --torch, --keep-torch,
+    --kind; a filter on --op, --device or --triton selects none of them), and by
+    --max-graph-bytes. On SQLite the blob files of deleted graphs go with them, and so do
+    orphan blob files older than an hour. A deleted graph or kernel is compiled again by
+    the next job that needs it; a deleted profile is learnt again.
     """
     from .. import ops
 

@@ -70,6 +70,13 @@ class SignedArtifactShare:
     # are decompressed, so this only bounds what a buggy (or stolen-key) publisher can
     # make a reader allocate.
     max_bytes: ClassVar[int]
+    # The largest stored (compressed) entry load() reads: a row that claims more is
+    # refused before any of its bytes are read. None: the store's own bound.
+    max_stored_bytes: ClassVar[int | None] = None
+    # Whether a publish rewrites the entry there (last writer wins): for an artifact that
+    # grows as jobs learn (Dynamo's shape profile), unlike a compiled artifact, which is
+    # the same wherever it is compiled (first publish wins).
+    rewritable: ClassVar[bool] = False
 
     def __init__(self, cache: Callable[[], TuneCache], *, signer: Signer | None,
                  verifier: Verifier) -> None:
@@ -128,7 +135,9 @@ class SignedArtifactShare:
         if store is None:
             return None
         try:
-            artifact = store.get(kind, key, touch=False)  # the load is counted below
+            # The load is counted below.
+            artifact = (store.get(kind, key, touch=False) if self.max_stored_bytes is None
+                        else store.get(kind, key, touch=False, limit=self.max_stored_bytes))
         except StoreError as e:
             self._stop(e)
             return None
@@ -159,7 +168,7 @@ class SignedArtifactShare:
         if self._signer is None:
             return False
         with self._lock:
-            if (kind, key) in self._known:
+            if (kind, key) in self._known and not self.rewritable:
                 return False
         store = self._artifacts()
         if store is None:
@@ -179,7 +188,10 @@ class SignedArtifactShare:
         outcome = "published" if published else "present"
         if not published:
             try:
-                if self._reclaim(store, kind, key, payload, signature, torch_version):
+                if self.rewritable:
+                    outcome = self._rewrite(store, kind, key, payload, signature, torch_version)
+                    published = outcome == "rewritten"
+                elif self._reclaim(store, kind, key, payload, signature, torch_version):
                     outcome, published = "replaced", True
             except StoreError as e:
                 self._stop(e)
@@ -193,6 +205,26 @@ class SignedArtifactShare:
             self._known.add((kind, key))
             self.counts[outcome] += 1
         return published
+
+    def _rewrite(self, store: ArtifactStore, kind: str, key: str, payload: bytes,
+                 signature: bytes, torch_version: str) -> str:
+        """A rewritable entry is there: swap it for ours unless it holds the same bytes
+        ("present"); "rewritten" when this call did. The swap is on the row as read, so
+        of two jobs writing at once one wins whole; one that loses a few times in a row
+        leaves the entry to the other ("raced")."""
+        digest = hashlib.sha256(payload).hexdigest()
+        for _ in range(3):
+            found, old_digest, old_signature = store.examine(kind, key)
+            if found is None:
+                if store.put(kind, key, payload, signature, torch_version):
+                    return "rewritten"  # pruned meanwhile: published afresh
+                continue
+            if old_digest == digest and old_signature == signature:
+                return "present"
+            if store.replace(kind, key, old_digest, old_signature, payload, signature,
+                             torch_version):
+                return "rewritten"
+        return "raced"
 
     def _reclaim(self, store: ArtifactStore, kind: str, key: str, payload: bytes,
                  signature: bytes, torch_version: str) -> bool:

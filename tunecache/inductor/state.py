@@ -25,6 +25,7 @@ from .stats import Stats, TritonStats
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..core.cache import TuneCache
     from ..core.graphs import GraphShare
+    from ..core.pgo import ProfileShare
     from ..settings import Settings
     from .entries import GemmEntries
     from .triton.attempt import Attempt
@@ -135,6 +136,9 @@ class Registry:
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
         # and AOTAutograd caches reach (None when off).
         self.graphs: GraphShare | None = None
+        # Dynamo's shape profiles (inductor.pgo): the service its remote PGO cache
+        # reaches (None when off).
+        self.pgo: ProfileShare | None = None
         # Kernel names (inductor.kernel_sharing), per thread, .suffix: the content-derived
         # name suffix of the kernel TritonScheduling.define_kernel defines. Whether kernels
         # are shared is tunecache.triton_cache's (Triton names its manager class, so that

@@ -1,7 +1,7 @@
 """Turning the Inductor integration on and off: :func:`enable` installs the GEMM selector
 hooks and the deferred pass, then each optional part (:data:`PARTS`: narrowing, Triton
-sharing, compiled graphs, compiled kernels); :func:`disable` stops the parts in reverse
-and undoes all of it."""
+sharing, compiled graphs, compiled kernels, Dynamo's shape profiles); :func:`disable`
+stops the parts in reverse and undoes all of it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .kernel_sharing import KERNELS
 from .narrow import install_narrowing
 from .opener import CacheOpener
 from .parts import Part, install
+from .pgo import PGO
 from .state import REGISTRY, InstalledGemmHooks
 from .triton.install import TRITON
 from .triton.worker import workers_settings
@@ -49,7 +50,7 @@ NARROWING = Part(install_narrowing, _stop_narrowing,
 
 # The optional parts, in the order enable() installs them (after the GEMM hooks and the
 # deferred pass, which every part relies on); disable() stops them in reverse.
-PARTS: tuple[Part, ...] = (NARROWING, TRITON, GRAPHS, KERNELS)
+PARTS: tuple[Part, ...] = (NARROWING, TRITON, GRAPHS, KERNELS, PGO)
 
 
 def is_enabled() -> bool:

@@ -173,6 +173,22 @@ class _Doctor:
         self.add("graphs", "ok", f"{what} graphs signed by key {share.fingerprint}; "
                  f"kernels {kernels}")
 
+    def pgo(self) -> None:
+        """Dynamo's shape profiles: TUNECACHE_PGO, with the graphs' keys (checked above)."""
+        plan = self.settings.pgo_sharing()
+        if plan.state == "invalid":
+            self.add("pgo", "fail", f"shape profiles off: {plan.problem}",
+                     "set TUNECACHE_PGO to 1 or 0" if not self.settings.pgo
+                     else "fix the key settings (the graphs check)")
+        elif plan.state in ("publish", "verify"):
+            what = "publish and load" if plan.state == "publish" else "load (publish none)"
+            self.add("pgo", "ok", f"{what} Dynamo's shape profiles, with the graphs' key; "
+                     "jobs of one model need one TORCH_COMPILE_JOB_ID")
+        elif plan.state == "unconfigured":
+            self.add("pgo", "ok", "shape profiles off: TUNECACHE_PGO=1 but no key set")
+        else:
+            self.add("pgo", "ok", "shape profiles not shared (TUNECACHE_PGO=1 shares them)")
+
     # -- PostgreSQL ----------------------------------------------------------------------
 
     def postgresql(self) -> None:
@@ -385,6 +401,7 @@ def run_checks(settings: Settings) -> list[Check]:
                f"wait timeout {settings.wait_timeout:g}s")
     doctor.variables(os.environ)
     doctor.graphs()
+    doctor.pgo()
     if settings.is_postgresql:
         doctor.postgresql()
     else:

@@ -36,8 +36,9 @@ __all__ = [
 ]
 
 # The kinds tunecache shares today (Inductor's FX graph and AOTAutograd entries, Triton's
-# compiled kernels); any name of this shape is stored (a later tunecache may share more).
-ARTIFACT_KINDS = ("fxgraph", "autograd", "kernel")
+# compiled kernels, Dynamo's shape profiles); any name of this shape is stored (a later
+# tunecache may share more).
+ARTIFACT_KINDS = ("fxgraph", "autograd", "kernel", "pgo")
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 MAX_KEY_CHARS = 512
 MAX_SIGNATURE_BYTES = 4096
@@ -88,7 +89,8 @@ def validate_put(kind: Any, key: Any, payload: Any, signature: Any,
 
 @dataclasses.dataclass(frozen=True)
 class Artifact:
-    kind: str  # "fxgraph", "autograd" (Inductor's FX graph / AOTAutograd cache), "kernel"
+    kind: str  # "fxgraph", "autograd" (Inductor's FX graph / AOTAutograd cache), "kernel",
+    # "pgo" (Dynamo's shape profile)
     key: str  # Inductor's own cache key string (<= 512 chars)
     digest: str  # sha256 hex of payload, computed by the store on put
     signature: bytes  # opaque to the store (made and checked by the core)

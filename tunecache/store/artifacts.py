@@ -34,6 +34,7 @@ from typing import Any
 
 from filelock import Timeout
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Float,
     and_,
@@ -41,7 +42,6 @@ from sqlalchemy import (
     case,
     exc,
     func,
-    literal_column,
     null,
     or_,
     select,
@@ -100,9 +100,10 @@ _META = (_DIGEST, columns.bounded(artifacts.c.signature, MAX_SIGNATURE_BYTES),
 # header, not the value), and the bytes only come back when they are as many as the row
 # says and within MAX_PAYLOAD_BYTES: a row that claims gigabytes costs no read of them.
 _PG_PAYLOAD_BYTES = func.octet_length(artifacts.c.payload)
+# The bound is the reader's (p_limit: at most MAX_PAYLOAD_BYTES; a kind may read less).
 _PG_PAYLOAD = case(
     (and_(artifacts.c.size == _PG_PAYLOAD_BYTES,
-          artifacts.c.size <= literal_column(str(MAX_PAYLOAD_BYTES))), artifacts.c.payload),
+          artifacts.c.size <= bindparam("p_limit", type_=BigInteger)), artifacts.c.payload),
     else_=null())
 _READ = {
     "sqlite": select(*_META, NOW.label("now")).where(IDENTITY),
@@ -199,17 +200,19 @@ class ArtifactStore:
 
     # -- the job's side -------------------------------------------------------------------
 
-    def get(self, kind: str, key: str, *, touch: bool = True) -> Artifact | None:
+    def get(self, kind: str, key: str, *, touch: bool = True,
+            limit: int = MAX_PAYLOAD_BYTES) -> Artifact | None:
         """The artifact, or None if absent or unreadable (one warning: a row or blob that
-        is not what was published). With ``touch``, at most once an hour per artifact, a
-        read records its use (a short write, skipped on a readonly database); a job's
-        loads are counted instead (:meth:`record_uses`)."""
+        is not what was published, or one whose row claims more than ``limit`` bytes,
+        refused before any of them is read). With ``touch``, at most once an hour per
+        artifact, a read records its use (a short write, skipped on a readonly database);
+        a job's loads are counted instead (:meth:`record_uses`)."""
         if validate_identity(kind, key) is not None:
             return None  # nothing can be stored under it
-        found, row = self._fetch(kind, key)
+        found, row = self._fetch(kind, key, min(limit, MAX_PAYLOAD_BYTES))
         if found is None or isinstance(found, str):
             if found is not None:
-                logger.warning("tunecache: compiled graph %s %s: %s; ignored", kind,
+                logger.warning("tunecache: stored %s entry %s: %s; ignored", kind,
                                columns.clip(key, 40), found)
             return None
         last_used = columns.time(row.last_used_at)
@@ -237,8 +240,9 @@ class ArtifactStore:
             return None, None, None
         return found, row.digest, row.signature
 
-    def _fetch(self, kind: str, key: str) -> tuple[Artifact | str | None, Any]:
-        params = {"p_kind": kind, "p_key": key}
+    def _fetch(self, kind: str, key: str,
+               limit: int = MAX_PAYLOAD_BYTES) -> tuple[Artifact | str | None, Any]:
+        params: dict[str, Any] = {"p_kind": kind, "p_key": key, "p_limit": limit}
         if self.db.dialect == "postgresql":
             row = self.db.run(lambda c: _pg_read_binary(c, params))
         else:
@@ -258,6 +262,8 @@ class ArtifactStore:
         if size > MAX_PAYLOAD_BYTES:  # never written by a store: refused before any read
             return (f"its database row claims {size} bytes, more than the store's limit of "
                     f"{MAX_PAYLOAD_BYTES}"), row
+        if size > limit:  # a kind's own bound, checked before its bytes are read
+            return f"its database row claims {size} bytes, more than {limit} for a {kind}", row
         if self.blobs is not None:
             data: bytes | str = self.blobs.read(digest, size)
         else:
