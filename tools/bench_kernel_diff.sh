@@ -17,7 +17,8 @@
 # job publishes its graph, which a later job would load). tools/kernel_diff.py then dumps
 # the recording's and each changed-N job's final kernels and Triton keys, with the kernel
 # keys the database held, into OUTDIR/diff-N.txt.
-# Environment: TUNECACHE_SIGNING_KEY (required), DEADLINE_S (default 480).
+# Environment: TUNECACHE_SIGNING_KEY (required), DEADLINE_S (default 480), PROFILE=1 (a
+# cProfile of each changed-N and same-node-N compile, in its log).
 set -u
 out=$1 model=$2
 mkdir -p "$out"
@@ -30,6 +31,7 @@ deadline=$(( $(date +%s) + ${DEADLINE_S:-480} ))
 rm -rf "$work"; mkdir -p "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 db=$work/node.db
+profile=(); [ "${PROFILE:-0}" = 1 ] && profile=(--profile-compile 40)
 
 job() {  # tag, then bench_gpu.py arguments
     local tag=$1; shift
@@ -63,11 +65,11 @@ for n in $changed; do
         copy_db "$work/changed-$n.db"
         rm -rf "$work/changed-$n"
         TUNECACHE_DB=$work/changed-$n.db job "changed-$tag" --mode tunecache \
-            --inductor-caches --keep-inductor-cache "$work/changed-$n" --layers "$n"
+            --inductor-caches --keep-inductor-cache "$work/changed-$n" --layers "$n" "${profile[@]}"
         copy_db "$work/same-node-$n.db"
         rm -rf "$work/same-node-$n"; cp -r "$work/record" "$work/same-node-$n"
         TUNECACHE_DB=$work/same-node-$n.db job "same-node-$tag" --mode tunecache \
-            --inductor-caches --keep-inductor-cache "$work/same-node-$n" --layers "$n"
+            --inductor-caches --keep-inductor-cache "$work/same-node-$n" --layers "$n" "${profile[@]}"
         job "default-$tag" --mode default --layers "$n"
     done
     python3 "$here/tools/kernel_diff.py" dump "$work/changed-$n/rank0" "$out/changed-$n.json" \
