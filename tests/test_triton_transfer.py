@@ -316,3 +316,123 @@ def test_the_family_is_stored_with_the_claim(transfer):
     family = triton_kernel_info(source(SILU, 2048), {"coordinate_descent_tuning": True})["family"]
     found = transfer.cache.neighbours(Key.of(transfer.key(other), family=family))
     assert [n.key_hash for n in found] == [key_hash(transfer.key(k))[0]]
+
+
+# ------------------------------------- decided by neighbours that agree (TUNECACHE_DECISIVE)
+
+
+def _reopen(loaded: Any, monkeypatch: Any, env: dict[str, str]) -> None:
+    """The cache of ``loaded`` (the ``transfer`` fixture) opened again with these
+    TUNECACHE_* settings."""
+    tc_inductor.disable()
+    loaded.cache.close()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    loaded.cache = tunecache.open(loaded.cache.settings.db_url, triton_configs=True)
+    assert tc_inductor.enable(loaded.cache)
+
+
+@pytest.fixture
+def decisive(transfer, monkeypatch):
+    """``transfer`` with TUNECACHE_DECISIVE=1."""
+    _reopen(transfer, monkeypatch, {"TUNECACHE_DECISIVE": "1"})
+    assert transfer.cache.settings.decisive is True
+    return transfer
+
+
+def _record_in_full(transfer: Any, monkeypatch: Any, sizes: dict[int, int]) -> None:
+    """The silu kernel at each token count tuned by Inductor's full descent (transfer off)
+    where the given XBLOCK is fastest; then the cache as ``transfer`` had it."""
+    settings = transfer.cache.settings
+    _reopen(transfer, monkeypatch, {"TUNECACHE_TRANSFER": "0", "TUNECACHE_DECISIVE": "0"})
+    for tokens, best_xblock in sizes.items():
+        monkeypatch.setitem(globals(), "BEST_XBLOCK", best_xblock)
+        ran = transfer.first_run(transfer.load(SILU, tokens))
+        assert ran.kwargs["XBLOCK"] == best_xblock and transfer.descents
+    monkeypatch.setitem(globals(), "BEST_XBLOCK", BEST_XBLOCK)
+    _reopen(transfer, monkeypatch, {"TUNECACHE_TRANSFER": str(int(settings.transfer)),
+                                    "TUNECACHE_DECISIVE": str(int(settings.decisive))})
+
+
+def test_a_kernel_whose_neighbours_agree_loads_their_config_alone_and_measures_nothing(
+        decisive, db_url):
+    recorded = _record(decisive, 1024)
+    tc_inductor.triton_stats.reset()
+    k = decisive.load(SILU, 2048, index=1)
+    # The load already has the one config: a compile worker compiles only it.
+    assert k.autotune_cache_info["autotune_cache_state"] == "hit"
+    assert [c.kwargs["XBLOCK"] for c in k.configs] == [BEST_XBLOCK]
+    ran = decisive.first_run(k)
+    assert ran.kwargs["XBLOCK"] == BEST_XBLOCK
+    assert decisive.descents == [] and decisive.timed.benched == []  # nothing measured
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_decided, stats.coordesc_transferred, stats.coordesc_full) == (1, 0, 0)
+    # Published under the claim, as a descent's result: every later load is a plain hit.
+    stored, entry_meta = _entry(decisive.cache, decisive.key(k))
+    assert stored["found_by_coordesc"] is True and stored["XBLOCK"] == BEST_XBLOCK
+    assert entry_meta["transfer"] == {"from": [key_hash(decisive.key(recorded))[0]],
+                                      "benchmarked": 0, "generated": 1}
+    # A second run launches; it decides nothing again.
+    k.run("arg", stream=0)
+    assert stats.coordesc_decided == 1 and decisive.timed.benched == []
+
+
+def test_neighbours_that_disagree_decide_nothing_and_transfer_measures(decisive, monkeypatch):
+    _record_in_full(decisive, monkeypatch, {1024: 256, 4096: 512})
+    tc_inductor.triton_stats.reset()
+    k = decisive.load(SILU, 2048)
+    assert k.autotune_cache_info["autotune_cache_state"] == "miss"
+    decisive.first_run(k)
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_decided, stats.coordesc_transferred) == (0, 1)
+    assert stats.transfer_benchmarks == 3  # the starting config and both neighbours'
+
+
+def test_a_neighbour_that_was_itself_decided_decides_nothing(decisive, db_url):
+    _record(decisive, 1024)
+    decisive.first_run(decisive.load(SILU, 4096))  # decided by 1024: nothing measured
+    assert tc_inductor.triton_stats.coordesc_decided == 1
+    # 2048's nearest are 1024 (tuned in full) and 4096 (not): a miss, then transfer.
+    k = decisive.load(SILU, 2048)
+    assert k.autotune_cache_info["autotune_cache_state"] == "miss"
+
+
+def test_decisive_off_loads_no_neighbour_config(transfer):
+    _record(transfer, 1024)
+    k = transfer.load(SILU, 2048)
+    assert k.autotune_cache_info["autotune_cache_state"] == "miss"
+    transfer.first_run(k)
+    assert tc_inductor.triton_stats.coordesc_decided == 0
+
+
+def test_ranks_that_decided_differently_run_the_config_the_first_one_published(
+        decisive, monkeypatch, db_url):
+    _record_in_full(decisive, monkeypatch, {1024: 256})
+    late = decisive.load(SILU, 2048, index=1)  # decided 256 from the one neighbour
+    assert [c.kwargs["XBLOCK"] for c in late.configs] == [256]
+    # Before the other rank loads, another size is recorded: the neighbours now disagree,
+    # so that rank transfers (measures) and publishes first.
+    _record_in_full(decisive, monkeypatch, {4096: 512})
+    monkeypatch.setitem(globals(), "BEST_XBLOCK", 512)  # where 2048 is measured now
+    first = decisive.first_run(decisive.load(SILU, 2048, index=0))
+    assert first.kwargs["XBLOCK"] == 512
+    tc_inductor.triton_stats.reset()
+    ran = decisive.first_run(late)
+    assert (ran.kwargs, ran.num_warps) == (first.kwargs, first.num_warps)
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_decided, stats.adopted) == (0, 1)
+
+
+def test_a_decided_config_that_fails_to_compile_is_neither_run_nor_published(
+        decisive, caplog):
+    _record(decisive, 1024)
+    decisive.fa.FAILS_TO_COMPILE.append(lambda cfg: cfg.kwargs.get("XBLOCK") == BEST_XBLOCK)
+    tc_inductor.triton_stats.reset()
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        k = decisive.load(SILU, 2048)
+        ran = decisive.first_run(k)
+    assert ran.kwargs["XBLOCK"] != BEST_XBLOCK
+    stats = tc_inductor.triton_stats
+    assert stats.coordesc_decided == 0 and stats.coordesc_full == 1
+    _, entry_meta = _entry(decisive.cache, decisive.key(k))
+    assert "transfer" not in entry_meta  # the descent's own result, not a decision

@@ -465,9 +465,12 @@ def main() -> int:
                 "triton_deferred": sum(r["triton_autotune"].get("deferred", 0) for r in everyone),
                 "triton_adopted": sum(r["triton_autotune"].get("adopted", 0) for r in everyone),
                 # coordinate descents settled by transfer (neighbours' configs benchmarked,
-                # no descent) and full descents run (triton/coordesc.py)
+                # no descent), decided by neighbours that agree (nothing benchmarked), and
+                # full descents run (triton/coordesc.py)
                 "triton_coordesc_transferred": sum(
                     r["triton_autotune"].get("coordesc_transferred", 0) for r in everyone),
+                "triton_coordesc_decided": sum(
+                    r["triton_autotune"].get("coordesc_decided", 0) for r in everyone),
                 "triton_coordesc_full": sum(
                     r["triton_autotune"].get("coordesc_full", 0) for r in everyone),
                 "triton_transfer_benchmarks": sum(

@@ -16,7 +16,7 @@ from ...keys import to_ms
 from ..patches import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
-from .stored import FirstLaunch, load_fn
+from .stored import FirstLaunch, decided_from, load_fn
 
 log = logging.getLogger("tunecache")
 
@@ -232,6 +232,9 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
             return launcher
         _end_deferral(self)
         if action == "tune":
+            decided = _publish_decided(self, launcher, kernel)
+            if decided is not None:
+                return decided
             t0 = time.perf_counter()
             transferred = _transfer(self, launcher, kernel, args, kwargs)
             REGISTRY.triton_stats.add(transfer_seconds=time.perf_counter() - t0)
@@ -348,6 +351,23 @@ def _neighbour_configs(kernel: Any, launcher: Any, sources: list[tuple[str, dict
         if kernel_config_problem(config, [launcher.config]) is None:
             out.append((key_hash, config))
     return out
+
+
+def _publish_decided(kernel: Any, launcher: Any, key: tuple[str, str]) -> Any | None:
+    """Where ``kernel`` runs the config its neighbours decided (stored.py) and this
+    process holds the key's claim: that config published as the descent's result, with
+    nothing measured, and its launcher; else None."""
+    sources = decided_from(kernel)
+    state = REGISTRY.triton
+    if not sources or state is None or not kernel.save_cache_hook:
+        return None
+    launcher.config.found_by_coordesc = True
+    state.note_meta(*key, transfer={"from": list(sources), "benchmarked": 0, "generated": 1})
+    kernel.save_cache_hook(launcher.config, 0, found_by_coordesc=True)
+    state.drop_meta(*key)
+    _bundle_winner(launcher)
+    REGISTRY.triton_stats.add(coordesc_decided=1)
+    return launcher
 
 
 def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],

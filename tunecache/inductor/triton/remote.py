@@ -38,6 +38,10 @@ __all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "remote_cache_class"]
 log = logging.getLogger("tunecache")
 
 
+# A kernel's config is decided without measuring (Settings.decisive) only where this many of
+# its nearest neighbours, or all it has if fewer, found the same one.
+DECIDING_NEIGHBOURS = 3
+
 # The lease of the claim a save takes just before it publishes (the two are back to back;
 # only a process killed between them leaves the claim, which then expires).
 TRITON_LEASE_SECONDS = 60.0
@@ -139,6 +143,38 @@ class TritonCache:
         (meta "sizes") are within :data:`.keys.TRITON_MAX_OCTAVES` in every dimension. Whatever
         a neighbour holds is checked (:func:`.keys.coordesc_result`); one that does not
         pass is skipped."""
+        chosen: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for key_hash, best, _ in self._nearest(inductor_key, key_text):
+            config = _config_text(best)
+            if config not in seen:
+                seen.add(config)
+                chosen.append((key_hash, best))
+            if len(chosen) >= limit:
+                break
+        return chosen
+
+    def decided_by_neighbours(self, inductor_key: str, key_text: str
+                              ) -> tuple[dict[str, Any], list[str]] | None:
+        """With ``Settings.decisive``: (the best-config dict, the key hashes it comes
+        from) where this kernel's nearest neighbours, up to :data:`DECIDING_NEIGHBOURS`,
+        all tuned in full (not by transfer), all found the same config; else None. The
+        kernel then loads that one config as if it were stored (stored.py), and its
+        first run publishes it under a claim (coordesc.py), so every rank runs the
+        config the first one published."""
+        if not (self.cache().settings.transfer and self.cache().settings.decisive):
+            return None
+        nearest = self._nearest(inductor_key, key_text)[:DECIDING_NEIGHBOURS]
+        if not nearest or any("transfer" in meta for _, _, meta in nearest):
+            return None
+        if len({_config_text(best) for _, best, _ in nearest}) != 1:
+            return None
+        return nearest[0][1], [key_hash for key_hash, _, _ in nearest]
+
+    def _nearest(self, inductor_key: str, key_text: str
+                 ) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
+        """(key hash, best-config dict, meta) of each neighbour (:meth:`transfer_sources`),
+        nearest first."""
         info, key = self._key(inductor_key, key_text)
         sizes = _valid_sizes(info.get(SIZES_FIELD))
         if key.family is None or not sizes:
@@ -146,25 +182,21 @@ class TritonCache:
         ranked = []
         with self._lock:
             refused = set(self._refused)
-        for n in self.cache().neighbours(key):
+        cache = self.cache()
+        try:
+            found = cache.neighbours(key)
+        finally:
+            if self.worker:
+                cache.release_connections()
+        for n in found:
             distance = size_distance(sizes, n.meta.get("sizes"))
             if distance is None or n.key_hash in refused:
                 continue
             best = coordesc_result(n.timings)
             if best is not None:
-                ranked.append((distance, n.key_hash, best))
+                ranked.append((distance, n.key_hash, best, n.meta))
         ranked.sort(key=lambda r: (r[0], r[1]))
-        chosen: list[tuple[str, dict[str, Any]]] = []
-        seen: set[str] = set()
-        for _, key_hash, best in ranked:
-            config = tc_keys.canonical_json({k: v for k, v in best.items()
-                                             if k not in ("configs_hash", "time_taken_ms")})
-            if config not in seen:
-                seen.add(config)
-                chosen.append((key_hash, best))
-            if len(chosen) >= limit:
-                break
-        return chosen
+        return [(key_hash, best, meta) for _, key_hash, best, meta in ranked]
 
     def _stored_best(self, key: Mapping[str, Any]
                      ) -> tuple[bool, dict[str, Any] | None, str | None, str]:
@@ -477,6 +509,13 @@ class TritonCache:
         answer = self.cache().lookup(key)
         return None if answer is None or answer.source == "failed" \
             else coordesc_result(answer.timings)
+
+
+def _config_text(best: Mapping[str, Any]) -> str:
+    """A best-config dict as comparable text: the config, without what differs between
+    two kernels that run the same config (their config lists' hash, their tuning time)."""
+    return tc_keys.canonical_json({k: v for k, v in best.items()
+                                   if k not in ("configs_hash", "time_taken_ms")})
 
 
 def _valid_sizes(sizes: Any) -> dict[str, int]:

@@ -10,6 +10,10 @@ limits), else it is refused with one warning per reason and the load is a miss. 
 config it lets through is marked on the kernel's AutotuneCache with the kernel's own
 configs (the mark travels back from a compile worker with the pickled kernel).
 
+On a miss, with ``Settings.decisive``, a kernel whose nearest neighbours all found one
+config loads that config the same way (:func:`_decided_by_neighbours`), so a compile worker
+compiles it alone; its first run publishes it (coordesc.py).
+
 A stored config can still fail on this GPU (a ptxas or register limit, a launch the
 driver refuses). ``CachingAutotuner.precompile`` is wrapped (:func:`falling_back_precompile`,
 in compile workers too, where kernels compile): if the marked kernel's compile raises,
@@ -30,10 +34,12 @@ from typing import Any
 from ..state import REGISTRY
 from .keys import kernel_config_problem
 
-__all__ = ["checking_read_best", "falling_back_precompile", "FirstLaunch"]
+__all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "FirstLaunch"]
 
 # On an AutotuneCache whose read_best returned a stored config: the kernel's own configs.
 _OWN_CONFIGS = "_tunecache_own_configs"
+# ... and where that config was decided by the kernel's neighbours: their key hashes.
+DECIDED_FROM = "_tunecache_decided_from"
 
 
 def _our_key(autotune_cache: Any, ours: type | None = None) -> tuple[str, str] | None:
@@ -52,10 +58,12 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
     def read_best(self: Any, inductor_meta: Any, configs: Any) -> Any:
         best = orig(self, inductor_meta, configs)
         state = REGISTRY.triton
-        key = None if best is None or state is None else _our_key(self, ours)
+        key = None if state is None else _our_key(self, ours)
         if key is None or state is None:
             return best
         own = list(configs or ())
+        if best is None:
+            return _decided_by_neighbours(self, key, inductor_meta, own)
         with state.attempt("checking a stored Triton config") as checking:
             problem = kernel_config_problem(best, own)
         if checking.failed:  # unsure: Inductor tunes the kernel
@@ -67,6 +75,42 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
         return best
 
     return read_best
+
+
+def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_meta: Any,
+                           own: list[Any]) -> Any:
+    """On a miss: the config this kernel's neighbours all found
+    (:meth:`.remote.TritonCache.decided_by_neighbours`), read as Inductor reads a stored
+    one, or None. Only for a kernel that coordinate descent tunes: its first run, where
+    the descent would be, publishes the config under a claim or adopts a peer's
+    (coordesc.py); until then it is not ``found_by_coordesc``."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    state = REGISTRY.triton
+    if state is None or not (inductor_meta or {}).get("coordinate_descent_tuning"):
+        return None
+    with state.attempt("reading the config a Triton kernel's neighbours decided"):
+        decided = state.decided_by_neighbours(*key)
+        if decided is None:
+            return None
+        best, sources = decided
+        configs_hash = autotune_cache.configs_hash
+        config = ac._load_cached_autotuning({**best, "configs_hash": configs_hash},
+                                            configs_hash, own, inductor_meta)
+        if config is None or kernel_config_problem(config, own) is not None:
+            return None
+        config.found_by_coordesc = False
+        autotune_cache.__dict__[_OWN_CONFIGS] = own
+        autotune_cache.__dict__[DECIDED_FROM] = sources
+        return config
+    return None  # it failed (one warning): a miss, as without the neighbours
+
+
+def decided_from(kernel: Any) -> list[str] | None:
+    """The neighbours' key hashes where ``kernel`` loaded a config they decided
+    (:func:`_decided_by_neighbours`) and still runs it, else None."""
+    autotune_cache = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
+    return getattr(autotune_cache, "__dict__", {}).get(DECIDED_FROM)
 
 
 def _stored_hit(kernel: Any) -> tuple[list[Any], Any] | None:
@@ -98,6 +142,7 @@ def _give_way(kernel: Any, own: list[Any], autotune_cache: Any, doing: str,
     if state is not None and key is not None:
         state.stored_config_failed(*key, doing, error)
     autotune_cache.__dict__.pop(_OWN_CONFIGS, None)
+    autotune_cache.__dict__.pop(DECIDED_FROM, None)
     kernel.configs = list(own)
     kernel.compile_results = []
     kernel.launchers = []
