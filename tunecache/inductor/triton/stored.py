@@ -39,7 +39,7 @@ __all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "Fir
 # On an AutotuneCache whose read_best returned a stored config: the kernel's own configs.
 _OWN_CONFIGS = "_tunecache_own_configs"
 # ... and where that config was decided by the kernel's neighbours: their key hashes.
-DECIDED_FROM = "_tunecache_decided_from"
+_DECIDED_FROM = "_tunecache_decided_from"
 
 
 def _our_key(autotune_cache: Any, ours: type | None = None) -> tuple[str, str] | None:
@@ -101,7 +101,7 @@ def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_m
             return None
         config.found_by_coordesc = False
         autotune_cache.__dict__[_OWN_CONFIGS] = own
-        autotune_cache.__dict__[DECIDED_FROM] = sources
+        autotune_cache.__dict__[_DECIDED_FROM] = sources
         return config
     return None  # it failed (one warning): a miss, as without the neighbours
 
@@ -110,7 +110,7 @@ def decided_from(kernel: Any) -> list[str] | None:
     """The neighbours' key hashes where ``kernel`` loaded a config they decided
     (:func:`_decided_by_neighbours`) and still runs it, else None."""
     autotune_cache = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
-    return getattr(autotune_cache, "__dict__", {}).get(DECIDED_FROM)
+    return getattr(autotune_cache, "__dict__", {}).get(_DECIDED_FROM)
 
 
 def _stored_hit(kernel: Any) -> tuple[list[Any], Any] | None:
@@ -142,7 +142,7 @@ def _give_way(kernel: Any, own: list[Any], autotune_cache: Any, doing: str,
     if state is not None and key is not None:
         state.stored_config_failed(*key, doing, error)
     autotune_cache.__dict__.pop(_OWN_CONFIGS, None)
-    autotune_cache.__dict__.pop(DECIDED_FROM, None)
+    autotune_cache.__dict__.pop(_DECIDED_FROM, None)
     kernel.configs = list(own)
     kernel.compile_results = []
     kernel.launchers = []
