@@ -327,6 +327,48 @@ def test_a_winner_within_the_margin_leaves_the_transfer_plan(decisive):
     assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0
 
 
+def test_a_decision_is_published_as_the_keys_entry_with_nothing_benchmarked(decisive):
+    _recorded_at(decisive, [64, 256])
+    decisive.compile()
+    answer = decisive.cache.lookup(decisive.key())
+    assert answer is not None
+    (decided,) = answer.timings
+    assert decided.endswith(inductors_description(CONFIGS[FASTEST]))
+    assert answer.timings[decided] == 0.1  # the nearest neighbour's time for it
+    assert answer.meta["transfer"]["benchmarked"] == 0
+    assert answer.meta["transfer"]["generated"] == 1
+
+
+def test_a_rank_whose_neighbours_no_longer_agree_runs_the_decision_a_peer_published(
+        decisive):
+    _recorded_at(decisive, [64])
+    decisive.compile()  # the first rank decides CONFIGS[FASTEST] and publishes it
+    # Another rank of the job, after a recording at 256 that picked another template:
+    # on its own it would not decide, and would benchmark the plan.
+    _recorded_at(decisive, [256], fastest=0)
+    with tunecache.open(decisive.cache.settings.db_url, decisive=True) as rank:
+        assert tc_inductor.enable(rank)
+        decisive.compile()
+    # The decision is its entry: the decided template is the only one generated (the
+    # ATen kernel stays, timed inf by the transferred entry), nothing is benchmarked.
+    assert decisive.generated == [CONFIGS[FASTEST]]
+    stats = tc_inductor.stats.as_dict()
+    assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 0
+
+
+def test_a_key_a_peer_has_claimed_is_not_decided_but_follows_the_plan(decisive):
+    _recorded_at(decisive, [64, 256])
+    key = tc_keys.Key.of(decisive.key(), family=gemm_family(decisive.key()))
+    with tunecache.open(decisive.cache.settings.db_url) as peer:
+        claim = peer.claim(key, lease_seconds=600)
+        assert claim is not None and not isinstance(claim, tunecache.Result)
+        decisive.compile()
+        assert len(decisive.generated) == 4  # the plan's templates, for the lookup
+        stats = tc_inductor.stats.as_dict()
+        assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
+        peer.release(claim, "test over", failed=False)
+
+
 def test_without_TUNECACHE_DECISIVE_a_clear_winner_is_benchmarked_with_the_plan(gemm):
     _recorded_at(gemm, [64, 256])
     gemm.compile()

@@ -152,6 +152,39 @@ class GemmEntries:
             self._plans[key.hash] = plan
         return plan
 
+    def settle_decision(self, key: Key, plan: Plan, candidate: str) -> str:
+        """Where the neighbours decided ``key`` (``plan.winner``; ``candidate``: the
+        decided choice's id at this size), whether this process runs that one choice, so
+        that every rank runs one and the same:
+
+        - ``"ours"``: this process claimed the key and published the decision as its
+          entry (transferred: ``{candidate: plan.winner_ms}``, nothing benchmarked);
+        - ``"stored"``: the key has an entry now (a peer's decision or tuning), noted
+          here: narrow by it;
+        - ``"open"``: a peer holds the key's claim (the lookup waits for its entry), or
+          there is no store to agree through (unavailable, readonly): follow the plan.
+        """
+        from ..core.result import Result
+
+        if plan.winner_ms is None:
+            return "open"
+        cache = self._cache()
+        claim = cache.claim(key, wait=0.0)
+        if isinstance(claim, Result):
+            if claim.source == "failed":
+                return "open"
+            self.note(key, claim.timings, claim.meta)
+            return "stored"
+        if claim is None:
+            return "open"
+        meta = plan.meta(benchmarked=0, generated=1)
+        if cache.publish(claim, {candidate: plan.winner_ms}, tune_seconds=0.0,
+                         meta=meta) is None:
+            # The claim was lost (a peer took the key over): its entry, if it is in.
+            return "stored" if self.stored(key) is not None else "open"
+        self.note(key, {candidate: plan.winner_ms}, meta)
+        return "ours"
+
     def note_not_generated(self, key: Key, templates: int) -> None:
         """Narrowing generated ``templates`` fewer choices for the key, by its plan."""
         with self._lock:

@@ -261,9 +261,17 @@ def _narrowing_finalize(orig: Callable[..., Any]) -> Callable[..., Any]:
             if planned is None and templates >= 2 and miss:
                 plan = entries.plan(key)
                 planned = None if plan is None else decided_narrow(ktcs, plan)
-                if planned is not None:
-                    REGISTRY.stats.add(choice_lists_decided=1)
-                elif plan is not None:
+                if planned is not None and plan is not None:
+                    decided = planned[1][0] if planned[1] else str(plan.winner)
+                    settled = entries.settle_decision(key, plan, decided)
+                    if settled == "ours":
+                        REGISTRY.stats.add(choice_lists_decided=1)
+                    elif settled == "stored":
+                        planned, templates = narrow(ktcs, _stored_for(entries, key))
+                        plan = None
+                    else:
+                        planned = None
+                if planned is None and plan is not None:
                     planned = transfer_narrow(ktcs, plan)
                     if planned is not None:
                         entries.note_not_generated(key, len(ktcs) - len(planned[0]))

@@ -164,6 +164,9 @@ class Plan:
     ids: frozenset[str]
     sources: tuple[str, ...]
     winner: str | None = None
+    # The nearest neighbour's time for the winner: what a decided entry stores for it
+    # (nothing is measured at the new size).
+    winner_ms: float | None = None
 
     def keeps(self, candidate: str) -> bool:
         tid = transfer_id(candidate)
@@ -236,7 +239,9 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
         return None
     nearest = [n for *_, n in ranked[:NEIGHBOURS]]
     winner = decisive_winner(nearest) if decisive else None
-    return Plan(frozenset(ids), tuple(sources), winner)
+    winner_ms = None if winner is None else min(
+        ms for ms in nearest[0].timings.values() if math.isfinite(ms))
+    return Plan(frozenset(ids), tuple(sources), winner, winner_ms)
 
 
 def measure_by_plan(
