@@ -15,6 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -436,3 +439,32 @@ def test_a_decided_config_that_fails_to_compile_is_neither_run_nor_published(
     assert stats.coordesc_decided == 0 and stats.coordesc_full == 1
     _, entry_meta = _entry(decisive.cache, decisive.key(k))
     assert "transfer" not in entry_meta  # the descent's own result, not a decision
+
+
+def test_two_processes_that_decide_one_kernel_at_once_publish_it_once_and_run_it(
+        transfer, tmp_path):
+    """Real processes on one SQLite file: both load the decided config, then reach the
+    kernel's first run together; one claims and publishes it, the other adopts it (or
+    runs it while the peer publishes)."""
+    _record(transfer, 1024)
+    tests = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tests.parent), str(tests),
+                                                      env.get("PYTHONPATH")]))
+    ranks = [subprocess.Popen(
+        [sys.executable, str(tests / "triton_decided_worker.py"),
+         transfer.cache.settings.db_url, str(tmp_path), str(i)],
+        env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{i}")},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=240)
+        assert rank.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["state"] for r in results] == ["hit", "hit"]
+    assert results[0]["ran"] == results[1]["ran"] == [{"XBLOCK": BEST_XBLOCK}, 4]
+    stats = [r["stats"] for r in results]
+    assert sum(s["coordesc_decided"] for s in stats) == 1
+    assert sum(s["published"] for s in stats) == 1
+    assert all(s["coordesc_full"] == s["coordesc_transferred"] == 0 for s in stats)
+    assert all(s["transfer_benchmarks"] == 0 for s in stats)
