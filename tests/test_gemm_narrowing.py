@@ -369,6 +369,22 @@ def test_a_key_a_peer_has_claimed_is_not_decided_but_follows_the_plan(decisive):
         peer.release(claim, "test over", failed=False)
 
 
+def test_a_decision_that_fails_to_publish_leaves_the_key_unclaimed_and_generates_all(
+        decisive, monkeypatch, caplog):
+    _recorded_at(decisive, [64, 256])
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(decisive.active), "publish", failing)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        decisive.compile()
+    assert len(decisive.generated) == len(CONFIGS)  # as without tunecache
+    assert not decisive.cache.in_progress(decisive.key())  # peers do not wait
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "disk full" in warnings[0].getMessage()
+
+
 def test_without_TUNECACHE_DECISIVE_a_clear_winner_is_benchmarked_with_the_plan(gemm):
     _recorded_at(gemm, [64, 256])
     gemm.compile()

@@ -178,8 +178,14 @@ class GemmEntries:
         if claim is None:
             return "open"
         meta = plan.meta(benchmarked=0, generated=1)
-        if cache.publish(claim, {candidate: plan.winner_ms}, tune_seconds=0.0,
-                         meta=meta) is None:
+        try:
+            published = cache.publish(claim, {candidate: plan.winner_ms}, tune_seconds=0.0,
+                                      meta=meta)
+        except BaseException as e:
+            # Not left claimed for the lease: peers would wait it out.
+            cache.release(claim, f"publishing a decision failed: {e!r}", failed=False)
+            raise
+        if published is None:
             # The claim was lost (a peer took the key over): its entry, if it is in.
             return "stored" if self.stored(key) is not None else "open"
         self.note(key, {candidate: plan.winner_ms}, meta)
