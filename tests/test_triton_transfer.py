@@ -468,3 +468,31 @@ def test_two_processes_that_decide_one_kernel_at_once_publish_it_once_and_run_it
     assert sum(s["published"] for s in stats) == 1
     assert all(s["coordesc_full"] == s["coordesc_transferred"] == 0 for s in stats)
     assert all(s["transfer_benchmarks"] == 0 for s in stats)
+
+
+def test_a_decided_config_whose_publish_fails_is_tuned_as_without_it_with_one_warning(
+        decisive, monkeypatch, caplog):
+    _record(decisive, 1024)
+    inductors_save = ac.AutotuneCache.save
+    calls = []
+
+    def save_failing_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return inductors_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(ac.AutotuneCache, "save", save_failing_once)
+    tc_inductor.triton_stats.reset()
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        k = decisive.load(SILU, 2048)
+        ran = decisive.first_run(k)
+    assert ran.kwargs["XBLOCK"] == BEST_XBLOCK
+    stats = tc_inductor.triton_stats
+    # The descent, from the decided config (transfer has no other neighbour config).
+    assert (stats.coordesc_decided, stats.coordesc_full) == (0, 1)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "tunecache" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "disk full" in warnings[0], warnings
+    stored, _ = _entry(decisive.cache, decisive.key(k))
+    assert stored["XBLOCK"] == BEST_XBLOCK

@@ -361,13 +361,19 @@ def _publish_decided(kernel: Any, launcher: Any, key: tuple[str, str]) -> Any | 
     state = REGISTRY.triton
     if not sources or state is None or not kernel.save_cache_hook:
         return None
-    launcher.config.found_by_coordesc = True
-    state.note_meta(*key, transfer={"from": list(sources), "benchmarked": 0, "generated": 1})
-    kernel.save_cache_hook(launcher.config, 0, found_by_coordesc=True)
+    with state.attempt("publishing the config a Triton kernel's neighbours decided"):
+        state.note_meta(*key, transfer={"from": list(sources), "benchmarked": 0,
+                                        "generated": 1})
+        kernel.save_cache_hook(launcher.config, 0, found_by_coordesc=True)
+        launcher.config.found_by_coordesc = True
+        state.drop_meta(*key)
+        _bundle_winner(launcher)
+        REGISTRY.triton_stats.add(coordesc_decided=1)
+        return launcher
+    # It failed (one warning): the key is given back, and transfer or the descent decide.
     state.drop_meta(*key)
-    _bundle_winner(launcher)
-    REGISTRY.triton_stats.add(coordesc_decided=1)
-    return launcher
+    state.release_claim(*key, "publishing a decided config failed")
+    return None
 
 
 def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
