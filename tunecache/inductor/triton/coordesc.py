@@ -16,7 +16,7 @@ from ...keys import to_ms
 from ..patches import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
-from .stored import FirstLaunch, decided_from, load_fn
+from .stored import FirstLaunch, decided_from, load_fn, neighbour_config
 
 log = logging.getLogger("tunecache")
 
@@ -335,16 +335,11 @@ def _neighbour_configs(kernel: Any, launcher: Any, sources: list[tuple[str, dict
                        ) -> list[tuple[str, Any]]:
     """(key hash, triton.Config) of each neighbour's stored config this kernel can have,
     other than the one it starts from."""
-    from torch._inductor.runtime import autotune_cache as ac
-
     autotune_cache = kernel.save_cache_hook.__self__
     out: list[tuple[str, Any]] = []
     for key_hash, best in sources:
-        # Inductor's own reading of a saved config (as _adopt); the neighbour's configs
-        # hash is its own list's, which differs at other sizes.
-        config = ac._load_cached_autotuning(
-            {**best, "configs_hash": autotune_cache.configs_hash},
-            autotune_cache.configs_hash, kernel.configs, kernel.inductor_meta)
+        config = neighbour_config(best, autotune_cache.configs_hash, kernel.configs,
+                                  kernel.inductor_meta)
         if config is None or _same_config(config, launcher.config) or any(
                 _same_config(config, c) for _, c in out):
             continue

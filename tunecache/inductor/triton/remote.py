@@ -5,12 +5,13 @@ fails (``TritonCache.warn_once``, and ``TritonCache.attempt``, the guard that re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
@@ -162,7 +163,8 @@ class TritonCache:
         kernel then loads that one config as if it were stored (stored.py), and its
         first run publishes it under a claim (coordesc.py), so every rank runs the
         config the first one published."""
-        if not (self.cache().settings.transfer and self.cache().settings.decisive):
+        settings = self.cache().settings
+        if not (settings.transfer and settings.decisive):
             return None
         nearest = self._nearest(inductor_key, key_text)[:DECIDING_NEIGHBOURS]
         if not nearest or any("transfer" in meta for _, _, meta in nearest):
@@ -182,12 +184,8 @@ class TritonCache:
         ranked = []
         with self._lock:
             refused = set(self._refused)
-        cache = self.cache()
-        try:
+        with self._reading() as cache:
             found = cache.neighbours(key)
-        finally:
-            if self.worker:
-                cache.release_connections()
         for n in found:
             distance = size_distance(sizes, n.meta.get("sizes"))
             if distance is None or n.key_hash in refused:
@@ -198,16 +196,22 @@ class TritonCache:
         ranked.sort(key=lambda r: (r[0], r[1]))
         return [(key_hash, best, meta) for _, key_hash, best, meta in ranked]
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[TuneCache]:
+        """The cache, for a read; in a compile worker its connection is closed after."""
+        cache = self.cache()
+        try:
+            yield cache
+        finally:
+            if self.worker:
+                cache.release_connections()
+
     def _stored_best(self, key: Mapping[str, Any]
                      ) -> tuple[bool, dict[str, Any] | None, str | None, str]:
         """(found, best config, why it is refused, the stored text): whether a done entry
         is stored, and its config if valid, else the reason."""
-        cache = self.cache()
-        try:
+        with self._reading() as cache:
             answer = cache.lookup(key)
-        finally:
-            if self.worker:
-                cache.release_connections()
         if answer is None or answer.source == "failed":
             return False, None, None, ""
         return (True, *triton_entry_problem(answer.timings), " ".join(answer.timings))

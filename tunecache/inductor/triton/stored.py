@@ -34,7 +34,8 @@ from typing import Any
 from ..state import REGISTRY
 from .keys import kernel_config_problem
 
-__all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "FirstLaunch"]
+__all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "FirstLaunch",
+           "neighbour_config"]
 
 # On an AutotuneCache whose read_best returned a stored config: the kernel's own configs.
 _OWN_CONFIGS = "_tunecache_own_configs"
@@ -84,8 +85,6 @@ def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_m
     one, or None. Only for a kernel that coordinate descent tunes: its first run, where
     the descent would be, publishes the config under a claim or adopts a peer's
     (coordesc.py); until then it is not ``found_by_coordesc``."""
-    from torch._inductor.runtime import autotune_cache as ac
-
     state = REGISTRY.triton
     if state is None or not (inductor_meta or {}).get("coordinate_descent_tuning"):
         return None
@@ -94,9 +93,7 @@ def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_m
         if decided is None:
             return None
         best, sources = decided
-        configs_hash = autotune_cache.configs_hash
-        config = ac._load_cached_autotuning({**best, "configs_hash": configs_hash},
-                                            configs_hash, own, inductor_meta)
+        config = neighbour_config(best, autotune_cache.configs_hash, own, inductor_meta)
         if config is None or kernel_config_problem(config, own) is not None:
             return None
         config.found_by_coordesc = False
@@ -104,6 +101,17 @@ def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_m
         autotune_cache.__dict__[_DECIDED_FROM] = sources
         return config
     return None  # it failed (one warning): a miss, as without the neighbours
+
+
+def neighbour_config(best: dict[str, Any], configs_hash: str, configs: list[Any],
+                     inductor_meta: Any) -> Any:
+    """A neighbour's stored best config read for this kernel as Inductor reads a stored
+    one (``_load_cached_autotuning``), or None. The stored configs hash is the
+    neighbour's own list's, which differs at other sizes: this kernel's stands in."""
+    from torch._inductor.runtime import autotune_cache as ac
+
+    return ac._load_cached_autotuning({**best, "configs_hash": configs_hash}, configs_hash,
+                                      configs, inductor_meta)
 
 
 def decided_from(kernel: Any) -> list[str] | None:
