@@ -10,6 +10,9 @@
 #      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
 #    and, with DECISIVE=1, transfer-decisive-N: the same with TUNECACHE_DECISIVE=1;
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0.
+# With REGRET=1, each transfer job's database is then re-tuned in full
+# (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
+# transferred or decided GEMM entry.
 # A throwaway default-mode job runs first (the first job on a fresh machine is slower).
 # Environment: ARGS (tools/bench_gpu.py arguments: --model, --layers ...), STEPS (timed
 # steps, default 21: the median of the last 20 is step_ms), NPROC (default 1), DEADLINE_S
@@ -40,6 +43,15 @@ bench() {  # tag, then tools/bench_gpu.py arguments
     echo "   rc=$? $(grep -h '"kind": "job"' "$out/$tag.log" | tail -1)"
 }
 
+regret() {  # tag: re-tune the transfer job's GEMM entries in full
+    local tag=$1 left=$(( deadline - $(date +%s) ))
+    if (( left < 30 )); then echo "skip regret-$tag: past the deadline"; return; fi
+    echo "== regret-$tag (limit ${left}s)"
+    TUNECACHE_DB=$out/$tag.db timeout "$left" python3 -m tunecache.cli warm --exhaustive --json \
+        >"$out/regret-$tag.json" 2>>"$out/regret-$tag.log"
+    echo "   rc=$? $(head -c 300 "$out/regret-$tag.json")"
+}
+
 bench warmup --mode default --tiny --steps 1
 recorded=${RECORDED:-}
 if [[ -z $recorded ]]; then
@@ -63,3 +75,9 @@ for tokens in ${TOKENS:-4096 16384}; do
             --mode tunecache --tokens "$tokens"
     fi
 done
+if [[ ${REGRET:-0} == 1 ]]; then
+    for tokens in ${TOKENS:-4096 16384}; do
+        regret "transfer-$tokens"
+        if [[ ${DECISIVE:-0} == 1 ]]; then regret "decisive-$tokens"; fi
+    done
+fi
