@@ -483,6 +483,11 @@ def main() -> int:
                     r["triton_autotune"].get("fusion_candidates_compiled", 0) for r in everyone),
                 "fusion_compiles_skipped": sum(
                     r["triton_autotune"].get("fusion_compiles_skipped", 0) for r in everyone),
+                # epilogue-fusion decisions replayed without benchmarks (decided by
+                # neighbours among them), and own decisions replaced by a peer's
+                **{f"fusion_decisions_{what}": sum(
+                    r["triton_autotune"].get(f"fusion_decisions_{what}", 0) for r in everyone)
+                   for what in ("replayed", "decided", "adopted")},
                 "gemm_choices_not_generated": sum(r["gemm_choices_not_generated"]
                                                   for r in everyone),
                 "gemm_narrowing_mismatches": sum(r["gemm_narrowing_mismatches"]

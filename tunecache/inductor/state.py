@@ -124,8 +124,9 @@ class Registry:
         # key), .wanted (measuring a split-size value ahead: whether the search may still
         # ask for it), .benchmarking (inside a fusion benchmark: a kernel's config
         # decides the timing, so its coordinate descent waits for a peer instead of
-        # deferring) and .candidate (inside Scheduler.compile_kernel, for a module the
-        # scheduler will benchmark: triton.candidates).
+        # deferring), .candidate (inside Scheduler.compile_kernel, for a module the
+        # scheduler will benchmark: triton.candidates) and .decision (while an epilogue-
+        # fusion decision is made: the list its benchmarks' timings go to, triton.replay).
         self.fusion_local = threading.local()
         # Per thread: .plans, what narrow.py's _finalize_template_configs kept in the
         # current get_template_configs call; narrowing_off: narrowing turned off after

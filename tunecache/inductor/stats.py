@@ -143,6 +143,12 @@ class TritonStats(Counters):
     # those not compiled because their timing was stored (triton/candidates.py)
     fusion_candidates_compiled: int = 0
     fusion_compiles_skipped: int = 0
+    # Epilogue-fusion decisions (triton/replay.py): replayed without benchmarks (stored,
+    # or decided by neighbours: also counted in _decided), and Inductor's own decisions
+    # replaced by the one a peer published first.
+    fusion_decisions_replayed: int = 0
+    fusion_decisions_decided: int = 0
+    fusion_decisions_adopted: int = 0
     fusion_left_to_peer: int = 0  # split-size candidates a peer was measuring: skipped
     split_values_ahead: int = 0  # split sizes measured while a peer measured the one before
     split_values_stopped: int = 0  # of those, stopped once the search no longer wanted them

@@ -39,9 +39,13 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, mod, *args, **kwargs)
         t0 = time.perf_counter()
         try:
-            return shared_benchmark(state, self, mod, *args, **kwargs)
+            result = shared_benchmark(state, self, mod, *args, **kwargs)
         finally:
             REGISTRY.triton_stats.add(fusion_seconds=time.perf_counter() - t0)
+        noted = getattr(REGISTRY.fusion_local, "decision", None)
+        if noted is not None:  # a fusion decision is being made on it (replay.py)
+            noted.append(float(result[0]))
+        return result
 
     def shared_benchmark(state: InstalledTritonCache, self: Any, mod: Any, *args: Any,
                          **kwargs: Any) -> Any:

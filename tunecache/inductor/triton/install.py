@@ -22,6 +22,7 @@ from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, shar
 from .fusion import install_fusion_sharing
 from .keys import triton_kernel_info
 from .remote import TritonCache, remote_cache_class
+from .replay import install_decision_replay
 from .split import splitting_single_field, stopping_unwanted
 from .stored import checking_read_best, falling_back_precompile
 from .worker import readonly_cache, workers_read_cache
@@ -254,6 +255,8 @@ def _plug_in(ledger: Ledger, cache: CacheOpener, settings: Settings,
                                     "fusion benchmark timings are not shared"):
         _install_part(ledger, install_candidate_skip, "fusion candidates with a stored "
                       "timing are still compiled")
+        _install_part(ledger, install_decision_replay, "epilogue-fusion decisions are "
+                      "not shared")
     if not worker and config.compile_threads != 1 \
             and not workers_read_cache(settings, environment):
         ledger.patch(config, "compile_threads", 1)
