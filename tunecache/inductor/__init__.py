@@ -11,8 +11,9 @@ of GEMM entries), ``transfer`` (a new GEMM key starts from its neighbours' winne
 ``narrow`` (a stored GEMM generates only the template choices that can win), ``deferred``
 (the pre-fusion pass),
 ``triton/`` (keys, the remote-cache adapter, coordinate descent, fusion and split-size
-benchmarks, epilogue-fusion decisions, compile workers, install), ``graphs`` (compiled graphs: Inductor's remote FX
-graph and AOTAutograd caches over the signed graph service, with a key configured),
+benchmarks, epilogue-fusion decisions, compile workers, install), ``graphs`` (compiled
+graphs: Inductor's remote FX graph and AOTAutograd caches over the signed graph service,
+with a key configured),
 ``pgo`` (Dynamo's shape profiles: its remote PGO cache over the same signed service, with
 TUNECACHE_PGO=1; the one module here that touches ``torch._dynamo``) and ``warmup`` (the
 compile of ``tunecache warm``).

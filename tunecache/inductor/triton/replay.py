@@ -1,12 +1,14 @@
 """``Scheduler.speedup_by_fusion`` through shared epilogue-fusion decisions
 (:mod:`.decisions`), torch 2.11-2.14.
 
-Where the site of a GEMM-template epilogue fusion (:mod:`.sites`) has a decision stored,
-or, with ``TUNECACHE_DECISIVE``, its neighbours decide it, the decision is replayed:
-nothing is generated, compiled or timed. A fusion finalizes the template as the decided
-candidate, as Inductor does after its benchmarks, once that candidate's code generates
-with this epilogue; a candidate that does not (its tiling cannot take the epilogue), or a
-rank the GEMM has no candidate for, leaves the site to Inductor's benchmarks.
+With ``TUNECACHE_DECISIVE``, where the site of a GEMM-template epilogue fusion
+(:mod:`.sites`) has a decision stored, or its neighbours decide it, the decision is
+replayed: nothing is generated, compiled or timed. It is returned as a pending decision,
+like Inductor's benchmarked ones, so the scheduler evaluates it at the same point; a
+fusion then finalizes the template as the decided candidate, as Inductor does after its
+benchmarks. The candidate's code is generated once first, with this epilogue: one that
+does not generate (its tiling cannot take the epilogue), or a rank the GEMM has no
+candidate for, leaves the site to Inductor's benchmarks.
 
 Elsewhere Inductor decides as always, and its decision is published as the site's entry;
 where a peer published first, Inductor's own decision is replaced by the peer's, so every
@@ -66,16 +68,22 @@ def _fusing_choice(scheduler: Any, site: FusionSite, decision: Decision) -> Any 
     return choice if _generates(scheduler, site, choice) else None
 
 
-def _replayed(scheduler: Any, site: FusionSite, decision: Decision) -> bool | None:
-    """Apply ``decision`` at ``site`` without benchmarks: whether it fuses, or None if it
-    cannot be applied here."""
+def _replay(scheduler: Any, site: FusionSite, decision: Decision
+            ) -> Callable[[], bool] | None:
+    """``decision`` at ``site`` as the scheduler's pending decision (evaluated where
+    Inductor evaluates its benchmarked ones, and only if the fusion is still possible
+    then), or None if it cannot be applied here."""
     if not decision.fused:
-        return False
+        return lambda: False
     choice = _fusing_choice(scheduler, site, decision)
     if choice is None:
         return None
-    site.template.finalize_as_triton_caller(choice)
-    return True
+
+    def fuse() -> bool:
+        site.template.finalize_as_triton_caller(choice)
+        return True
+
+    return fuse
 
 
 def _agreeing(scheduler: Any, site: FusionSite, key: Any, epilogue_ms: float,
@@ -162,12 +170,12 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
         from torch._inductor.scheduler import FusionResult
 
         if stored is not None:
-            fuses = None
+            replayed = None
             with state.attempt("replaying a fusion decision"):
-                fuses = _replayed(self, site, stored)
-            if fuses is not None:
+                replayed = _replay(self, site, stored)
+            if replayed is not None:
                 REGISTRY.triton_stats.add(fusion_decisions_replayed=1)
-                return FusionResult.fuse(fuses)
+                return FusionResult.from_callable(replayed)
         local = REGISTRY.fusion_local
         outer = getattr(local, "decision", None)
         epilogue_ms: list[float] = []  # Inductor times the epilogue alone here
