@@ -418,7 +418,7 @@ def _patched_inductor_attributes() -> dict[str, Any]:
                               "_dynamic_scale_rblock", "precompile")),
         "CoordescTuner": (CoordescTuner, ("autotune_single_field", "call_func")),
         "TritonScheduling": (TritonScheduling, ("benchmark_codegened_module",)),
-        "Scheduler": (Scheduler, ("compile_kernel",)),
+        "Scheduler": (Scheduler, ("compile_kernel", "speedup_by_fusion")),
         "AsyncCompile": (AsyncCompile, ("triton",)),
         "InductorChoices": (InductorChoices, ("get_template_configs",
                                               "_finalize_template_configs")),
