@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..compat import param_names
 from ..state import REGISTRY
@@ -94,12 +94,12 @@ def _agreeing(scheduler: Any, site: FusionSite, key: Any, epilogue_ms: float,
     def decide_and_agree() -> bool:
         state = REGISTRY.triton
         template = site.template
-        before: list[Any] = []  # the choices' order and the template as Inductor left it
+        before = None
         if state is not None:
             with state.attempt("reading a fusion site's choices"):
                 _, best_unfused = template.get_min_choice()
-                before = [_ranked_choices(template), best_unfused, template.make_kernel_render,
-                          dict(template._choice_timings)]
+                before = _Before(_ranked_choices(template), best_unfused,
+                                 template.make_kernel_render, dict(template._choice_timings))
         local = REGISTRY.fusion_local
         outer = getattr(local, "decision", None)
         fused_ms: list[float] = []  # .fusion notes each candidate's timing here
@@ -108,21 +108,30 @@ def _agreeing(scheduler: Any, site: FusionSite, key: Any, epilogue_ms: float,
             fused = decide()
         finally:
             local.decision = outer
-        if state is None or not before or not fused_ms:
+        if state is None or before is None or not fused_ms:
             return fused
-        outcome = [fused]
+        agreed = fused  # also where sharing fails: Inductor's own decision stands
         with state.attempt("sharing a fusion decision"):
-            outcome[0] = _agree(scheduler, site, key, state, before, epilogue_ms, fused_ms,
-                                fused)
-        return outcome[0]
+            agreed = _agree(scheduler, site, key, state, before, epilogue_ms, fused_ms, fused)
+        return agreed
 
     return decide_and_agree
 
 
-def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: list[Any],
+class _Before(NamedTuple):
+    """A fusion site's template as Inductor left it before its benchmarks: its Triton
+    choices by unfused time, the best unfused time, and what a fusion changes."""
+
+    ranked: list[Any]
+    best_unfused: float
+    render: Any
+    choice_timings: dict[Any, Any]
+
+
+def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: _Before,
            epilogue_ms: float, fused_ms: list[float], fused: bool) -> bool:
     """Publish the decision Inductor made, or adopt the one a peer published first."""
-    ranked, best_unfused, render, choice_timings = before
+    ranked = before.ranked
     template = site.template
     rank = None
     if fused:
@@ -131,7 +140,7 @@ def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: list[
         if winner not in ranked:
             return fused
         rank = ranked.index(winner)
-    ours = Decision.of(best_unfused + epilogue_ms, fused_ms, rank)
+    ours = Decision.of(before.best_unfused + epilogue_ms, fused_ms, rank)
     agreed = decisions.settle(state.cache(), key, ours, site.sizes)
     if agreed.rank == ours.rank:
         return fused
@@ -140,7 +149,7 @@ def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: list[
         log.warning("tunecache: a peer's fusion decision does not apply in this process; "
                     "it keeps its own")
         return fused
-    template.make_kernel_render, template._choice_timings = render, choice_timings
+    template.make_kernel_render, template._choice_timings = before.render, before.choice_timings
     REGISTRY.triton_stats.add(fusion_decisions_adopted=1)
     if choice is None:
         return False
