@@ -38,7 +38,8 @@ from ...core.result import Result
 from ..transfer import GEMM_MAX_OCTAVES, octaves
 
 __all__ = ["DECISION_KIND", "DECIDING_SITES", "FUSION_DECISIVE_MARGIN", "Decision",
-           "decision_key", "neighbours_decide", "stored_decision", "settle"]
+           "decision_key", "neighbours_decide", "stored_decision", "decided_by_neighbours",
+           "settle"]
 
 DECISION_KIND = "fusion_decision"
 # How many of the nearest recorded sites must agree for a decision without measuring.
