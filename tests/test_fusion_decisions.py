@@ -311,7 +311,7 @@ def fusing(tmp_path, monkeypatch):
     def decide(tokens: int, fused_ms: list[float], *, generates: bool = True,
                name: str = "site") -> tuple[bool, _Template]:
         template = _Template()
-        site = FusionSite(template, ["gemm", "epilogue"], ENV, SITE, _sizes(tokens))
+        site = FusionSite(template, ["gemm", "epilogue"], _key(tokens), _sizes(tokens))
         monkeypatch.setattr(replay, "fusion_site", lambda sched, n1, n2: site)
 
         def generate(nodes: Any, benchmark_kernel: bool) -> str:

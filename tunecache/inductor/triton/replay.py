@@ -86,7 +86,7 @@ def _replay(scheduler: Any, site: FusionSite, decision: Decision
     return fuse
 
 
-def _agreeing(scheduler: Any, site: FusionSite, key: Any, epilogue_ms: float,
+def _agreeing(scheduler: Any, site: FusionSite, epilogue_ms: float,
               decide: Callable[[], bool]) -> Callable[[], bool]:
     """Inductor's benchmarking ``decide``, then the site's shared decision: ours,
     published, or a peer's, which replaces ours."""
@@ -112,7 +112,7 @@ def _agreeing(scheduler: Any, site: FusionSite, key: Any, epilogue_ms: float,
             return fused
         agreed = fused  # also where sharing fails: Inductor's own decision stands
         with state.attempt("sharing a fusion decision"):
-            agreed = _agree(scheduler, site, key, state, before, epilogue_ms, fused_ms, fused)
+            agreed = _agree(scheduler, site, state, before, epilogue_ms, fused_ms, fused)
         return agreed
 
     return decide_and_agree
@@ -128,7 +128,7 @@ class _Before(NamedTuple):
     choice_timings: dict[Any, Any]
 
 
-def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: _Before,
+def _agree(scheduler: Any, site: FusionSite, state: Any, before: _Before,
            epilogue_ms: float, fused_ms: list[float], fused: bool) -> bool:
     """Publish the decision Inductor made, or adopt the one a peer published first."""
     ranked = before.ranked
@@ -141,7 +141,7 @@ def _agree(scheduler: Any, site: FusionSite, key: Any, state: Any, before: _Befo
             return fused
         rank = ranked.index(winner)
     ours = Decision.of(before.best_unfused + epilogue_ms, fused_ms, rank)
-    agreed = decisions.settle(state.cache(), key, ours, site.sizes)
+    agreed = decisions.settle(state.cache(), site.key, ours, site.sizes)
     if agreed.rank == ours.rank:
         return fused
     choice = _fusing_choice(scheduler, site, agreed) if agreed.fused else None
@@ -162,19 +162,18 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
         state = REGISTRY.triton
         if state is None:
             return orig(self, node1, node2)
-        site = key = stored = None
+        site = stored = None
         with state.attempt("reading a fusion decision"):
             site = fusion_site(self, node1, node2)
             if site is not None:
-                key = decisions.decision_key(site.env, site.structure, site.sizes)
                 cache = state.cache()
                 if cache.settings.decisive:
-                    stored = decisions.stored_decision(cache, key)
+                    stored = decisions.stored_decision(cache, site.key)
                 if stored is None and cache.settings.transfer and cache.settings.decisive:
-                    stored = decisions.decided_by_neighbours(cache, key, site.sizes)
+                    stored = decisions.decided_by_neighbours(cache, site.key, site.sizes)
                     if stored is not None:
                         REGISTRY.triton_stats.add(fusion_decisions_decided=1)
-        if site is None or key is None:
+        if site is None:
             return orig(self, node1, node2)
         from torch._inductor.scheduler import FusionResult
 
@@ -196,7 +195,7 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
         if result.callable_fn is None or len(epilogue_ms) != 1:
             return result  # decided without benchmarks: nothing to share
         return FusionResult.from_callable(
-            _agreeing(self, site, key, epilogue_ms[0], result.callable_fn), result.future)
+            _agreeing(self, site, epilogue_ms[0], result.callable_fn), result.future)
 
     return speedup_by_fusion
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...keys import Key
 from ..fingerprint import environment
+from .decisions import decision_key
 
 __all__ = ["FusionSite", "fusion_site", "epilogue_structure"]
 
@@ -15,13 +17,12 @@ __all__ = ["FusionSite", "fusion_site", "epilogue_structure"]
 @dataclasses.dataclass(frozen=True)
 class FusionSite:
     """``template``: the GEMM's MultiTemplateBuffer; ``fused``: the scheduler nodes of the
-    template and its epilogue; ``env``, ``structure`` and ``sizes``: the decision's key
-    (:func:`.decisions.decision_key`)."""
+    template and its epilogue; ``key``: the decision's key (built once here); ``sizes``:
+    the GEMM's sizes, by which sites of one structure are neighbours."""
 
     template: Any
     fused: list[Any]
-    env: dict[str, str]
-    structure: dict[str, Any]
+    key: Key
     sizes: list[int]
 
 
@@ -116,5 +117,5 @@ def fusion_site(scheduler: Any, node1: Any, node2: Any) -> FusionSite | None:
     if structure is None:
         return None
     gemm = {"inputs": inputs, "dtype": str(template.get_dtype())}
-    return FusionSite(template, fused, environment(device.type),
-                      {"gemm": gemm, "epilogue": structure}, sizes)
+    key = decision_key(environment(device.type), {"gemm": gemm, "epilogue": structure}, sizes)
+    return FusionSite(template, fused, key, sizes)
