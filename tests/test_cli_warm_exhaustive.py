@@ -102,6 +102,31 @@ def test_warm_exhaustive_retunes_a_transferred_entry_in_full_and_records_its_reg
     assert moved["regret_max"] == pytest.approx(meta["regret"])
 
 
+def test_warm_exhaustive_times_a_decided_entrys_candidate_again(db_url, tmp_path):
+    # Decided by its neighbours: one candidate, nothing benchmarked, and the neighbour's
+    # time stored for it, here 1000 times too fast. Compared with that time, every
+    # candidate would look slower and the regret would fall below 1.
+    key, timings = _real_entry(tmp_path)
+    fastest = min(timings, key=lambda n: timings[n] if timings[n] is not None else INFLATED)
+    decided = {"from": ["0" * 64], "benchmarked": 0, "generated": 1}
+    with tunecache.open(db_url) as cache:
+        claim = cache.claim(key)
+        assert claim is not None
+        assert cache.publish(claim, {fastest: timings[fastest] / INFLATED},
+                             meta={"transfer": decided}) is not None
+
+    report = _finish(_warm(tmp_path, db_url, "--exhaustive"))
+    assert (report["keys"], report["measured"], report["error"]) == (1, 1, 0), report
+    # The top-up timed every candidate, the decided one too, and the regret is that
+    # one's time here over the fastest's.
+    top_up = _entry(db_url, top_up_key(Key.of(key), sorted(timings)))
+    assert top_up is not None and set(top_up.timings) == set(timings)
+    meta = _entry(db_url, key).meta
+    assert meta["exhaustive_ms"] == pytest.approx(min(top_up.timings.values()))
+    assert meta["regret"] == pytest.approx(top_up.timings[fastest] / meta["exhaustive_ms"])
+    assert meta["regret"] >= 1.0
+
+
 def test_warm_exhaustive_leaves_entries_of_another_environment_and_untransferred_ones(
         sqlite_url, tmp_path):
     # A transferred entry recorded under another torch: this machine computes another key.

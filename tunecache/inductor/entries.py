@@ -5,7 +5,8 @@ One :class:`GemmEntries` per :class:`~.gemm.GemmHooks`, shared by the selector's
 lock: Inductor may benchmark in a thread pool. It holds, by key hash,
 
 - the timings of every entry read or written (entries are immutable, so they never go
-  stale), and which of them were transferred (meta ``"transfer"``);
+  stale), which of them were transferred (meta ``"transfer"``), and which of those were
+  decided by their neighbours with nothing benchmarked;
 - the transfer plan of each key found without an entry, asked of the database once
   (transfer.py);
 - how many templates narrowing did not generate for a key by its plan;
@@ -57,6 +58,9 @@ class GemmEntries:
         # key hashes whose entry was transferred (meta "transfer"): its timings cover only
         # the transferred candidates, which is the whole answer while transfer is on
         self._transferred: set[str] = set()
+        # key hashes of transferred entries decided without a benchmark: their one timing
+        # is a neighbour's, taken at another size, never a measurement of the key
+        self._decided: set[str] = set()
         # key hash -> the transfer plan for a key this process found no entry for
         self._plans: dict[str, Plan | None] = {}
         self._plan_warned = False
@@ -80,11 +84,15 @@ class GemmEntries:
 
     def note(self, key: Key, timings: Mapping[str, float],
              meta: Mapping[str, Any] | None = None) -> None:
-        """Remember the timings of the key's entry (and whether it was transferred)."""
+        """Remember the timings of the key's entry (and whether it was transferred or
+        decided)."""
+        moved = (meta or {}).get("transfer")
         with self._lock:
             self._memo[key.hash] = dict(timings)
-            if meta is not None and "transfer" in meta:
+            if moved is not None:
                 self._transferred.add(key.hash)
+            if isinstance(moved, Mapping) and moved.get("benchmarked") == 0:
+                self._decided.add(key.hash)
 
     def stored(self, key: Key) -> dict[str, float] | None:
         """The stored timings of ``key``, remembered first, else read without a claim
@@ -123,6 +131,15 @@ class GemmEntries:
         with self._lock:
             transferred = key.hash in self._transferred
         return transferred and self.transfer_on()
+
+    def untimed(self, key: Key, timings: Mapping[str, float],
+                candidates: Sequence[str]) -> list[str]:
+        """The ``candidates`` the key's entry has no measurement of here, sorted: those
+        its timings lack, and, for a decided entry, all of them (its one timing was taken
+        at a neighbour's size). They are what a top-up of the key times."""
+        with self._lock:
+            decided = key.hash in self._decided
+        return sorted(i for i in candidates if decided or i not in timings)
 
     # -- transfer
 
@@ -202,13 +219,16 @@ class GemmEntries:
 
     def with_top_up(self, key: Key, timings: dict[str, float],
                     candidates: Sequence[str]) -> dict[str, float]:
-        """A transferred entry's timings, for a compile whose ``candidates`` it lacks
-        some of while transfer is on. The transfer left them out on purpose; they are
+        """A transferred entry's timings, for a compile whose ``candidates`` it has no
+        measurement of here (:meth:`untimed`) while transfer is on. The transfer left them
+        out on purpose; they are
         merged only once an exhaustive top-up of them exists (warm --exhaustive, or a job
         with TUNECACHE_TRANSFER=0), never benchmarked. Read once per process: the memo
         then answers, so every later lookup of the key in this compile sees the same
         timings."""
-        missing = sorted(i for i in candidates if i not in timings)
+        missing = self.untimed(key, timings, candidates)
+        if not missing:
+            return timings
         seen = (key.hash, tuple(missing))
         with self._lock:
             looked = seen in self._top_ups_read

@@ -385,13 +385,16 @@ class GemmHooks:
         """The key's timings with every candidate of this compile, and the ids of those
         tuned now (sorted). A transferred entry's lacks some on purpose: they come only
         from an exhaustive top-up (:meth:`.entries.GemmEntries.with_top_up`). Any other
-        entry's missing ones are tuned under its top-up key and merged."""
-        missing = [c for c, i in zip(choices, ids) if i not in timings]
-        if not missing:
-            return timings, []
+        entry's missing ones are tuned under its top-up key and merged; so are all of a
+        decided entry's, whose one timing is a neighbour's (:meth:`.entries.GemmEntries.
+        untimed`), and the top-up's timing then replaces it."""
         if self.entries.transferred(key):
             return self.entries.with_top_up(key, timings, ids), []
-        missing_ids = sorted(i for c, i in zip(choices, ids) if i not in timings)
+        missing_ids = self.entries.untimed(key, timings, ids)
+        if not missing_ids:
+            return timings, []
+        untimed = set(missing_ids)
+        missing = [c for c, i in zip(choices, ids) if i in untimed]
         extra_key = tc_keys.top_up_key(key, missing_ids)
         extra, _ = self.entries.get_or_tune(extra_key, lambda: bench(missing, extra_key.hash))
         return {**timings, **{i: extra[i] for i in missing_ids if i in extra}}, missing_ids

@@ -6,8 +6,10 @@ neighbours' winners suggested. Compiling its GEMM again with transfer off makes 
 generate every candidate (narrowing does not restrict a transferred entry then), and the
 lookup tunes the ones the entry lacks under the key's top-up key
 (:func:`tunecache.keys.top_up_key`: the key plus its sorted missing candidates): the
-stored timings and that top-up together are the exhaustive timings. regret = the
-transferred winner's ms / the fastest of them (>= 1.0); it is added to the entry's meta
+stored timings and that top-up together are the exhaustive timings. An entry its
+neighbours decided (nothing benchmarked) has its one candidate timed again too: its stored
+time was taken at the neighbour's size. regret = the transferred winner's ms, as measured
+here, / the fastest of them (>= 1.0); it is added to the entry's meta
 with ``exhaustive_ms`` and ``exhaustive_at``. Only entries of this machine's environment
 can be measured here: one whose key this machine would not compute is reported, not
 compiled.
@@ -58,6 +60,12 @@ class ExhaustiveTask:
     timings: dict[str, float]
     transfer: dict[str, Any]
     regret: float | None  # measured before (listed with --again)
+
+    @property
+    def winner(self) -> str | None:
+        """The stored winner's candidate id."""
+        timed = {c: ms for c, ms in self.timings.items() if math.isfinite(ms) and ms > 0}
+        return min(timed, key=timed.__getitem__) if timed else None
 
     @property
     def winner_ms(self) -> float | None:
@@ -232,11 +240,14 @@ def _measure_one(task: ExhaustiveTask, i: int, scratch: str, local_rank: int, to
         for result in cache.top_ups.get(task.key_hash, []):
             top_up_hashes.append(result.key_hash)
             merged.update(result.timings)
-        winner = task.winner_ms
+        # The transferred winner's time as measured here: a decided entry's stored one was
+        # its neighbour's, and its top-up timed the winner again.
+        winner = task.winner
+        winner_ms = merged.get(winner) if winner is not None else None
         best = _fastest(merged)
-        if winner is None or best is None:
+        if winner_ms is None or not math.isfinite(winner_ms) or best is None:
             raise ValueError("no candidate has a finite timing")
-        regret = winner / best
+        regret = winner_ms / best
         fields = {"regret": regret, "exhaustive_ms": best, "exhaustive_at": time.time()}
         if not cache.update_meta(task.key, **fields):
             raise RuntimeError("the regret could not be recorded (the entry is gone, the "
