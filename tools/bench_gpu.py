@@ -80,6 +80,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
                    help="process group backend (default: nccl when every rank has a GPU)")
     p.add_argument("--tag", default="", help="free text copied into every JSON line")
+    p.add_argument("--wait-compile-pool", action="store_true",
+                   help="start Inductor's compile workers and wait until they answer before "
+                        "the compile step (counted in its seconds): kernels then never "
+                        "compile in the main process while the pool starts")
     p.add_argument("--profile-compile", type=int, default=0, metavar="N",
                    help="cProfile the compile step and print its N costliest calls (cumulative)")
     args = p.parse_args()
@@ -223,6 +227,29 @@ def inductor_cache_counters(torch: Any) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+def shape_profile(torch: Any) -> dict[str, Any]:
+    """Dynamo's shape profile in this process (torch._dynamo.pgo): the frames it has a
+    state for, the inputs it compiles dynamic (a dimension seen to change, here or by an
+    earlier job of the job id), and the graphs Dynamo compiled."""
+    found: dict[str, Any] = {
+        "unique_graphs": torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)}
+    try:
+        from torch._dynamo import pgo
+
+        dynamic = pgo.auto_dynamic
+        states = pgo._CODE_STATE or {}
+        found["frames"] = len(states)
+        # A scalar's entry has its size and stride "dynamic" (not a tensor): only its
+        # value says whether it is.
+        found["dynamic_inputs"] = sorted({
+            name for state in states.values() for name, entry in state.automatic_dynamic.items()
+            if entry.scalar is dynamic or (isinstance(entry.size, tuple)
+                                           and any(s is dynamic for s in entry.size))})[:20]
+    except Exception as e:  # noqa: BLE001 - another torch's internals: report, go on
+        found["error"] = repr(e)
+    return found
+
+
 def graph_counts() -> dict[str, int]:
     from tunecache.inductor.state import REGISTRY
 
@@ -337,6 +364,13 @@ def main() -> int:
 
         profiler = cProfile.Profile()
     t0 = time.perf_counter()
+    pool_wait_seconds = None
+    if args.wait_compile_pool:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+        AsyncCompile.wait_pool_ready()
+        pool_wait_seconds = time.perf_counter() - t0
     if profiler is not None:
         profiler.runcall(step)
     else:
@@ -388,6 +422,8 @@ def main() -> int:
         "tunecache_db": os.environ.get("TUNECACHE_DB") if args.mode == "tunecache" else None,
         "inductor_cache_dir": cache_dir,
         "compile_seconds": round(compile_seconds, 3),
+        "compile_pool_wait_seconds": (None if pool_wait_seconds is None
+                                      else round(pool_wait_seconds, 3)),
         "second_step_seconds": (None if second_step_seconds is None
                                 else round(second_step_seconds, 3)),
         # median of the steps after the second (each synchronised)
@@ -424,6 +460,7 @@ def main() -> int:
         # Compiled graphs through the database (tunecache.core.graphs): loaded, published,
         # present (another rank or job published it first), absent, refused.
         "graphs": graph_counts(),
+        "shape_profile": shape_profile(torch),
         # Compiled Triton kernels in the database, rank 0's reading before and after
         # (tunecache.triton_cache: every process of the job, compile workers included, publishes
         # what it compiled and loads what a peer or an earlier job compiled).
@@ -502,9 +539,11 @@ def main() -> int:
                 "layers": args.layers,
                 "inductor_cache_counters": _summed(r["inductor_cache_counters"] for r in everyone),
                 "graphs": _summed(r["graphs"] for r in everyone),
-                # the settings a job of tools/bench_kernels.sh varies
+                "shape_profile": everyone[0]["shape_profile"],
+                # the settings a job of tools/bench_kernels.sh or bench_pgo.sh varies
                 "tunecache_env": {k: v for k, v in os.environ.items()
-                                  if k in ("TUNECACHE_MODE", "TUNECACHE_KERNELS")},
+                                  if k in ("TUNECACHE_MODE", "TUNECACHE_KERNELS",
+                                           "TUNECACHE_PGO", "TORCH_COMPILE_JOB_ID")},
                 "kernels_published": everyone[0]["kernels_published"],
                 "kernels_loaded": everyone[0]["kernels_loaded"],
                 "triton_kernels_local": sum(r["triton_kernels_local"] for r in everyone),

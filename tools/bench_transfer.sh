@@ -9,7 +9,11 @@
 #      plain-N     max-autotune, every GEMM and kernel tuned in full
 #      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
 #    and, with DECISIVE=1, transfer-decisive-N: the same with TUNECACHE_DECISIVE=1;
-#    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0.
+#    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
+#    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
+#    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
+# With PROFILE=N, each transfer-N job's compile step is profiled (cProfile, its N costliest
+# calls) into OUTDIR/profile-transfer-N.txt.
 # With REGRET=1, each transfer job's database is then re-tuned in full
 # (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
 # transferred or decided GEMM entry.
@@ -63,7 +67,19 @@ fi
 for tokens in ${TOKENS:-4096 16384}; do
     bench "plain-$tokens" --mode plain --tokens "$tokens"
     cp "$recorded" "$out/transfer-$tokens.db"
-    TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache --tokens "$tokens"
+    profile=()
+    [[ -n ${PROFILE:-} ]] && profile=(--profile-compile "$PROFILE")
+    TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache \
+        --tokens "$tokens" "${profile[@]}"
+    if [[ -n ${PROFILE:-} ]]; then
+        sed -n '/where the compile step/,/"kind": "job"/p' "$out/transfer-$tokens.log" \
+            | head -c 30000 >"$out/profile-transfer-$tokens.txt"
+    fi
+    if [[ ${POOL:-0} == 1 ]]; then
+        cp "$recorded" "$out/pool-$tokens.db"
+        TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \
+            --tokens "$tokens" --wait-compile-pool
+    fi
     if [[ ${DECISIVE:-0} == 1 ]]; then
         cp "$recorded" "$out/decisive-$tokens.db"
         TUNECACHE_DECISIVE=1 TUNECACHE_DB=$out/decisive-$tokens.db bench \
