@@ -315,7 +315,8 @@ def test_prune_refuses_an_unknown_kind_and_names_the_known_ones(db_url):
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()
     assert "gemmm" in line
-    assert "gemm, triton_config, fusion_benchmark, fusion_decision, fxgraph, autograd" in line
+    assert ("gemm, triton_config, fusion_benchmark, fusion_decision, user_kernel, fxgraph, "
+            "autograd") in line
     assert "my_tuner" in line  # a kind written through the API is known too
     assert len(run_json("ls", "--db", db_url)) == 2
     assert run_json("prune", "--db", db_url, "--kind", "my_tuner", "--older-than",

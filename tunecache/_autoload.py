@@ -23,6 +23,10 @@ there makes ``import torch`` itself fail:
   compile workers import that module, never select_algorithm, when they load a kernel
   (tunecache.inductor's Triton section).
 
+* unless ``TUNECACHE_USER_KERNELS=0``, it also puts tunecache in front of Triton's own
+  autotuner right after ``triton.runtime.autotuner`` is imported, before any library
+  decorates a kernel with ``@triton.autotune`` (tunecache.user_kernels).
+
 ``TUNECACHE_INDUCTOR_COUNT_ONLY=1`` installs only the benchmark counter instead (used by
 tools/bench_gpu.py to count plain max-autotune runs), even without ``TUNECACHE_DB``.
 
@@ -53,6 +57,7 @@ log = logging.getLogger("tunecache")
 
 _TARGET = "torch._inductor.select_algorithm"
 _TRITON_TARGET = "torch._inductor.runtime.autotune_cache"
+_USER_KERNELS_TARGET = "triton.runtime.autotuner"
 _lock = threading.Lock()
 _done: set[str] = set()
 # Failures already reported: both targets read the same settings, and a bad one would
@@ -70,6 +75,10 @@ def _enable(target: str) -> None:
             from .inductor.switch import enable_from_env
 
             enable_from_env()
+        elif target == _USER_KERNELS_TARGET:
+            from . import user_kernels
+
+            user_kernels.enable_from_env()
         else:
             from .inductor.triton import enable_triton_from_env
 
@@ -85,7 +94,8 @@ def _enable(target: str) -> None:
 
 
 def _targets(plan: Activation) -> tuple[str, ...]:
-    return (_TARGET, _TRITON_TARGET) if plan.triton else (_TARGET,)
+    return ((_TARGET,) + ((_TRITON_TARGET,) if plan.triton else ())
+            + ((_USER_KERNELS_TARGET,) if plan.user_kernels else ()))
 
 
 class _Loader(importlib.abc.Loader):

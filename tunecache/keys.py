@@ -44,8 +44,8 @@ __all__ = [
 # The kinds of entries tunecache itself writes (the key convention's "kind"); the last four
 # are signed artifacts (Inductor's FX graph and AOTAutograd cache entries, Triton's
 # compiled kernels, Dynamo's shape profiles). Callers of the API may write others.
-KINDS = ("gemm", "triton_config", "fusion_benchmark", "fusion_decision", "fxgraph", "autograd",
-         "kernel", "pgo")
+KINDS = ("gemm", "triton_config", "fusion_benchmark", "fusion_decision", "user_kernel",
+         "fxgraph", "autograd", "kernel", "pgo")
 
 # Bounds on what one entry may hold. Real GEMM keys are under 2 KiB and real candidate
 # lists under a few hundred names; anything far past that is garbage or hostile.

@@ -208,6 +208,9 @@ class Settings:
     # pgo), with the same keys and trust as graphs. Off until a GPU measurement shows step
     # time within 1.02x of static compiles; TUNECACHE_PGO=1 turns it on.
     pgo: bool = False
+    # Users' own @triton.autotune kernels tuned once per cluster (tunecache.user_kernels);
+    # TUNECACHE_USER_KERNELS=0 leaves Triton's autotuner alone.
+    user_kernels: bool = True
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
     _pgo_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
@@ -228,6 +231,7 @@ class Settings:
         "graphs": "TUNECACHE_GRAPHS",
         "kernels": "TUNECACHE_KERNELS",
         "pgo": "TUNECACHE_PGO",
+        "user_kernels": "TUNECACHE_USER_KERNELS",
     }
 
     @classmethod
@@ -280,6 +284,8 @@ class Settings:
         )
         object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
         object.__setattr__(self, "decisive", _flag(self._ENV["decisive"], self.decisive))
+        object.__setattr__(self, "user_kernels",
+                           _flag(self._ENV["user_kernels"], self.user_kernels))
         self._graph_settings()
 
     def _graph_settings(self) -> None:
@@ -421,6 +427,9 @@ class Activation:
     # its compile workers (when Dynamo looks up the inductor backend, before
     # select_algorithm is imported), which copy the environment once.
     kernels: bool = False
+    # TUNECACHE_USER_KERNELS on (the default; not count_only): plug in front of Triton's
+    # own autotuner once triton.runtime.autotuner is imported.
+    user_kernels: bool = False
 
 
 def activation(environ: Mapping[str, str] | None = None) -> Activation:
@@ -438,5 +447,7 @@ def activation(environ: Mapping[str, str] | None = None) -> Activation:
     keyed = any(env.get(var[k], "").strip() for k in ("signing_key", "verify_key"))
     kernels = keyed and all(env.get(var[k], "1").strip().lower() in TRUE_VALUES
                             for k in ("graphs", "kernels"))
+    user_kernels = env.get(var["user_kernels"], "1").strip().lower() in TRUE_VALUES
     return Activation(hook, count_only, triton and hook and not count_only,
-                      kernels and hook and not count_only)
+                      kernels and hook and not count_only,
+                      user_kernels and hook and not count_only)

@@ -1,0 +1,162 @@
+"""What tunecache changes on Triton's ``triton.runtime.autotuner.Autotuner``, and how it is
+put back.
+
+Read in Triton 3.6 and 3.8 (``triton/runtime/autotuner.py``). ``Autotuner.run`` keys a
+tuning on the autotune key's argument values and every tensor argument's dtype; on a key
+it has not seen in this process it prunes the configs (``prune_configs_by``) and, where
+``self.cache_results`` is true, calls ``check_disk_cache(key, pruned_configs,
+benchmark)``, which either fills ``self.cache[key]`` from a file (and returns True) or
+calls ``benchmark()``; otherwise it calls ``benchmark()`` itself. ``benchmark`` runs every
+pruned config with the autotuner's hooks (``reset_to_zero``, ``restore_value``,
+``pre_hook``/``post_hook``), keeps the fastest in ``self.cache[key]`` and every time in
+``self.configs_timings``. Triton offers no other place to decide a tuning from outside,
+and its cache manager (``TRITON_CACHE_MANAGER``) sees only a file name, not the configs a
+stored winner must be one of. So:
+
+- ``cache_results`` reads true on every autotuner while tunecache is installed, so that
+  every miss reaches ``check_disk_cache``, including autotuners built before tunecache
+  was (a library imported before torch). Triton sets it in ``__init__``; what it sets is
+  kept on the instance and is what runs when tunecache declines a key.
+- ``check_disk_cache`` settles the key through the database
+  (:meth:`.sharing.UserKernelSharing.settle`). It declines, leaving Triton's own
+  behaviour, for what Triton's own cache declines too: an empty key, or a config with a
+  ``pre_hook`` (a function, which no store can hold).
+- ``run``: a stored winner that fails to compile or launch on its first call (a
+  Triton or driver that differs from the publisher's in a way the key does not show) is
+  dropped, with one warning, and the call runs again through Triton's own tuning.
+  Compiling happens before anything is launched, so the call has changed nothing yet.
+  Later calls of the key, and every other call, go straight to Triton's ``run``.
+
+Hooks run as in Triton: a benchmark is Triton's own, and a stored winner is used the way
+Triton uses a winner from its own file cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..inductor.patches import Ledger
+from ..settings import Settings
+from .keys import kernel_name, user_kernel_key
+from .sharing import UserKernelSharing
+
+__all__ = ["install", "uninstall", "installed"]
+
+log = logging.getLogger("tunecache")
+
+_lock = threading.Lock()
+_ledger = Ledger()
+_sharing: UserKernelSharing | None = None
+
+# Per autotuner (in its __dict__, so that nothing outlives it): the tuning key whose
+# stored winner has not launched yet, and the keys whose stored winners were dropped.
+_PENDING = "_tunecache_pending"
+_DROPPED = "_tunecache_dropped"
+
+
+def installed() -> UserKernelSharing | None:
+    """The sharing in place, or None."""
+    return _sharing
+
+
+def install(settings: Settings) -> UserKernelSharing:
+    """Put tunecache in front of every Triton autotuner of this process (idempotent)."""
+    global _sharing
+    from triton.runtime.autotuner import Autotuner
+
+    with _lock:
+        if _sharing is not None:
+            return _sharing
+        sharing = UserKernelSharing(settings)
+        mark = _ledger.mark()
+        try:
+            _ledger.patch(Autotuner, "cache_results", property(_cache_results, _set_cache_results))
+            _ledger.patch(Autotuner, "check_disk_cache",
+                          _check_disk_cache(Autotuner.check_disk_cache))
+            _ledger.patch(Autotuner, "run", _run(Autotuner.run))
+        except BaseException:
+            _ledger.undo(mark)
+            raise
+        _sharing = sharing
+        return sharing
+
+
+def uninstall() -> None:
+    """Give Triton's autotuner back as it was, and close the database connection."""
+    global _sharing
+    with _lock:
+        sharing, _sharing = _sharing, None
+        _ledger.undo()
+    if sharing is not None:
+        sharing.close()
+
+
+def _cache_results(self: Any) -> bool:
+    return True
+
+
+def _set_cache_results(self: Any, value: bool) -> None:
+    self.__dict__["cache_results"] = value  # Triton's own value, used where we decline
+
+
+def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
+    def check_disk_cache(self: Any, tuning_key: Any, configs: Sequence[Any],
+                         bench_fn: Callable[[], None]) -> bool:
+        sharing = _sharing
+        if (sharing is None or not tuning_key or any(c.pre_hook for c in configs)
+                or tuning_key in self.__dict__.get(_DROPPED, ())):
+            return _as_triton(orig, self, tuning_key, configs, bench_fn)
+        try:
+            key = user_kernel_key(self, tuning_key, configs)
+        except Exception as e:  # noqa: BLE001 - Triton's tuning still works
+            sharing.warn_once(f"{kernel_name(self)}:key", "tunecache: user kernel %s not "
+                              "shared: its key could not be built (%s: %s)",
+                              kernel_name(self), type(e).__name__, e)
+            return _as_triton(orig, self, tuning_key, configs, bench_fn)
+        settled = sharing.settle(self, key, configs, bench_fn)
+        if settled is None:
+            return False  # benchmarked here: Triton's benchmark set the winner
+        self.cache[tuning_key] = settled.config
+        self.configs_timings = {c: [ms] for c, ms in settled.timings.items()}
+        self.__dict__[_PENDING] = tuning_key
+        return True
+
+    return check_disk_cache
+
+
+def _as_triton(orig: Callable[..., bool], autotuner: Any, tuning_key: Any,
+               configs: Sequence[Any], bench_fn: Callable[[], None]) -> bool:
+    """What Triton does without tunecache: its file cache where the autotuner asked for
+    it (``cache_results``, ``TRITON_CACHE_AUTOTUNING``), else a benchmark."""
+    if autotuner.__dict__.get("cache_results"):
+        return orig(autotuner, tuning_key, configs, bench_fn)
+    bench_fn()
+    return False
+
+
+def _run(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = orig(self, *args, **kwargs)
+        except Exception as e:
+            tuning_key = self.__dict__.pop(_PENDING, None)
+            if tuning_key is None or tuning_key not in self.cache:
+                raise
+            sharing = _sharing
+            if sharing is not None:
+                sharing.count("fallbacks")
+                sharing.warn_once(f"{kernel_name(self)}:launch", "tunecache: user kernel %s: "
+                                  "the stored config failed to compile or launch (%s: %s); "
+                                  "Triton tunes it itself", kernel_name(self),
+                                  type(e).__name__, e)
+            del self.cache[tuning_key]
+            self.__dict__.setdefault(_DROPPED, set()).add(tuning_key)
+            return orig(self, *args, **kwargs)
+        if _PENDING in self.__dict__:  # the stored winner launched: nothing left to watch
+            del self.__dict__[_PENDING]
+        return result
+
+    return run

@@ -1,0 +1,122 @@
+"""The key of one tuning of a user's ``@triton.autotune`` kernel, and its candidates' ids.
+
+A key holds everything that decides which config wins, so that no change to any of it
+ever reads an old winner:
+
+- ``op``: the kernel, named ``module.qualname`` of its Python function (what ``tunecache
+  ls`` and ``stats`` show);
+- ``source``: Triton's hash of the kernel's source and of every function and global
+  constexpr it uses (``JITFunction.cache_key``), so a library upgrade that edits the
+  kernel, or a helper it calls, tunes it again; under Triton's interpreter, which has no
+  such hash, a hash of the function's own source;
+- ``tuning_key``: the values Triton keys the tuning on (the autotune key's arguments, then
+  the dtype of every tensor argument), in Triton's order;
+- ``configs``: the ids of the configs benchmarked (after ``prune_configs_by``), in order;
+- ``env``: the device's name, torch's and Triton's versions, Triton's own hash of its
+  installation, the compile target and its backend's hash, and the environment variables
+  Triton says change a compile.
+
+A config's id is the canonical JSON of everything Triton launches it with
+(``Config.all_kwargs()``). The family (the key without the tuning values) is what a
+later transfer between key values would look neighbours up by.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..keys import Key, canonical_json
+
+__all__ = ["KIND", "config_id", "tuning_values", "kernel_name", "user_kernel_key"]
+
+KIND = "user_kernel"
+
+
+def config_id(config: Any) -> str:
+    """The id of a ``triton.Config``: what it launches the kernel with, as canonical JSON."""
+    return json.dumps(config.all_kwargs(), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def tuning_values(tuning_key: Sequence[Any]) -> list[Any]:
+    """Triton's tuning key as JSON values: numbers, text and booleans as they are (the
+    types kept, so 1, 1.0, True and "1" stay apart), anything else (a dtype) as its text."""
+    return [v if isinstance(v, (bool, int, str)) or (isinstance(v, float) and v == v)
+            else f"{type(v).__name__}:{v}" for v in tuning_key]
+
+
+def kernel_name(autotuner: Any) -> str:
+    fn = autotuner.base_fn
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn.__name__)}"
+
+
+def _source_hash(autotuner: Any) -> str:
+    """Triton's hash of the kernel's source and dependencies; the function's own source
+    under the interpreter, whose kernels have none."""
+    fn = autotuner.fn
+    while not hasattr(fn, "cache_key") and hasattr(fn, "fn"):
+        fn = fn.fn
+    found = getattr(fn, "cache_key", None)
+    if isinstance(found, str):
+        return found
+    return "source:" + hashlib.sha256(inspect.getsource(autotuner.base_fn).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _triton_environment(device: int | None) -> dict[str, Any]:
+    """What this process compiles for: computed once per device."""
+    import triton
+    from triton import knobs
+    from triton.runtime import autotuner as triton_autotuner
+    from triton.runtime.cache import triton_key
+
+    env: dict[str, Any] = {"triton": triton.__version__, "triton_key": triton_key()}
+    torch = _torch()
+    env["torch"] = torch.__version__ if torch is not None else None
+    if knobs.runtime.interpret:
+        env.update(device="cpu", target="interpreter")
+    else:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.driver import driver
+
+        target = driver.active.get_current_target()
+        env["target"] = f"{target.backend}:{target.arch}:{target.warp_size}"
+        env["backend"] = make_backend(target).hash()
+        env["device"] = driver.active.get_device_interface().get_device_name(device)
+    env["compile_env"] = sorted(triton_autotuner.get_cache_invalidating_env_vars().items())
+    return env
+
+
+def _torch() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def _current_device() -> int | None:
+    from triton import knobs
+
+    if knobs.runtime.interpret:
+        return None
+    from triton.runtime.driver import driver
+
+    return int(driver.active.get_current_device())
+
+
+def user_kernel_key(autotuner: Any, tuning_key: Sequence[Any], configs: Sequence[Any]) -> Key:
+    """The key of tuning ``autotuner`` at ``tuning_key`` over ``configs`` (this module's
+    docstring)."""
+    env = dict(_triton_environment(_current_device()))
+    mapping = {
+        "kind": KIND,
+        "op": kernel_name(autotuner),
+        "source": _source_hash(autotuner),
+        "configs": [config_id(c) for c in configs],
+        "env": env,
+    }
+    family = hashlib.sha256(canonical_json(mapping).encode()).hexdigest()
+    return Key.of({**mapping, "tuning_key": tuning_values(tuning_key)}, family=family)
