@@ -182,9 +182,19 @@ def test_a_stored_config_that_fails_to_launch_falls_back_to_tritons_tuning(sqlit
     assert "failed to compile or launch" in warning and "OutOfResources" in warning
 
 
-def test_configs_with_a_pre_hook_are_left_to_triton(sqlite_url, tmp_path):
-    report, stderr = _job(sqlite_url, tmp_path, "hooked", "--sizes", "1000", "--config-hook")
-    assert report["benchmarks"] == CONFIGS and all(report["correct"].values())
+def test_configs_with_a_pre_hook_are_shared_and_the_winners_hook_still_runs(sqlite_url,
+                                                                             tmp_path):
+    first, _ = _job(sqlite_url, tmp_path, "first", "--sizes", "1000", "--config-hook")
+    assert first["benchmarks"] == CONFIGS and first["stats"]["tuned"] == 1
+    second, stderr = _job(sqlite_url, tmp_path, "second", "--sizes", "1000", "--config-hook")
+    assert second["benchmarks"] == 0 and second["winners"] == first["winners"]
+    assert second["hook_calls"] == 1  # the winner's own hook, before its launch
+    assert all(second["correct"].values()) and _warnings(stderr) == []
+
+
+def test_configs_only_their_hooks_tell_apart_are_left_to_triton(sqlite_url, tmp_path):
+    report, stderr = _job(sqlite_url, tmp_path, "twins", "--sizes", "1000", "--twin-hooks")
+    assert report["benchmarks"] == 2 and all(report["correct"].values())
     assert set(report["stats"].values()) == {0} and _warnings(stderr) == []
     assert not _sqlite_file(sqlite_url).exists()  # never even connected
 

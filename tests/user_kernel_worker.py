@@ -5,7 +5,7 @@ timed by a ``do_bench`` of the kernel's own, which also counts the benchmarks.
 
     python user_kernel_worker.py OUT.json --sizes 1000,3000 [--variant changed]
         [--barrier DIR --parties N --index I] [--prune 128] [--limit 64] [--config-hook]
-        [--freeze FILE]
+        [--twin-hooks] [--freeze FILE]
 
 Writes OUT.json: how many configs it benchmarked, the winner of every size, whether the
 output of every call was right, and tunecache's user-kernel counters. The kernel adds
@@ -39,6 +39,8 @@ p.add_argument("--index", type=int, default=0)
 p.add_argument("--prune", type=int, default=None, help="keep only configs of blocks up to this")
 p.add_argument("--limit", type=int, default=1 << 20, help="largest block that launches")
 p.add_argument("--config-hook", action="store_true", help="configs carry a pre_hook")
+p.add_argument("--twin-hooks", action="store_true",
+               help="two configs that differ only in their (lambda) pre_hooks")
 p.add_argument("--freeze", default=None, metavar="FILE",
                help="at the first benchmark, create FILE and hang (to be killed)")
 args = p.parse_args()
@@ -61,11 +63,19 @@ def cpu_bench(kernel_call, quantiles):  # type: ignore[no-untyped-def]
     return [ms, ms, ms]
 
 
+hook_calls = 0
+
+
 def _hook(nargs):  # type: ignore[no-untyped-def]
-    pass
+    """A config's pre_hook (Liger-Kernel's TMA matmuls set up descriptors in theirs)."""
+    global hook_calls
+    hook_calls += 1
 
 
 def _configs() -> list[triton.Config]:
+    if args.twin_hooks:  # two configs only their hooks tell apart, both named <lambda>
+        return [triton.Config({"BLOCK": 64}, num_warps=1, pre_hook=lambda nargs: None),
+                triton.Config({"BLOCK": 64}, num_warps=1, pre_hook=lambda nargs: None)]
     hook = _hook if args.config_hook else None
     return [triton.Config({"BLOCK": b}, num_warps=w, pre_hook=hook)
             for b, w in ((64, 1), (128, 2), (256, 4))]
@@ -122,6 +132,7 @@ for n in [int(s) for s in args.sizes.split(",")]:
 from tunecache import user_kernels  # noqa: E402 - only to read the counters
 
 report["benchmarks"] = benchmarks
+report["hook_calls"] = hook_calls
 report["stats"] = user_kernels.stats()
 report["pid"] = os.getpid()
 Path(args.out).write_text(json.dumps(report))

@@ -19,8 +19,9 @@ stored winner must be one of. So:
   kept on the instance and is what runs when tunecache declines a key.
 - ``check_disk_cache`` settles the key through the database
   (:meth:`.sharing.UserKernelSharing.settle`). It declines, leaving Triton's own
-  behaviour, for what Triton's own cache declines too: an empty key, or a config with a
-  ``pre_hook`` (a function, which no store can hold).
+  behaviour, for an empty key (as Triton's file cache does) and for configs that only
+  their hooks tell apart (lambdas of one name), whose stored winner could not be matched
+  to one of them.
 - ``run``: a stored winner that fails to compile or launch on its first call (a
   Triton or driver that differs from the publisher's in a way the key does not show) is
   dropped, with one warning, and the call runs again through Triton's own tuning.
@@ -40,7 +41,7 @@ from typing import Any
 
 from ..inductor.patches import Ledger
 from ..settings import Settings
-from .keys import kernel_name, user_kernel_key
+from .keys import distinct_ids, kernel_name, user_kernel_key
 from .sharing import UserKernelSharing
 
 __all__ = ["install", "uninstall", "installed"]
@@ -106,8 +107,8 @@ def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
     def check_disk_cache(self: Any, tuning_key: Any, configs: Sequence[Any],
                          bench_fn: Callable[[], None]) -> bool:
         sharing = _sharing
-        if (sharing is None or not tuning_key or any(c.pre_hook for c in configs)
-                or tuning_key in self.__dict__.get(_DROPPED, ())):
+        if (sharing is None or not tuning_key or tuning_key in self.__dict__.get(_DROPPED, ())
+                or not distinct_ids(configs)):
             return _as_triton(orig, self, tuning_key, configs, bench_fn)
         try:
             key = user_kernel_key(self, tuning_key, configs)

@@ -11,14 +11,20 @@ ever reads an old winner:
   such hash, a hash of the function's own source;
 - ``tuning_key``: the values Triton keys the tuning on (the autotune key's arguments, then
   the dtype of every tensor argument), in Triton's order;
-- ``configs``: the ids of the configs benchmarked (after ``prune_configs_by``), in order;
+- ``configs``: the ids of the configs benchmarked (after ``prune_configs_by``), in order,
+  and, where configs carry a ``pre_hook``, each hook's name and a hash of its source;
 - ``env``: the device's name, torch's and Triton's versions, Triton's own hash of its
   installation, the compile target and its backend's hash, and the environment variables
   Triton says change a compile.
 
 A config's id is the canonical JSON of everything Triton launches it with
-(``Config.all_kwargs()``). The family (the key without the tuning values) is what a
-later transfer between key values would look neighbours up by.
+(``Config.all_kwargs()``) and the name of its ``pre_hook``: a stored winner is only ever
+matched to one of the kernel's own live configs, hook included, so the hook runs as it
+does after Triton's own tuning (Triton's file cache cannot hold hooks and skips such
+kernels; Liger-Kernel's TMA matmuls are among them).
+
+The family (the key without the tuning values) is what a later transfer between key
+values would look neighbours up by.
 """
 
 from __future__ import annotations
@@ -32,14 +38,43 @@ from typing import Any
 
 from ..keys import Key, canonical_json
 
-__all__ = ["KIND", "config_id", "tuning_values", "kernel_name", "user_kernel_key"]
+__all__ = ["KIND", "config_id", "distinct_ids", "tuning_values", "kernel_name",
+           "user_kernel_key"]
 
 KIND = "user_kernel"
 
 
 def config_id(config: Any) -> str:
-    """The id of a ``triton.Config``: what it launches the kernel with, as canonical JSON."""
-    return json.dumps(config.all_kwargs(), sort_keys=True, separators=(",", ":"), default=str)
+    """The id of a ``triton.Config``: what it launches the kernel with, and the name of
+    the hook it runs first (``pre_hook``), as canonical JSON."""
+    launch = dict(config.all_kwargs())
+    if config.pre_hook is not None:
+        launch["pre_hook"] = _qualified_name(config.pre_hook)
+    return json.dumps(launch, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def distinct_ids(configs: Sequence[Any]) -> bool:
+    """Whether every config has an id of its own, so a stored winner names one of them."""
+    ids = [config_id(c) for c in configs]
+    return len(set(ids)) == len(ids)
+
+
+def _qualified_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _hook_sources(configs: Sequence[Any]) -> list[list[str]]:
+    """Each config hook's name and a hash of its source: a hook edited by an upgrade (a
+    TMA descriptor set up another way) is a changed kernel too."""
+    hooks = {_qualified_name(c.pre_hook): c.pre_hook for c in configs if c.pre_hook is not None}
+    found = []
+    for name, hook in sorted(hooks.items()):
+        try:
+            source = inspect.getsource(hook)
+        except (OSError, TypeError):  # no source to read (a builtin, a C extension)
+            source = repr(hook)
+        found.append([name, hashlib.sha256(source.encode()).hexdigest()])
+    return found
 
 
 def tuning_values(tuning_key: Sequence[Any]) -> list[Any]:
@@ -111,12 +146,15 @@ def user_kernel_key(autotuner: Any, tuning_key: Sequence[Any], configs: Sequence
     """The key of tuning ``autotuner`` at ``tuning_key`` over ``configs`` (this module's
     docstring)."""
     env = dict(_triton_environment(_current_device()))
-    mapping = {
+    mapping: dict[str, Any] = {
         "kind": KIND,
         "op": kernel_name(autotuner),
         "source": _source_hash(autotuner),
         "configs": [config_id(c) for c in configs],
         "env": env,
     }
+    hooks = _hook_sources(configs)
+    if hooks:
+        mapping["config_hooks"] = hooks
     family = hashlib.sha256(canonical_json(mapping).encode()).hexdigest()
     return Key.of({**mapping, "tuning_key": tuning_values(tuning_key)}, family=family)
