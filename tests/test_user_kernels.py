@@ -149,12 +149,15 @@ def _plant(db: str, timings: dict[str, float | None]) -> None:
             {"t": json.dumps(timings), "h": key_hash}), write=True)
 
 
-def test_a_stored_config_that_is_not_the_kernels_own_is_refused(sqlite_url, tmp_path):
+@pytest.mark.parametrize("planted", [
+    '{"BLOCK":128,"num_ctas":1,"num_stages":3,"num_warps":64}',  # bad warps
+    '{"BLOCK":1048576,"num_ctas":1,"num_stages":3,"num_warps":2}',  # a huge block
+    '{"EVIL":1,"num_ctas":1,"num_stages":3,"num_warps":2}',  # a name the kernel lacks
+], ids=["warps", "block", "name"])
+def test_a_stored_config_that_is_not_the_kernels_own_is_refused(sqlite_url, tmp_path, planted):
     _job(sqlite_url, tmp_path, "first", "--sizes", "1000")
     [(_, stored)] = _user_kernel_rows(sqlite_url)
-    planted = {**json.loads(stored),
-               '{"BLOCK":1048576,"num_ctas":1,"num_stages":3,"num_warps":64}': 1e-6}
-    _plant(sqlite_url, planted)
+    _plant(sqlite_url, {**json.loads(stored), planted: 1e-6})
 
     second, stderr = _job(sqlite_url, tmp_path, "second", "--sizes", "1000,1000")
     assert second["stats"]["refused"] == 1 and second["stats"]["hits"] == 0
