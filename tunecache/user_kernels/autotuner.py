@@ -110,6 +110,9 @@ def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
         if (sharing is None or not tuning_key or tuning_key in self.__dict__.get(_DROPPED, ())
                 or not distinct_ids(configs)):
             return _as_triton(orig, self, tuning_key, configs, bench_fn)
+        if not sharing.store_usable():
+            sharing.count("local")
+            return _as_triton(orig, self, tuning_key, configs, bench_fn)
         try:
             key = user_kernel_key(self, tuning_key, configs)
         except Exception as e:  # noqa: BLE001 - Triton's tuning still works

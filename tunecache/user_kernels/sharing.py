@@ -8,7 +8,8 @@ own benchmark and publishes every config's time; the others wait for that entry 
 config meanwhile: every rank then runs the same config from its first call, so ranks
 never compute with different kernels, and waiting costs no more than the benchmark a
 peer is running. Whatever goes wrong with the store (unavailable, locked, read-only
-miss) ends in Triton's own tuning, as without tunecache.
+miss) ends in Triton's own tuning; once the store is found unusable, the process's
+kernels tune as they would without tunecache, Triton's own file cache included.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ class UserKernelSharing:
             cache, self._cache = self._cache, None
         if cache is not None:
             cache.close()
+
+    def store_usable(self) -> bool:
+        """Whether the database can be used now; once it failed, this process's kernels
+        tune as Triton does without tunecache (its own file cache included, where the
+        kernel asked for it)."""
+        return self.cache().database() is not None
 
     def count(self, what: str) -> None:
         with self._lock:
