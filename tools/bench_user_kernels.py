@@ -91,7 +91,7 @@ def liger_step(torch: Any, tokens: int) -> tuple[Any, list[Any]]:
     torch.manual_seed(0)
     dim, hidden = 2048, 5632
     kw = {"device": "cuda", "dtype": torch.bfloat16}
-    x = torch.randn(tokens, dim, **kw).requires_grad_()
+    x = torch.randn(1, tokens, dim, **kw).requires_grad_()  # [batch, sequence, dim]
     alpha = torch.full((1,), 0.5, **kw).requires_grad_()
     gamma = torch.ones(dim, **kw).requires_grad_()
     beta = torch.zeros(dim, **kw).requires_grad_()
