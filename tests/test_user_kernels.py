@@ -141,12 +141,17 @@ def test_pruned_configs_stay_pruned_and_are_part_of_the_key(sqlite_url, tmp_path
     assert whole["benchmarks"] == CONFIGS and whole["stats"]["tuned"] == 1
 
 
-def _plant(db: str, timings: dict[str, float | None]) -> None:
-    [(key_hash, _)] = _user_kernel_rows(db)
+def _set_timings(db: str, key_hash: str, timings: dict[str, float]) -> None:
+    """Rewrite a stored entry's timings, as someone with write access to the database may."""
     with tunecache.open(db) as cache:
         cache.store.db.run(lambda c: c.execute(
             text("UPDATE tunecache_entries SET timings_json = :t WHERE key_hash = :h"),
             {"t": json.dumps(timings), "h": key_hash}), write=True)
+
+
+def _plant(db: str, timings: dict[str, float]) -> None:
+    [(key_hash, _)] = _user_kernel_rows(db)
+    _set_timings(db, key_hash, timings)
 
 
 @pytest.mark.parametrize("planted", [
@@ -217,6 +222,71 @@ def test_an_unusable_database_leaves_tuning_to_triton_with_one_warning(tmp_path)
     assert report["benchmarks"] == 2 * CONFIGS and all(report["correct"].values())
     assert report["stats"]["local"] == 2
     assert len(_warnings(stderr)) == 1, stderr
+
+
+def _plant_all(db: str, fastest_block: int) -> None:
+    """Every stored entry's timings rewritten so that ``fastest_block`` wins clearly."""
+    for key_hash, stored in _user_kernel_rows(db):
+        _set_timings(db, key_hash, {name: (0.001 if f'"BLOCK":{fastest_block},' in name else 1.0)
+                                    for name in json.loads(stored)})
+
+
+def _meta(db: str, size: int) -> dict:
+    """The meta of the entry of a job at ``size``."""
+    with tunecache.open(db) as cache:
+        rows = cache.store.db.run(lambda c: c.execute(text(
+            "SELECT key_json, meta_json FROM tunecache_entries WHERE kind = 'user_kernel'"
+        )).fetchall())
+    for key_json, meta_json in rows:
+        if json.loads(key_json)["tuning_key"][0] == size:
+            return json.loads(meta_json or "{}")
+    raise AssertionError(f"no entry for size {size}")
+
+
+def test_a_new_key_value_benchmarks_only_the_winners_of_its_two_nearest(sqlite_url, tmp_path):
+    _job(sqlite_url, tmp_path, "record", "--sizes", "1000,4000")
+    _plant_all(sqlite_url, 128)  # both neighbours' winner, by far
+    on = {"TUNECACHE_USER_KERNEL_TRANSFER": "1"}
+
+    moved, stderr = _job(sqlite_url, tmp_path, "moved", "--sizes", "2000", **on)
+    assert moved["benchmarks"] == 1 and moved["winners"] == {"2000": 128}
+    assert moved["stats"]["transferred"] == 1 and all(moved["correct"].values())
+    transfer = _meta(sqlite_url, 2000)["transfer"]
+    assert (transfer["benchmarked"], transfer["generated"], len(transfer["from"])) == (1, 3, 2)
+    assert _warnings(stderr) == []
+
+    # more than three octaves from any recorded value: tuned in full
+    far, _ = _job(sqlite_url, tmp_path, "far", "--sizes", "40000", **on)
+    assert far["benchmarks"] == CONFIGS and far["stats"]["transferred"] == 0
+    # off by default
+    plain, _ = _job(sqlite_url, tmp_path, "plain", "--sizes", "3000")
+    assert plain["benchmarks"] == CONFIGS and plain["stats"]["transferred"] == 0
+
+    # A job asked to measure the regret benchmarks every config of the transferred key
+    # once, records it, and still launches the stored winner.
+    regret = {"TUNECACHE_USER_KERNEL_REGRET": "1"}
+    measured, _ = _job(sqlite_url, tmp_path, "regret", "--sizes", "2000", **regret)
+    assert measured["benchmarks"] == CONFIGS and measured["stats"]["regret_measured"] == 1
+    assert measured["winners"] == {"2000": 128} and all(measured["correct"].values())
+    meta = _meta(sqlite_url, 2000)
+    assert meta["regret"] >= 1.0 and meta["exhaustive_ms"] > 0
+    again, _ = _job(sqlite_url, tmp_path, "again", "--sizes", "2000", **regret)
+    assert again["benchmarks"] == 0
+    [moved_kind] = [k for k in run_json("stats", "--db", sqlite_url)["transferred"]["by_kind"]
+                    if k["kind"] == "user_kernel"]
+    assert (moved_kind["entries"], moved_kind["regret_measured"]) == (1, 1)
+
+
+@pytest.mark.parametrize("recorded", ["1000", "1000,4000"], ids=["one", "one-planted"])
+def test_a_key_value_with_one_usable_neighbour_is_tuned_in_full(sqlite_url, tmp_path, recorded):
+    _job(sqlite_url, tmp_path, "record", "--sizes", recorded)
+    if recorded != "1000":
+        # The second neighbour names a config the kernel does not have: it is no neighbour.
+        key_hash, stored = _user_kernel_rows(sqlite_url)[0]
+        _set_timings(sqlite_url, key_hash, {**json.loads(stored), '{"EVIL":1}': 1e-6})
+    report, _ = _job(sqlite_url, tmp_path, "moved", "--sizes", "2000",
+                     TUNECACHE_USER_KERNEL_TRANSFER="1")
+    assert report["benchmarks"] == CONFIGS and report["stats"]["transferred"] == 0
 
 
 def test_operators_list_prune_and_move_user_kernel_entries(sqlite_url, tmp_path):

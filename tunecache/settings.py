@@ -211,6 +211,12 @@ class Settings:
     # Users' own @triton.autotune kernels tuned once per cluster (tunecache.user_kernels);
     # TUNECACHE_USER_KERNELS=0 leaves Triton's autotuner alone.
     user_kernels: bool = True
+    # A user kernel's key value never tuned benchmarks only the winners of the two nearest
+    # recorded values of the same kernel (tunecache.user_kernels.sharing); off until its
+    # step time is measured on GPUs. TUNECACHE_USER_KERNEL_REGRET=1: a job measures every
+    # config of the transferred keys it reads and records the regret.
+    user_kernel_transfer: bool = False
+    user_kernel_regret: bool = False
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
     _pgo_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
@@ -232,6 +238,8 @@ class Settings:
         "kernels": "TUNECACHE_KERNELS",
         "pgo": "TUNECACHE_PGO",
         "user_kernels": "TUNECACHE_USER_KERNELS",
+        "user_kernel_transfer": "TUNECACHE_USER_KERNEL_TRANSFER",
+        "user_kernel_regret": "TUNECACHE_USER_KERNEL_REGRET",
     }
 
     @classmethod
@@ -284,8 +292,8 @@ class Settings:
         )
         object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
         object.__setattr__(self, "decisive", _flag(self._ENV["decisive"], self.decisive))
-        object.__setattr__(self, "user_kernels",
-                           _flag(self._ENV["user_kernels"], self.user_kernels))
+        for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
+            object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
         self._graph_settings()
 
     def _graph_settings(self) -> None:

@@ -10,24 +10,36 @@ never compute with different kernels, and waiting costs no more than the benchma
 peer is running. Whatever goes wrong with the store (unavailable, locked, read-only
 miss) ends in Triton's own tuning; once the store is found unusable, the process's
 kernels tune as they would without tunecache, Triton's own file cache included.
+
+With ``TUNECACHE_USER_KERNEL_TRANSFER=1`` (off until measured on GPUs), a key value never
+tuned (a new sequence length) that has two recorded values of the same kernel within
+three octaves benchmarks only their winners, and its entry says so (meta ``transfer``,
+as a transferred GEMM's). With ``TUNECACHE_USER_KERNEL_REGRET=1``, a job that reads a
+transferred entry benchmarks every config of it once and records the regret (the stored
+winner's time over the fastest's) in its meta, for ``tunecache stats``; it still launches
+the stored winner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..core.cache import TuneCache
+from ..core.result import Tuned
 from ..errors import KeyFailedError
 from ..keys import Key
 from ..settings import Settings
-from .keys import config_id, kernel_name
+from .keys import config_id, kernel_name, octaves_apart
 
-__all__ = ["UserKernelStats", "UserKernelSharing", "Settled"]
+__all__ = ["UserKernelStats", "UserKernelSharing", "Settled", "TransferPlan",
+           "TRANSFER_NEIGHBOURS", "TRANSFER_MAX_OCTAVES"]
 
 log = logging.getLogger("tunecache")
 
@@ -38,7 +50,9 @@ class UserKernelStats:
     published (``tuned``), waited for while a peer tuned them (``peer``), tuned here
     without the store (``local``), stored entries refused (``refused``: a config not the
     kernel's own, or no usable time) and stored configs that failed to compile or launch
-    (``fallbacks``); both then tune as Triton does."""
+    (``fallbacks``); both then tune as Triton does. ``transferred``: keys tuned here on
+    only their neighbours' winners; ``regret_measured``: transferred keys whose every
+    config was benchmarked to measure the transfer's regret."""
 
     hits: int = 0
     tuned: int = 0
@@ -46,9 +60,41 @@ class UserKernelStats:
     local: int = 0
     refused: int = 0
     fallbacks: int = 0
+    transferred: int = 0
+    regret_measured: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+# A key value never tuned, with transfer on, benchmarks the winners of this many nearest
+# recorded values of the same kernel, each at most this many octaves away (summed over
+# the tuning values that differ), or is tuned in full. Two, so that no single row decides
+# alone what is benchmarked: one planted neighbour adds at most one candidate, and the
+# other neighbour's winner is measured beside it.
+TRANSFER_NEIGHBOURS = 2
+TRANSFER_MAX_OCTAVES = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferPlan:
+    """The configs a transferred key benchmarks, and the entry's provenance."""
+
+    configs: list[Any]
+    meta: dict[str, Any]
+
+
+@contextlib.contextmanager
+def _benchmarking_only(configs: list[Any], subset: list[Any]) -> Iterator[None]:
+    """Triton's ``benchmark`` closure runs every config of the very list its ``run``
+    passed to ``check_disk_cache`` (``pruned_configs``, which is the autotuner's own
+    ``configs`` where nothing is pruned): narrowed in place for that call, then put back."""
+    kept = list(configs)
+    configs[:] = subset
+    try:
+        yield
+    finally:
+        configs[:] = kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,12 +160,22 @@ class UserKernelSharing:
         ran here instead and left its winner on the autotuner: this process claimed the
         key, the store was of no use, or its entry was refused."""
         ran = False
+        transferred = False
 
-        def tune() -> Mapping[str, float]:
-            nonlocal ran
-            benchmark()
+        def tune() -> Tuned:
+            nonlocal ran, transferred
+            plan = (self._transfer(key, configs) if self.settings.user_kernel_transfer
+                    else None)
+            if plan is not None and isinstance(configs, list):
+                with _benchmarking_only(configs, plan.configs):
+                    benchmark()
+                transferred = True
+            else:
+                plan = None
+                benchmark()
             ran = True
-            return {config_id(c): _median_ms(t) for c, t in autotuner.configs_timings.items()}
+            timings = {config_id(c): _median_ms(t) for c, t in autotuner.configs_timings.items()}
+            return Tuned(timings, plan.meta if plan is not None else None)
 
         try:
             result = self.cache().get_or_tune(key, tune)
@@ -133,6 +189,8 @@ class UserKernelSharing:
             return None
         if ran:
             self.count("local" if result.source == "local" else "tuned")
+            if transferred:
+                self.count("transferred")
             return None
         settled = self._validated(autotuner, result.timings, configs)
         if settled is None:
@@ -140,7 +198,58 @@ class UserKernelSharing:
             benchmark()
             return None
         self.count("peer" if result.source == "peer" else "hits")
+        if (self.settings.user_kernel_regret and "transfer" in result.meta
+                and "regret" not in result.meta):
+            self._measure_regret(autotuner, key, settled, benchmark)
         return settled
+
+    def _transfer(self, key: Key, configs: Sequence[Any]) -> TransferPlan | None:
+        """The winners of the key's nearest recorded values (:data:`TRANSFER_NEIGHBOURS`
+        within :data:`TRANSFER_MAX_OCTAVES`), or None: tune in full. A neighbour that
+        names a config not among ours (planted) is not one."""
+        if not isinstance(configs, list):
+            return None
+        own = {config_id(c): c for c in configs}
+        try:
+            found = self.cache().neighbours(key)
+        except Exception as e:  # noqa: BLE001 - the key is tuned in full
+            self.warn_once("transfer", "tunecache: no transfer for a user kernel key (%s: %s); "
+                           "tuning it in full", type(e).__name__, e)
+            return None
+        near = []
+        for neighbour in found:
+            apart = octaves_apart(key["tuning_key"], neighbour.key.get("tuning_key"))
+            if apart is None or apart > TRANSFER_MAX_OCTAVES:
+                continue
+            if any(name not in own for name in neighbour.timings):
+                continue
+            finite = {n: ms for n, ms in neighbour.timings.items() if math.isfinite(ms)}
+            if finite:
+                winner = min(sorted(finite), key=finite.__getitem__)
+                near.append((apart, neighbour.key_hash, winner))
+        chosen = sorted(near)[:TRANSFER_NEIGHBOURS]
+        subset = [own[name] for name in dict.fromkeys(w for _, _, w in chosen)]
+        if len(chosen) < TRANSFER_NEIGHBOURS or len(subset) >= len(configs):
+            return None
+        return TransferPlan(subset, {"transfer": {
+            "from": [h for _, h, _ in chosen], "benchmarked": len(subset),
+            "generated": len(configs)}})
+
+    def _measure_regret(self, autotuner: Any, key: Key, settled: Settled,
+                        benchmark: Callable[[], None]) -> None:
+        """Benchmark every config of a transferred key (Triton's own benchmark) and
+        record the regret: the stored winner's time here over the fastest's. The stored
+        winner is still the one launched, as on every other rank."""
+        benchmark()
+        timings = {c: _median_ms(t) for c, t in autotuner.configs_timings.items()}
+        finite = [ms for ms in timings.values() if math.isfinite(ms) and ms > 0]
+        ours = timings.get(settled.config, math.inf)
+        if not finite or not math.isfinite(ours):
+            return
+        best = min(finite)
+        if self.cache().update_meta(key, regret=ours / best, exhaustive_ms=best,
+                                    exhaustive_at=time.time()):
+            self.count("regret_measured")
 
     def _validated(self, autotuner: Any, timings: Mapping[str, float],
                    configs: Sequence[Any]) -> Settled | None:
