@@ -106,11 +106,15 @@ class Settled:
 
 
 def _median_ms(timing: Any) -> float:
-    """A config's time as Triton's benchmark gives it: the median of (median, p20, p80),
-    or a single number from a ``do_bench`` of the kernel's own."""
+    """A config's time as Triton's benchmark gives it: the first of (median, p20, p80),
+    or a single number from a ``do_bench`` of the kernel's own; ``inf`` (failed) for
+    anything else."""
     if isinstance(timing, (list, tuple)):
         timing = timing[0] if timing else math.inf
-    ms = float(timing)
+    try:
+        ms = float(timing)
+    except (TypeError, ValueError):
+        return math.inf
     return ms if ms >= 0 else math.inf
 
 
