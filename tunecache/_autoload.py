@@ -60,7 +60,7 @@ _TRITON_TARGET = "torch._inductor.runtime.autotune_cache"
 _USER_KERNELS_TARGET = "triton.runtime.autotuner"
 _lock = threading.Lock()
 _done: set[str] = set()
-# Failures already reported: both targets read the same settings, and a bad one would
+# Failures already reported: every target reads the same settings, and a bad one would
 # otherwise be reported once per target.
 _reported: set[str] = set()
 
@@ -89,8 +89,12 @@ def _enable(target: str) -> None:
             first = problem not in _reported
             _reported.add(problem)
         if first:
-            log.warning("tunecache: could not enable the Inductor integration (%s); "
-                        "Inductor autotunes as usual", problem)
+            if target == _USER_KERNELS_TARGET:
+                log.warning("tunecache: could not share users' Triton kernels' autotuning "
+                            "(%s); Triton autotunes them as usual", problem)
+            else:
+                log.warning("tunecache: could not enable the Inductor integration (%s); "
+                            "Inductor autotunes as usual", problem)
 
 
 def _targets(plan: Activation) -> tuple[str, ...]:

@@ -32,22 +32,27 @@ def enable(db: str | None = None, **overrides: Any) -> bool:
     on (it already was, or is now). Never raises: a problem is one warning, and Triton
     tunes as usual."""
     try:
-        settings = Settings.from_env(db=db, **overrides)
-        if settings.mode == "off" or not settings.user_kernels:
-            return False
-        from .autotuner import install
-
-        install(settings)
-        return True
+        return _install(Settings.from_env(db=db, **overrides))
     except Exception as e:  # noqa: BLE001 - never break the user's job
-        log.warning("tunecache: could not share user kernels' autotuning (%s: %s); Triton "
-                    "autotunes them as usual", type(e).__name__, e)
+        log.warning("tunecache: could not share users' Triton kernels' autotuning (%s: %s); "
+                    "Triton autotunes them as usual", type(e).__name__, e)
         return False
 
 
 def enable_from_env() -> None:
-    """The autoload hook's entry: :func:`enable` with the settings of the environment."""
-    enable()
+    """The autoload hook's entry: sharing with the settings of the environment. Raises
+    what goes wrong: the hook reports a problem once, whichever of its targets (Inductor's
+    modules, Triton's autotuner) meets it first, as a bad setting is met by all."""
+    _install(Settings.from_env())
+
+
+def _install(settings: Settings) -> bool:
+    if settings.mode == "off" or not settings.user_kernels:
+        return False
+    from .autotuner import install
+
+    install(settings)
+    return True
 
 
 def disable() -> None:
