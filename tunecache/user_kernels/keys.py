@@ -34,6 +34,7 @@ import hashlib
 import inspect
 import json
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,8 +146,7 @@ def _triton_environment(device: int | None) -> dict[str, Any]:
 
 
 def _torch() -> Any:
-    import sys
-
+    """torch, where the process imported it (tunecache never imports it for this)."""
     return sys.modules.get("torch")
 
 
