@@ -495,3 +495,52 @@ def test_a_kernel_is_named_by_its_source_whatever_its_position_in_the_graph():
                      f"triton_poi_fused_{suffix(a)}"], "one source, one kernel"
     assert second == [first[1], first[0]]
     assert _names_in_one_graph([b]) == ["triton_poi_fused_0"], "Inductor's names are back"
+
+
+# A Python extension module in C, as Triton generates its launchers and driver utilities
+# and builds them with the host's compiler (triton/runtime/build.py).
+_MODULE_SOURCE = """
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(%d); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tc_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_tc_probe(void) { return PyModule_Create(&module); }
+"""
+_BUILD_MODULE = (
+    "import json, sys\n"
+    "from triton.runtime.build import compile_module_from_src\n"
+    "from tunecache import triton_cache\n"
+    "module = compile_module_from_src(sys.argv[1], 'tc_probe')\n"
+    "print(json.dumps({'answer': module.answer(), 'counts': triton_cache.counts()}))\n")
+
+
+def _build_module(url: str, node: Path, answer: int, **env: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("triton.runtime.build")
+    return subprocess.run(
+        [sys.executable, "-c", _BUILD_MODULE, _MODULE_SOURCE % answer],
+        env=_env(url, node, TRITON_CACHE_MANAGER=triton_cache.MANAGER, **env),
+        capture_output=True, text=True, timeout=300)
+
+
+def test_a_module_triton_builds_from_c_loads_on_another_node_without_a_compiler(
+        sqlite_url, keys, tmp_path):
+    built = _build_module(sqlite_url, tmp_path / "node1", 42, **_publisher(keys))
+    assert built.returncode == 0, built.stderr
+    out = json.loads(built.stdout.strip().splitlines()[-1])
+    assert out == {"answer": 42, "counts": {"absent": 1, "published": 1}}
+    # CC=false: a build on this node fails, so the module can only come from the store.
+    loaded = _build_module(sqlite_url, tmp_path / "node2", 42, CC="false", **_consumer(keys))
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout.strip().splitlines()[-1]) == {
+        "answer": 42, "counts": {"loaded": 1}}
+
+
+def test_a_module_signed_with_another_key_is_never_loaded(sqlite_url, keys, tmp_path):
+    assert _build_module(sqlite_url, tmp_path / "node1", 42, **_publisher(keys)).returncode == 0
+    write_key_pair(tmp_path / "other")
+    stranger = {"TUNECACHE_VERIFY_KEY": str(tmp_path / "other" / PUBLIC_KEY_NAME)}
+    refused = _build_module(sqlite_url, tmp_path / "node2", 42, CC="false", **stranger)
+    assert refused.returncode != 0, "the stored module was loaded without verifying"
+    rebuilt = _build_module(sqlite_url, tmp_path / "node3", 42, **stranger)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert json.loads(rebuilt.stdout.strip().splitlines()[-1])["answer"] == 42

@@ -3,9 +3,11 @@
     python tools/bench_user_kernels.py --library fla --sizes 2048,4096,8192 \
         --out bench.jsonl --tag TAG [--reference DIR] [--steps 10]
 
-``fla``: flash-linear-attention's gated delta rule (``chunk_gated_delta_rule``, forward and
+``fla``: flash-linear-attention's delta rule (DeltaNet's ``chunk_delta_rule``, forward and
 backward; its chunked kernels autotune on head sizes and chunk shapes, several of them
-per sequence length). ``liger``: Liger-Kernel's DyT norm and fused SwiGLU MLP (forward and
+per sequence length). Not the gated delta rule: fla 0.6.0 refuses its backward with
+Triton 3.4-3.7.0 on Hopper (a Triton miscompile), and the GPU machines have Triton 3.6.
+``liger``: Liger-Kernel's DyT norm and fused SwiGLU MLP (forward and
 backward; the MLP's TMA matmuls autotune configs that carry a ``pre_hook``, which
 Triton's own file cache skips). Tokens vary with the size.
 
@@ -40,6 +42,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--tag", default="")
     p.add_argument("--reference", default=None, metavar="DIR")
+    p.add_argument("--profile-first", type=int, default=0, metavar="N",
+                   help="cProfile the first step of the first size and print its N "
+                        "costliest calls (cumulative)")
     return p.parse_args()
 
 
@@ -60,7 +65,7 @@ def _count_benchmarks() -> dict[str, int]:
 
 
 def fla_step(torch: Any, tokens: int) -> tuple[Any, list[Any]]:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.delta_rule import chunk_delta_rule
 
     torch.manual_seed(0)
     heads, dim = 16, 128
@@ -68,15 +73,13 @@ def fla_step(torch: Any, tokens: int) -> tuple[Any, list[Any]]:
     q = torch.randn(1, tokens, heads, dim, **kw).requires_grad_()
     k = torch.randn(1, tokens, heads, dim, **kw).requires_grad_()
     v = torch.randn(1, tokens, heads, dim, **kw).requires_grad_()
-    g = torch.nn.functional.logsigmoid(torch.randn(1, tokens, heads, device="cuda",
-                                                   dtype=torch.float32)).requires_grad_()
     beta = torch.rand(1, tokens, heads, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    leaves = [q, k, v, g, beta]
+    leaves = [q, k, v, beta]
 
     def step() -> Any:
         for t in leaves:
             t.grad = None
-        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        o, _ = chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True)
         loss = o.float().pow(2).mean()
         loss.backward()
         return loss
@@ -124,10 +127,21 @@ def main() -> int:
         before = sum(counts.values())
         step, leaves = build(torch, tokens)
         torch.cuda.synchronize()
+        profiler = None
+        if args.profile_first and not sizes:
+            import cProfile
+
+            profiler = cProfile.Profile()
         t0 = time.perf_counter()
-        loss = step()
+        loss = profiler.runcall(step) if profiler is not None else step()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
+        if profiler is not None:
+            import pstats
+
+            print(f"{args.tag}: where the first step's {first:.2f} s went:")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(
+                args.profile_first)
         times = []
         for _ in range(args.steps):
             t1 = time.perf_counter()
@@ -153,7 +167,7 @@ def main() -> int:
         sizes[str(tokens)] = result
         print(f"{args.tag} {args.library} {tokens}: {result}", flush=True)
 
-    from tunecache import user_kernels
+    from tunecache import triton_cache, user_kernels
 
     line = {
         "kind": "user_kernels_job", "tag": args.tag, "library": args.library,
@@ -163,6 +177,8 @@ def main() -> int:
         "first_calls_s": round(sum(r["first_call_s"] for r in sizes.values()), 3),
         "benchmarks": sum(counts.values()), "benchmarks_by_kernel": counts, "sizes": sizes,
         "tunecache": user_kernels.stats(),
+        # compiled kernels loaded from and published to the database (with a signing key)
+        "kernel_store": triton_cache.counts(),
         "env": {k: v for k, v in os.environ.items()
                 if k in ("TUNECACHE_DB", "TUNECACHE_USER_KERNELS", "TRITON_CACHE_AUTOTUNING",
                          "FLA_CACHE_RESULTS", "TRITON_CACHE_DIR", "TUNECACHE_MODE")},

@@ -6,14 +6,17 @@
 #
 #   triton         Triton's own behaviour: every config of every key benchmarked, no cache
 #                  (FLA_CACHE_RESULTS=0: flash-linear-attention turns Triton's file cache
-#                  on by default); its outputs are the reference the others are held to
+#                  on by default); the outputs of the first job that runs are the
+#                  reference the others are held to. TRITON_ALONE=0 leaves this job out
+#                  (node-cold benchmarks the same configs, and writes the files)
 #   node-cold      Triton's node-local cache (TRITON_CACHE_AUTOTUNING=1) on an empty cache
 #   node-warm      the same cache directory again: a warm restart on one node
 #   tunecache      tunecache on an empty database, fresh Triton cache (records)
 #   newnode        the same database, fresh Triton cache: another node of the cluster
 #   ranks-N        NPROC processes (default 4) on the one GPU, each on a fresh Triton cache,
 #                  started together on another empty database: each key tuned once in all
-# Environment: SIZES (default 2048,4096,8192), STEPS (default 10), NPROC, DEADLINE_S
+# Environment: SIZES (default 2048,4096,8192), STEPS (default 10), NPROC, PROFILE=N (a
+# cProfile of each job's first step, its N costliest calls, in the job's log), DEADLINE_S
 # (stop starting jobs past this many seconds, default 520); with TUNECACHE_SIGNING_KEY set,
 # compiled kernels are shared too (tunecache.triton_cache). Each job appends its line to
 # OUTDIR/bench.jsonl and its output to OUTDIR/TAG.log.
@@ -37,13 +40,16 @@ job() {  # tag library, then environment assignments
     echo "== $tag (limit ${left}s)"
     env "$@" timeout "$left" python3 "$here/tools/bench_user_kernels.py" --library "$library" \
         --sizes "${SIZES:-2048,4096,8192}" --steps "${STEPS:-10}" --out "$out/bench.jsonl" \
-        --tag "$tag" --reference "$work/reference" >>"$out/$tag.log" 2>&1
+        --tag "$tag" --reference "$work/reference" --profile-first "${PROFILE:-0}" \
+        >>"$out/$tag.log" 2>&1
     echo "   rc=$? $(tail -1 "$out/$tag.log" | head -c 300)"
 }
 
 for library in "$@"; do
     off=(TUNECACHE_MODE=off FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0)
-    job "$library-triton" "$library" "${off[@]}" TRITON_CACHE_DIR="$work/$library-triton"
+    if [[ ${TRITON_ALONE:-1} == 1 ]]; then
+        job "$library-triton" "$library" "${off[@]}" TRITON_CACHE_DIR="$work/$library-triton"
+    fi
     node=(TUNECACHE_MODE=off FLA_CACHE_RESULTS=1 TRITON_CACHE_AUTOTUNING=1
           TRITON_CACHE_DIR="$work/$library-node")
     job "$library-node-cold" "$library" "${node[@]}"

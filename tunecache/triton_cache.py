@@ -23,7 +23,17 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
   published once Inductor keeps it (:func:`publish_kept`, called by
   ``tunecache.inductor.kernel_sharing`` when a kernel's launcher is chosen).
 
-Files of other kinds (Triton's launcher libraries, its autotuning cache) stay local. The
+- ``get_file``/``put`` of a Python extension module Triton builds with the host's C
+  compiler (``runtime/build.py``: the driver's utilities, and in Triton 3.6 one launcher
+  per kernel signature, each a compiler run of a fraction of a second): the same, one
+  signed file per entry. A new node otherwise compiles one launcher per kernel it
+  loads, which a restart on the same node finds in its cache directory. Triton keys such
+  a module by its C source and the platform (machine and OS; Triton 3.8 adds the include
+  and library directories), and its file name carries the Python ABI, which an entry
+  must match. A module that does not load on this host (an older C library) is Triton's
+  to handle: it warns, builds its own and keeps it locally.
+
+Files of other kinds (Triton's autotuning cache, its dumps) stay local. The
 service is built once per process from TUNECACHE_* (:func:`share`), which the compile
 workers inherit; the process that enabled tunecache may hand it its own
 (:func:`serve`). Nothing here raises into Triton: a database that fails turns kernel
@@ -38,6 +48,7 @@ import logging
 import os
 import re
 import sys
+import sysconfig
 import threading
 import uuid
 from collections.abc import Callable
@@ -74,6 +85,8 @@ MAX_FILES = 32
 # \Z, not $: "$" also matches before a final newline, which would let "name\n" through.
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")
 _GROUP = "__grp__"
+# How the modules Triton builds from C source end (build.py names them "<name><suffix>").
+_LIBRARY_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 # Inductor names a graph's kernels triton_<kind>_<fused ops>_<n>, and where kernels are
 # shared n is a 16-digit hash of the kernel's source (tunecache.inductor.kernel_sharing).
 # What it compiles only to benchmark is named otherwise: GEMM template candidates
@@ -90,6 +103,10 @@ _MAX_HEADER = 64 * 1024
 def _safe_name(name: Any) -> bool:
     return isinstance(name, str) and bool(_FILE_NAME.match(name)) \
         and not name.startswith(_GROUP) and ".." not in name
+
+
+def _is_library(filename: str) -> bool:
+    return filename.endswith(_LIBRARY_SUFFIX) and _safe_name(filename)
 
 
 def pack(group: str, files: dict[str, bytes]) -> bytes:
@@ -322,20 +339,16 @@ class KernelCacheManager(_TritonCacheManager):
 
     def get_file(self, filename: str) -> str | None:
         path = os.path.join(self.cache_dir, filename)
-        return path if os.path.exists(path) else None
+        if os.path.exists(path):
+            return path
+        if self.shared and _is_library(filename):
+            return self._fetch_library(filename)
+        return None
 
     def put(self, data: bytes | str, filename: str, binary: bool = True) -> str:
-        """Write one file atomically (a temporary directory, then a rename), as Triton's
-        own manager does: a reader never sees a partial file."""
-        raw = data if isinstance(data, bytes) else str(data).encode()
-        path = os.path.join(self.cache_dir, filename)
-        temp_dir = os.path.join(self.cache_dir, f"tmp.pid_{os.getpid()}_{uuid.uuid4()}")
-        os.makedirs(temp_dir, exist_ok=True)
-        temp = os.path.join(temp_dir, filename)
-        with open(temp, "wb") as f:
-            f.write(raw)
-        os.replace(temp, path)
-        os.removedirs(temp_dir)
+        path = self._write(data, filename)
+        if self.shared and _is_library(filename):
+            self._publish(filename, {filename: path})
         return path
 
     def get_group(self, filename: str) -> dict[str, str] | None:
@@ -352,8 +365,22 @@ class KernelCacheManager(_TritonCacheManager):
 
     # -- helpers
 
+    def _write(self, data: bytes | str, filename: str) -> str:
+        """Write one file atomically (a temporary directory, then a rename), as Triton's
+        own manager does: a reader never sees a partial file."""
+        raw = data if isinstance(data, bytes) else str(data).encode()
+        path = os.path.join(self.cache_dir, filename)
+        temp_dir = os.path.join(self.cache_dir, f"tmp.pid_{os.getpid()}_{uuid.uuid4()}")
+        os.makedirs(temp_dir, exist_ok=True)
+        temp = os.path.join(temp_dir, filename)
+        with open(temp, "wb") as f:
+            f.write(raw)
+        os.replace(temp, path)
+        os.removedirs(temp_dir)
+        return path
+
     def _put_local_group(self, filename: str, group: dict[str, str]) -> str:
-        return self.put(json.dumps({"child_paths": group}), _GROUP + filename, binary=False)
+        return self._write(json.dumps({"child_paths": group}), _GROUP + filename)
 
     def _local_group(self, filename: str) -> dict[str, str] | None:
         path = os.path.join(self.cache_dir, _GROUP + filename)
@@ -374,6 +401,33 @@ class KernelCacheManager(_TritonCacheManager):
                 if isinstance(p, str) and os.path.exists(p)}
 
     def _fetch(self, filename: str) -> dict[str, str] | None:
+        files = self._stored_files(filename)
+        if files is None:
+            return None
+        try:
+            paths = {name: self._write(raw, name) for name, raw in files.items()}
+            self._put_local_group(filename, paths)
+        except OSError as e:
+            log.debug("tunecache: kernel %s not written locally: %r", self.key, e)
+            return None
+        _record_use()
+        return paths
+
+    def _fetch_library(self, filename: str) -> str | None:
+        files = self._stored_files(filename)
+        if files is None or set(files) != {filename}:
+            return None
+        try:
+            path = self._write(files[filename], filename)
+        except OSError as e:
+            log.debug("tunecache: module %s not written locally: %r", self.key, e)
+            return None
+        _record_use()
+        return path
+
+    def _stored_files(self, filename: str) -> dict[str, bytes] | None:
+        """The files of the database's entry for this key, if it verifies and is the
+        entry of ``filename``."""
         service = share()
         if service is None:
             return None
@@ -387,14 +441,7 @@ class KernelCacheManager(_TritonCacheManager):
             log.debug("tunecache: kernel %s in the database is not one for %s",
                       self.key, filename)
             return None
-        try:
-            paths = {name: self.put(raw, name) for name, raw in entry[1].items()}
-            self._put_local_group(filename, paths)
-        except OSError as e:
-            log.debug("tunecache: kernel %s not written locally: %r", self.key, e)
-            return None
-        _record_use()
-        return paths
+        return entry[1]
 
     def _publish(self, filename: str, group: dict[str, str]) -> None:
         service = share()
