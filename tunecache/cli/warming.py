@@ -41,23 +41,36 @@ __all__ = ["warm"]
                    "(its winner's time / the best of all candidates) in its meta.")
 @click.option("--again", is_flag=True,
               help="With --exhaustive: also entries whose regret was measured before.")
+@click.option("--user-kernels", "packages", multiple=True, metavar="PACKAGE",
+              help="Instead: tune here the recorded keys of users' @triton.autotune "
+                   "kernels of this installed package (repeatable; e.g. liger_kernel), by "
+                   "calling each kernel as the job that tuned it did. Only kernels of the "
+                   "packages named are imported.")
 @common
 @click.pass_context
 def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: tuple[str, ...],
          from_device: tuple[str, ...], limit: int | None, dry_run: bool, exhaustive: bool,
-         again: bool) -> None:
+         again: bool, packages: tuple[str, ...]) -> None:
     """Re-tune, on this machine, the GEMM keys earlier jobs recorded, so the next job starts
     warm (after a torch/triton upgrade, or on a new GPU type).
 
     Each distinct (op, inputs, precision) is compiled with max-autotune and tunecache
     enabled. Under torchrun every rank runs it; claims split the work. Exit 1 if any
-    compile failed.
+    compile failed. With --user-kernels, the same for users' Triton kernels.
     """
     from .. import warm as warm_mod
 
     _warn_unmatched(inv, from_torch, from_device)
     if again and not exhaustive:
         raise BadArgument("--again only applies to --exhaustive")
+    if packages:
+        if op or exhaustive:
+            raise BadArgument("--user-kernels warms users' kernels only: no --op, "
+                              "--exhaustive")
+        if any(not all(p.isidentifier() for p in name.split(".")) for name in packages):
+            raise BadArgument("--user-kernels takes a package's import name (liger_kernel)")
+        _warm_user_kernels(ctx, inv, packages, from_torch, from_device, limit, dry_run)
+        return
     with opened(inv, read_only=dry_run) as db:
         tasks: Any  # WarmTask, or ExhaustiveTask with --exhaustive (each has its printer)
         if exhaustive:
@@ -91,6 +104,74 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     inv.emit(report, human)
     if failed:
         ctx.exit(1)
+
+
+def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str, ...],
+                       from_torch: tuple[str, ...], from_device: tuple[str, ...],
+                       limit: int | None, dry_run: bool) -> None:
+    import time
+
+    from ..user_kernels import autotuner as uk_autotuner
+    from ..user_kernels import stats
+    from ..user_kernels import warm as uk_warm
+
+    with opened(inv, read_only=dry_run) as db:
+        database = db.display_url
+        tasks, skipped = uk_warm.select_user_kernels(
+            db, packages, from_torch=from_torch, from_device=from_device, limit=limit)
+    if dry_run:
+        data = {"database": database, "dry_run": True, "user_kernels": len(tasks),
+                "tasks": [t.as_dict() for t in tasks], "skipped": skipped}
+        inv.emit(data, functools.partial(_human_dry_user_kernels, tasks, skipped))
+        return
+    start = time.monotonic()
+    done: list[dict[str, Any]] = []
+    uk_autotuner.uninstall()  # whatever the environment installed: warm's settings rule
+    uk_autotuner.install(uk_warm.settings_for_warm(inv.settings))
+    try:
+        with fmt.progress("warming user kernels", not inv.as_json) as (total, step):
+            total(len(tasks))
+            for task in tasks:
+                try:
+                    outcome = uk_warm.warm_user_kernel(task, packages, stats)
+                    done.append({**task.as_dict(), "outcome": outcome})
+                except Exception as e:  # noqa: BLE001 - one kernel's failure is reported
+                    done.append({**task.as_dict(), "outcome": "error",
+                                 "error": f"{type(e).__name__}: {e}"[:500]})
+                step(1, task.kernel)
+    finally:
+        uk_autotuner.uninstall()
+    report = {"database": database, "user_kernels": len(tasks),
+              "seconds": round(time.monotonic() - start, 3),
+              "tuned": sum(t["outcome"] == "tuned" for t in done),
+              "hit": sum(t["outcome"] == "hits" for t in done),
+              "peer": sum(t["outcome"] == "peer" for t in done),
+              "error": sum(t["outcome"] == "error" for t in done),
+              "tasks": done, "skipped": skipped}
+    inv.emit(report, functools.partial(_human_user_kernels, report))
+    if report["error"]:
+        ctx.exit(1)
+
+
+def _human_dry_user_kernels(tasks: Sequence[Any], skipped: Sequence[Mapping[str, Any]]) -> None:
+    click.echo(f"would warm {len(tasks)} user-kernel keys (dry run)")
+    fmt.table(("kernel", "tuning values", "seen in"),
+              [(t.kernel, fmt.clip(str(t.tuning_key), 60),
+                ", ".join(f"{s['device']}/triton {s['triton']}" for s in t.seen_in))
+               for t in tasks])
+    _echo_skipped(skipped)
+
+
+def _human_user_kernels(report: Mapping[str, Any]) -> None:
+    click.echo(f"warmed {report['user_kernels']} user-kernel keys in "
+               f"{fmt.dur(report['seconds'])}: {report['tuned']} tuned here, "
+               f"{report['hit']} already cached, {report['peer']} tuned by peers, "
+               f"{report['error']} failed; {len(report['skipped'])} recorded keys skipped")
+    for t in report["tasks"]:
+        if t["outcome"] == "error":
+            click.echo(f"failed: {fmt.safe(t['kernel'])} {fmt.safe(str(t['tuning_key']))}: "
+                       f"{fmt.safe(t['error'])}", err=True)
+    _echo_skipped(report["skipped"])
 
 
 def _human_dry(tasks: Sequence[WarmTask], skipped: Sequence[SkippedKey]) -> None:

@@ -30,6 +30,12 @@ stored winner must be one of. So:
 
 Hooks run as in Triton: a benchmark is Triton's own, and a stored winner is used the way
 Triton uses a winner from its own file cache.
+
+A key tuned here records how it was called (:mod:`.replay`), for `tunecache warm
+--user-kernels` to call it again under another Triton. ``check_disk_cache`` is not given
+the call's arguments; Triton's ``benchmark`` closure holds them (its free variables
+``args`` and ``kwargs`` in 3.6 and 3.8), and is read only when the key is tuned here, so
+launches pay nothing. A Triton whose closure holds them otherwise records no call.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any
 from ..inductor.patches import Ledger
 from ..settings import Settings
 from .keys import distinct_ids, kernel_name, user_kernel_key
+from .replay import describe
 from .sharing import UserKernelSharing
 
 __all__ = ["install", "uninstall", "installed"]
@@ -120,7 +127,8 @@ def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
                               "shared: its key could not be built (%s: %s)",
                               kernel_name(self), type(e).__name__, e)
             return _as_triton(orig, self, tuning_key, configs, bench_fn)
-        settled = sharing.settle(self, key, configs, bench_fn)
+        settled = sharing.settle(self, key, configs, bench_fn,
+                                 lambda: _describe_call(self, configs, bench_fn))
         if settled is None:
             return False  # benchmarked here: Triton's benchmark set the winner
         self.cache[tuning_key] = settled.config
@@ -129,6 +137,20 @@ def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
         return True
 
     return check_disk_cache
+
+
+def _describe_call(autotuner: Any, configs: Sequence[Any],
+                   bench_fn: Callable[[], None]) -> dict[str, Any] | None:
+    """The spec of the call being tuned, from Triton's ``benchmark`` closure, or None."""
+    try:
+        cells = dict(zip(bench_fn.__code__.co_freevars,
+                         (c.cell_contents for c in bench_fn.__closure__ or ())))
+    except (AttributeError, ValueError):  # not a closure, or a cell not yet filled
+        return None
+    args, kwargs = cells.get("args"), cells.get("kwargs")
+    if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+        return None
+    return describe(args, kwargs, autotuner.arg_names, configs)
 
 
 def _as_triton(orig: Callable[..., bool], autotuner: Any, tuning_key: Any,

@@ -34,9 +34,10 @@ from typing import Any
 from ..core.cache import TuneCache
 from ..core.result import Tuned
 from ..errors import KeyFailedError
-from ..keys import Key
+from ..keys import Key, meta_to_json
 from ..settings import Settings
 from .keys import config_id, kernel_name, octaves_apart
+from .replay import REPLAY
 
 __all__ = ["UserKernelStats", "UserKernelSharing", "Settled", "TransferPlan",
            "TRANSFER_NEIGHBOURS", "TRANSFER_MAX_OCTAVES"]
@@ -118,6 +119,19 @@ def _median_ms(timing: Any) -> float:
     return ms if ms >= 0 else math.inf
 
 
+def _with_call(meta: dict[str, Any], call: dict[str, Any] | None) -> dict[str, Any]:
+    """``meta`` with the recorded call, unless there is none or it would not fit the
+    entry's meta (then the key is only not re-tunable by warm)."""
+    if call is None:
+        return meta
+    with_call = {**meta, REPLAY: call}
+    try:
+        meta_to_json(with_call)
+    except ValueError:
+        return meta
+    return with_call
+
+
 class UserKernelSharing:
     """The sharing of one process: opened from settings once; the cache is created on
     the first key, so a process that never tunes a user kernel never connects."""
@@ -159,10 +173,13 @@ class UserKernelSharing:
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def settle(self, autotuner: Any, key: Key, configs: Sequence[Any],
-               benchmark: Callable[[], None]) -> Settled | None:
+               benchmark: Callable[[], None],
+               describe_call: Callable[[], dict[str, Any] | None] = lambda: None,
+               ) -> Settled | None:
         """The key's winner from the store, or None where ``benchmark`` (Triton's own)
         ran here instead and left its winner on the autotuner: this process claimed the
-        key, the store was of no use, or its entry was refused."""
+        key, the store was of no use, or its entry was refused. A key tuned here stores
+        ``describe_call()`` beside its timings (:mod:`.replay`), where it fits."""
         ran = False
         transferred = False
 
@@ -179,7 +196,8 @@ class UserKernelSharing:
                 benchmark()
             ran = True
             timings = {config_id(c): _median_ms(t) for c, t in autotuner.configs_timings.items()}
-            return Tuned(timings, plan.meta if plan is not None else None)
+            return Tuned(timings, _with_call(plan.meta if plan is not None else {},
+                                             describe_call()))
 
         try:
             result = self.cache().get_or_tune(key, tune)

@@ -1,0 +1,163 @@
+"""`tunecache warm --user-kernels PACKAGE`: tune here, under this machine's Triton, the
+user-kernel keys earlier jobs recorded, so that the next job on this Triton benchmarks
+nothing.
+
+Each recorded key whose call was recorded (:mod:`.replay`) is one task: its kernel is
+imported from the installed library, found as the module attribute its name gives, and
+called on tensors of the recorded shapes, through Triton's own autotuner with tunecache in
+front of it. The call therefore takes the path a job's call takes: the key is the one a
+job on this Triton computes (the installed kernel's source and configs, the tuning
+values, this Triton), claimed, benchmarked once across the ranks that run warm, and
+published. A key already stored for this Triton is a hit: nothing is benchmarked.
+
+Importing a library runs its code, and the database says which kernel to import: only
+kernels of the packages the operator names are imported. Everything else read from the
+database (the kernel's name, the call) is checked before use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import stored_json
+from ..keys import canonical_json, validate_meta
+from ..settings import Settings
+from ..store import Database, columns, warm_queries
+from ..store.entry_filter import EntryFilter
+from .replay import MAX_REPLAY_BYTES, REPLAY, ReplayError, rebuild
+
+__all__ = ["UserKernelTask", "select_user_kernels", "warm_user_kernel", "in_packages"]
+
+
+@dataclasses.dataclass
+class UserKernelTask:
+    """One recorded (kernel, tuning values) to tune here, with the call that tuned it."""
+
+    kernel: str
+    tuning_key: Any
+    call: dict[str, Any]
+    seen_in: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        return self.kernel, canonical_json(self.tuning_key)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "tuning_key": self.tuning_key, "seen_in": self.seen_in}
+
+
+def in_packages(kernel: str, packages: Sequence[str]) -> bool:
+    """Whether ``kernel`` (``module.qualname``) lies in one of ``packages``."""
+    return any(kernel.startswith(p + ".") for p in packages)
+
+
+def select_user_kernels(db: Database, packages: Sequence[str], *,
+                        from_torch: Sequence[str] = (), from_device: Sequence[str] = (),
+                        limit: int | None = None,
+                        ) -> tuple[list[UserKernelTask], list[dict[str, str]]]:
+    """The distinct recorded keys of the kernels of ``packages`` whose call was recorded,
+    and the entries skipped, each with its reason."""
+    env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
+                      kinds=["user_kernel"])
+    tasks: dict[tuple[str, str], UserKernelTask] = {}
+    skipped: list[dict[str, str]] = []
+    after = ""
+    while True:
+        page = db.run(functools.partial(warm_queries.replayable_page, env=env, after=after,
+                                        limit=1000))
+        if not page:
+            break
+        for row in page:
+            task, reason = _task_of(row)
+            if task is None:
+                skipped.append({"key_hash": row.key_hash, "reason": reason})
+            elif not in_packages(task.kernel, packages):
+                continue
+            else:
+                found = tasks.setdefault(task.ident, task)
+                found.seen_in.extend(w for w in task.seen_in if w not in found.seen_in)
+        after = page[-1].key_hash
+    ordered = sorted(tasks.values(), key=lambda t: t.ident)
+    return (ordered[:limit] if limit else ordered), skipped
+
+
+def _task_of(row: Any) -> tuple[UserKernelTask | None, str]:
+    key_json = columns.text(row.key_json)
+    if key_json is None:
+        return None, f"the recorded key is longer than {warm_queries.WARM_KEY_BYTES} bytes"
+    try:
+        key = stored_json.loads(key_json, warm_queries.WARM_KEY_BYTES)
+    except stored_json.StoredJSONError as e:
+        return None, f"the recorded key is not JSON warm reads ({e})"
+    meta = validate_meta(columns.text(row.meta_json))
+    kernel = key.get("op") if isinstance(key, dict) else None
+    if not isinstance(kernel, str) or not all(p.isidentifier() for p in kernel.split(".")):
+        return None, "the recorded key names no kernel"
+    call = meta.get(REPLAY)
+    if not isinstance(call, dict) or "tuning_key" not in key:
+        return None, "no recorded call"
+    env = key.get("env") if isinstance(key.get("env"), dict) else {}
+    where = {k: str(env.get(k)) for k in ("device", "torch", "triton")}
+    return UserKernelTask(kernel, key["tuning_key"], call, [where]), ""
+
+
+def find_autotuner(kernel: str, packages: Sequence[str]) -> Any:
+    """The Triton autotuner named ``kernel`` (``module.qualname``), imported from one of
+    ``packages``; raises ReplayError where there is none."""
+    from triton.runtime.autotuner import Autotuner
+
+    if not in_packages(kernel, packages):
+        raise ReplayError(f"{kernel} is in none of the packages named")
+    parts = kernel.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        if module_name not in packages and not in_packages(module_name, packages):
+            break  # above the packages named: never imported
+        try:
+            found: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        try:
+            for name in parts[split:]:
+                found = getattr(found, name)
+        except AttributeError:
+            raise ReplayError(f"{module_name} has no {'.'.join(parts[split:])}") from None
+        # The attribute is the outermost decorator's object (heuristics over autotune,
+        # or the autotuner itself); the autotuner is the first one inward.
+        for _ in range(8):
+            if isinstance(found, Autotuner):
+                return found
+            found = getattr(found, "fn", None)
+        raise ReplayError(f"{kernel} is not an @triton.autotune kernel")
+    raise ReplayError(f"no module of {kernel} could be imported")
+
+
+def warm_user_kernel(task: UserKernelTask, packages: Sequence[str],
+                     counters: Callable[[], dict[str, int]], *,
+                     max_bytes: int = MAX_REPLAY_BYTES) -> str:
+    """Call the task's kernel here; returns what tunecache did with its key ("tuned",
+    "hit", "peer", ...: the counter that moved). Raises what the call raised."""
+    import torch
+    from triton import knobs
+
+    autotuner = find_autotuner(task.kernel, packages)
+    interpreted = knobs.runtime.interpret
+    device = torch.device("cpu" if interpreted else "cuda")
+    call = rebuild(task.call, autotuner.configs, device, max_bytes=max_bytes)
+    before = counters()
+    autotuner.run(*call.args, grid=call.grid, warmup=False, **call.kwargs)
+    if not interpreted:
+        torch.cuda.synchronize()
+    after = counters()
+    moved = [name for name in after if after[name] > before.get(name, 0)]
+    return ",".join(moved) or "not shared"
+
+
+def settings_for_warm(settings: Settings) -> Settings:
+    """The settings warm tunes under: transfer off (a key tuned for the cluster by the
+    operator is tuned in full)."""
+    return dataclasses.replace(settings, user_kernel_transfer=False, user_kernel_regret=False)
