@@ -61,6 +61,7 @@ def test_warm_tunes_recorded_user_kernel_keys_under_a_new_triton_and_the_next_jo
     warmed = _warm_json(db_url, "--user-kernels", "user_kernel_library", **NEW_TRITON)
     assert warmed["user_kernels"] == 2
     assert [t["outcome"] for t in warmed["tasks"]] == ["tuned", "tuned"], warmed
+    assert (warmed["rank"], warmed["world_size"]) == (0, 1)
     assert warmed["error"] == 0 and warmed["skipped"] == []
 
     job = _job(db_url, tmp_path, "1000,3000", **NEW_TRITON)

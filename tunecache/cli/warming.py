@@ -124,16 +124,22 @@ def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str,
                 "tasks": [t.as_dict() for t in tasks], "skipped": skipped}
         inv.emit(data, functools.partial(_human_dry_user_kernels, tasks, skipped))
         return
+    from ..warm.run import _my_order, _rank
+
     start = time.monotonic()
     done: list[dict[str, Any]] = []
+    rank, world, local_rank = _rank()
     uk_autotuner.uninstall()  # whatever the environment installed: warm's settings rule
     uk_autotuner.install(uk_warm.settings_for_warm(inv.settings))
     try:
+        device = uk_warm.device_for_rank(local_rank)
         with fmt.progress("warming user kernels", not inv.as_json) as (total, step):
             total(len(tasks))
-            for task in tasks:
+            # Under torchrun each rank starts at its share of the list: the ranks claim
+            # disjoint keys first.
+            for task in _my_order(tasks, rank, world):
                 try:
-                    outcome = uk_warm.warm_user_kernel(task, packages, stats)
+                    outcome = uk_warm.warm_user_kernel(task, packages, stats, device)
                     done.append({**task.as_dict(), "outcome": outcome})
                 except Exception as e:  # noqa: BLE001 - one kernel's failure is reported
                     done.append({**task.as_dict(), "outcome": "error",
@@ -141,8 +147,8 @@ def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str,
                 step(1, task.kernel)
     finally:
         uk_autotuner.uninstall()
-    report = {"database": database, "user_kernels": len(tasks),
-              "seconds": round(time.monotonic() - start, 3),
+    report = {"database": database, "user_kernels": len(tasks), "rank": rank,
+              "world_size": world, "seconds": round(time.monotonic() - start, 3),
               "tuned": sum(t["outcome"] == "tuned" for t in done),
               "hit": sum(t["outcome"] == "hits" for t in done),
               "peer": sum(t["outcome"] == "peer" for t in done),

@@ -30,7 +30,8 @@ from ..store import Database, columns, warm_queries
 from ..store.entry_filter import EntryFilter
 from .replay import MAX_REPLAY_BYTES, REPLAY, ReplayError, rebuild
 
-__all__ = ["UserKernelTask", "select_user_kernels", "warm_user_kernel", "in_packages"]
+__all__ = ["UserKernelTask", "select_user_kernels", "warm_user_kernel", "in_packages",
+           "find_autotuner", "device_for_rank", "settings_for_warm"]
 
 
 @dataclasses.dataclass
@@ -136,22 +137,33 @@ def find_autotuner(kernel: str, packages: Sequence[str]) -> Any:
     raise ReplayError(f"no module of {kernel} could be imported")
 
 
-def warm_user_kernel(task: UserKernelTask, packages: Sequence[str],
-                     counters: Callable[[], dict[str, int]], *,
-                     max_bytes: int = MAX_REPLAY_BYTES) -> str:
-    """Call the task's kernel here; returns what tunecache did with its key ("tuned",
-    "hit", "peer", ...: the counter that moved). Raises what the call raised."""
+def device_for_rank(local_rank: int) -> Any:
+    """The device this rank calls kernels on: the CPU under Triton's interpreter, else
+    its GPU."""
     import torch
     from triton import knobs
 
+    if knobs.runtime.interpret:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+def warm_user_kernel(task: UserKernelTask, packages: Sequence[str],
+                     counters: Callable[[], dict[str, int]], device: Any, *,
+                     max_bytes: int = MAX_REPLAY_BYTES) -> str:
+    """Call the task's kernel on ``device``; returns what tunecache did with its key
+    ("tuned", "hits", "peer", ...: the counter that moved). Raises what the call
+    raised."""
+    import torch
+
     autotuner = find_autotuner(task.kernel, packages)
-    interpreted = knobs.runtime.interpret
-    device = torch.device("cpu" if interpreted else "cuda")
     call = rebuild(task.call, autotuner.configs, device, max_bytes=max_bytes)
     before = counters()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # Triton launches on the current device
     autotuner.run(*call.args, grid=call.grid, warmup=False, **call.kwargs)
-    if not interpreted:
-        torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     after = counters()
     moved = [name for name in after if after[name] > before.get(name, 0)]
     return ",".join(moved) or "not shared"
