@@ -5,8 +5,8 @@ each argument as a spec (a tensor's shape, strides and dtype; a number, bool, st
 None as it is) and, per config, the grid it launches with. A grid is usually a function
 of the arguments and the config (``lambda meta: (cdiv(n, meta["BLOCK"]),)``), which no
 database can hold, so it is evaluated for every config at record time. A call with an
-argument of another kind (a tensor descriptor, an object) is not recorded: warm lists
-its key as one it cannot rebuild.
+argument of another kind (a tensor descriptor, an object) is not recorded, and warm
+does not list its key.
 
 :func:`rebuild` turns a stored spec back into a call on this machine's device, after
 checking every field: the spec comes from the shared database, so it is bounded (argument
@@ -33,7 +33,7 @@ MAX_DIMS = 8
 MAX_DIM = 2**31
 MAX_STRING = 256
 MAX_GRID = 2**31
-# What one rebuilt call may allocate unless the operator allows more.
+# What the tensors of one rebuilt call may allocate in all.
 MAX_REPLAY_BYTES = 16 * 2**30
 _INT_BOUND = 2**63
 # dtypes a spec may name (torch's names without "torch."), and the tensors warm can fill.
@@ -79,15 +79,16 @@ def _spec(value: Any) -> dict[str, Any] | None:
             return None
         return {"tensor": {"shape": [int(s) for s in value.shape],
                            "stride": [int(s) for s in value.stride()], "dtype": dtype}}
-    if value is None or isinstance(value, bool):
-        return {"value": value}
-    if isinstance(value, int) and -_INT_BOUND <= value < _INT_BOUND:
-        return {"value": value}
-    if isinstance(value, float) and math.isfinite(value):
-        return {"value": value}
-    if isinstance(value, str) and len(value) <= MAX_STRING:
-        return {"value": value}
-    return None
+    return {"value": value} if _passable(value) else None
+
+
+def _passable(value: Any) -> bool:
+    """Whether a plain argument is one a spec holds as it is: None, a bool, a 64-bit int,
+    a finite float or a short string (recorded and read back alike)."""
+    return (value is None or isinstance(value, bool)
+            or (isinstance(value, int) and -_INT_BOUND <= value < _INT_BOUND)
+            or (isinstance(value, float) and math.isfinite(value))
+            or (isinstance(value, str) and len(value) <= MAX_STRING))
 
 
 def _grid(value: Any) -> list[int] | None:
@@ -107,8 +108,7 @@ class Rebuilt:
     grid: Callable[[Mapping[str, Any]], tuple[int, int, int]]
 
 
-def rebuild(spec: Any, configs: Sequence[Any], device: Any, *,
-            max_bytes: int = MAX_REPLAY_BYTES) -> Rebuilt:
+def rebuild(spec: Any, configs: Sequence[Any], device: Any) -> Rebuilt:
     """The call ``spec`` describes, on ``device``, for the kernel's ``configs``; raises
     ReplayError (nothing allocated) for a spec that is malformed, too large, or names a
     config the kernel does not have."""
@@ -124,8 +124,8 @@ def rebuild(spec: Any, configs: Sequence[Any], device: Any, *,
     checked = [_checked(a) for a in args]
     checked_kwargs = {_name(k): _checked(v) for k, v in kwargs.items()}
     total = sum(_bytes(c, torch) for c in [*checked, *checked_kwargs.values()])
-    if total > max_bytes:
-        raise ReplayError(f"its tensors need {total} bytes, over {max_bytes}")
+    if total > MAX_REPLAY_BYTES:
+        raise ReplayError(f"its tensors need {total} bytes, over {MAX_REPLAY_BYTES}")
     own = {config_id(c): c for c in configs}
     launch: list[tuple[dict[str, Any], tuple[int, int, int]]] = []
     for name, grid in grids.items():
@@ -155,11 +155,7 @@ def _checked(item: Any) -> dict[str, Any]:
     if not isinstance(item, dict) or len(item) != 1:
         raise ReplayError("an argument that is neither a tensor nor a value")
     if "value" in item:
-        value = item["value"]
-        if value is None or isinstance(value, bool) \
-                or (isinstance(value, int) and -_INT_BOUND <= value < _INT_BOUND) \
-                or (isinstance(value, float) and math.isfinite(value)) \
-                or (isinstance(value, str) and len(value) <= MAX_STRING):
+        if _passable(item["value"]):
             return item
         raise ReplayError("an argument value of a kind or size warm does not pass")
     tensor = item.get("tensor")

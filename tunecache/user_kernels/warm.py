@@ -28,7 +28,7 @@ from ..keys import canonical_json, validate_meta
 from ..settings import Settings
 from ..store import Database, columns, warm_queries
 from ..store.entry_filter import EntryFilter
-from .replay import MAX_REPLAY_BYTES, REPLAY, ReplayError, rebuild
+from .replay import REPLAY, ReplayError, rebuild
 
 __all__ = ["UserKernelTask", "select_user_kernels", "warm_user_kernel", "in_packages",
            "find_autotuner", "device_for_rank", "settings_for_warm"]
@@ -149,15 +149,14 @@ def device_for_rank(local_rank: int) -> Any:
 
 
 def warm_user_kernel(task: UserKernelTask, packages: Sequence[str],
-                     counters: Callable[[], dict[str, int]], device: Any, *,
-                     max_bytes: int = MAX_REPLAY_BYTES) -> str:
+                     counters: Callable[[], dict[str, int]], device: Any) -> str:
     """Call the task's kernel on ``device``; returns what tunecache did with its key
     ("tuned", "hits", "peer", ...: the counter that moved). Raises what the call
     raised."""
     import torch
 
     autotuner = find_autotuner(task.kernel, packages)
-    call = rebuild(task.call, autotuner.configs, device, max_bytes=max_bytes)
+    call = rebuild(task.call, autotuner.configs, device)
     before = counters()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # Triton launches on the current device
