@@ -1,10 +1,10 @@
-"""tunecache.inductor.patches: the ledger every Inductor patch goes through."""
+"""tunecache.patching: the ledger every Inductor patch goes through."""
 
 from __future__ import annotations
 
 import pytest
 
-from tunecache.inductor.patches import ABSENT, Ledger
+from tunecache.patching import ABSENT, Ledger
 
 
 class Base:

@@ -2,19 +2,18 @@
 Triton kernels' best configs and fusion-benchmark timings) from the shared tunecache.
 
 This package is the only part of tunecache that touches ``torch._inductor``. Its rooms:
-``switch`` (enable/disable), ``parts`` (the one shape of an optional part),
-``state`` (the one registry of installed hooks), ``patches`` (the ledger of every
-attribute set on Inductor), ``stats``, ``compat`` (supported versions, an Inductor that
-changed, the line saying a part is off), ``fingerprint`` (the environment part of a key),
-``gemm`` (selector hooks, candidate ids, GEMM keys), ``entries`` (what the process knows
-of GEMM entries), ``transfer`` (a new GEMM key starts from its neighbours' winners),
-``narrow`` (a stored GEMM generates only the template choices that can win), ``deferred``
-(the pre-fusion pass),
-``triton/`` (keys, the remote-cache adapter, coordinate descent, fusion and split-size
-benchmarks, epilogue-fusion decisions, compile workers, install), ``graphs`` (compiled
-graphs: Inductor's remote FX graph and AOTAutograd caches over the signed graph service,
-with a key configured),
-``pgo`` (Dynamo's shape profiles: its remote PGO cache over the same signed service, with
+``switch`` (enable/disable), ``parts`` (the one shape of an optional part), ``state``
+(the one registry of installed hooks, and its ledger of every attribute set on Inductor,
+a ``tunecache.patching.Ledger``), ``stats``, ``compat`` (supported versions, an Inductor
+that changed, the line saying a part is off), ``fingerprint`` (the environment part of a
+key), ``gemm`` (selector hooks, candidate ids, GEMM keys), ``entries`` (what the process
+knows of GEMM entries), ``transfer`` (a new GEMM key starts from its neighbours'
+winners), ``narrow`` (a stored GEMM generates only the template choices that can win),
+``deferred`` (the pre-fusion pass), ``triton/`` (keys, the remote-cache adapter,
+coordinate descent, fusion and split-size benchmarks, epilogue-fusion decisions, compile
+workers, install), ``graphs`` (compiled graphs: Inductor's remote FX graph and
+AOTAutograd caches over the signed graph service, with a key configured), ``pgo``
+(Dynamo's shape profiles: its remote PGO cache over the same signed service, with
 TUNECACHE_PGO=1; the one module here that touches ``torch._dynamo``) and ``warmup`` (the
 compile of ``tunecache warm``).
 docs/design.md draws them.

@@ -48,9 +48,9 @@ from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
     from ..settings import Settings
     from .opener import CacheOpener
-    from .patches import Ledger
 
 __all__ = ["GRAPHS", "enable_graphs", "disable_graphs", "clear_autograd_remote_cache",
            "encode_entry", "decode_entry", "KIND_OF_CLASS"]

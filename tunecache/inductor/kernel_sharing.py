@@ -39,9 +39,9 @@ from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
     from ..settings import Settings
     from .opener import CacheOpener
-    from .patches import Ledger
 
 __all__ = ["KERNELS", "enable_kernels", "disable_kernels", "content_suffix", "MANAGER_VAR"]
 

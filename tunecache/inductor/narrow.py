@@ -70,10 +70,10 @@ from .state import REGISTRY
 from .transfer import Plan, transfer_id
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
     from ..settings import Settings
     from .entries import GemmEntries
     from .opener import CacheOpener
-    from .patches import Ledger
 
 __all__ = ["install_narrowing", "predicted_id", "decided_narrow"]
 

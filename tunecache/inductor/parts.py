@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from .compat import warn_off
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
     from ..settings import Settings
     from .opener import CacheOpener
-    from .patches import Ledger
 
 __all__ = ["Part", "Enable", "install"]
 

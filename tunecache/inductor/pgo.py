@@ -57,9 +57,9 @@ from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
     from ..settings import Settings
     from .opener import CacheOpener
-    from .patches import Ledger
 
 __all__ = ["PGO", "KIND", "CLASS_NAME", "stored_key", "enable_pgo", "disable_pgo"]
 

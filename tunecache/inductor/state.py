@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .patches import Ledger
+from ..patching import Ledger
 from .stats import Stats, TritonStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

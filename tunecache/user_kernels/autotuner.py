@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..inductor.patches import Ledger
+from ..patching import Ledger
 from ..settings import Settings
 from .keys import distinct_ids, kernel_name, user_kernel_key
 from .replay import describe

@@ -40,7 +40,7 @@ from ..state import REGISTRY
 from .keys import fusion_benchmark_key, fusion_ms_from_entry
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..patches import Ledger
+    from ...patching import Ledger
 
 __all__ = ["install_candidate_skip"]
 

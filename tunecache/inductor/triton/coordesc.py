@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...keys import to_ms
-from ..patches import Ledger
+from ...patching import Ledger
 from ..state import REGISTRY
 from .keys import kernel_config_problem
 from .stored import FirstLaunch, decided_from, load_fn, neighbour_config

@@ -13,7 +13,7 @@ from .keys import fusion_benchmark_key
 from .signals import PeerMeasuring, released_as, stop_unless_wanted
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..patches import Ledger
+    from ...patching import Ledger
 
 __all__ = ["install_fusion_sharing"]
 

@@ -28,7 +28,7 @@ from .stored import checking_read_best, falling_back_precompile
 from .worker import readonly_cache, workers_read_cache
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..patches import Ledger
+    from ...patching import Ledger
 
 __all__ = ["TRITON", "enable_triton", "disable_triton", "enable_triton_from_env"]
 

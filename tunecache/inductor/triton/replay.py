@@ -29,7 +29,7 @@ from .decisions import Decision
 from .sites import FusionSite, fusion_site
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..patches import Ledger
+    from ...patching import Ledger
 
 __all__ = ["install_decision_replay"]
 

@@ -1,4 +1,5 @@
-"""The patch ledger: every attribute tunecache sets on Inductor, with what it replaced.
+"""The patch ledger: every attribute tunecache sets on Inductor or Triton, with what it
+replaced.
 
 Why one ledger
     tunecache changes Inductor by setting attributes: methods on its classes, instance
@@ -8,7 +9,12 @@ Why one ledger
     reverse order, whoever made the change: :func:`tunecache.inductor.disable` undoes
     everything, and a failure half-way through enabling undoes everything since the
     :meth:`Ledger.mark` it took first. Nothing else keeps undo records. What holds for
-    one call or one kernel only uses a Ledger of its own (triton/coordesc.py).
+    one call or one kernel only uses a Ledger of its own
+    (``tunecache/inductor/triton/coordesc.py``), and so do the changes on Triton's
+    ``Autotuner`` (``tunecache/user_kernels/autotuner.py``).
+
+It lives outside the Inductor package, and imports nothing of tunecache, so that Triton's
+side can use it without loading the Inductor package at ``import triton``.
 
 What "own value" means
     A class's or module's ``__dict__`` entry (a staticmethod object itself, not the
