@@ -15,6 +15,17 @@
 #   newnode        the same database, fresh Triton cache: another node of the cluster
 #   ranks-N        NPROC processes (default 4) on the one GPU, each on a fresh Triton cache,
 #                  started together on another empty database: each key tuned once in all
+#   hostile       (TRUST=1) a copy of tunecache's database with a hostile config planted in
+#                 each entry of one kernel (tools/user_kernels_trust.py plant: bad warps, a
+#                 huge block, an unknown name, in turn): those keys are refused, each
+#                 kernel with one warning, and tuned again; the others load
+#   upgraded      (TRUST=1) the same database, with a copy of the library in which one
+#                 kernel's source has changed (a comment line added): that kernel is tuned
+#                 again, the others load
+#   warm, after-warm (WARM=1) `tunecache warm --user-kernels PACKAGE` on a copy of the
+#                 database under TRITON_DEFAULT_FP_FUSION=0 (a setting Triton keys its
+#                 kernels on, standing for a new Triton), then a job under that setting
+# NODE=0 leaves out the node-local jobs, RANKS=0 the ranks job.
 # Environment: SIZES (default 2048,4096,8192), STEPS (default 10), NPROC, PROFILE=N (a
 # cProfile of each job's first step, its N costliest calls, in the job's log), DEADLINE_S
 # (stop starting jobs past this many seconds, default 520); with TUNECACHE_SIGNING_KEY set,
@@ -45,18 +56,54 @@ job() {  # tag library, then environment assignments
     echo "   rc=$? $(tail -1 "$out/$tag.log" | head -c 300)"
 }
 
+# What TRUST=1 plants in and edits, and what WARM=1 warms, per library.
+declare -A planted=([fla]=l2norm [liger]=_dyt_)
+declare -A upgraded=([fla]="fla.modules.norm.l2norm l2norm_fwd_kernel"
+                     [liger]="liger_kernel.ops.dyt _dyt_fwd_kernel")
+declare -A package=([fla]=fla [liger]=liger_kernel)
+
 for library in "$@"; do
     off=(TUNECACHE_MODE=off FLA_CACHE_RESULTS=0 TRITON_CACHE_AUTOTUNING=0)
     if [[ ${TRITON_ALONE:-1} == 1 ]]; then
         job "$library-triton" "$library" "${off[@]}" TRITON_CACHE_DIR="$work/$library-triton"
     fi
-    node=(TUNECACHE_MODE=off FLA_CACHE_RESULTS=1 TRITON_CACHE_AUTOTUNING=1
-          TRITON_CACHE_DIR="$work/$library-node")
-    job "$library-node-cold" "$library" "${node[@]}"
-    job "$library-node-warm" "$library" "${node[@]}"
+    if [[ ${NODE:-1} == 1 ]]; then
+        node=(TUNECACHE_MODE=off FLA_CACHE_RESULTS=1 TRITON_CACHE_AUTOTUNING=1
+              TRITON_CACHE_DIR="$work/$library-node")
+        job "$library-node-cold" "$library" "${node[@]}"
+        job "$library-node-warm" "$library" "${node[@]}"
+    fi
     db=$work/$library.db
     job "$library-tunecache" "$library" TUNECACHE_DB="$db" TRITON_CACHE_DIR="$work/$library-tc1"
     job "$library-newnode" "$library" TUNECACHE_DB="$db" TRITON_CACHE_DIR="$work/$library-tc2"
+    if [[ ${TRUST:-0} == 1 ]]; then
+        cp "$db" "$work/$library-hostile.db"
+        python3 "$here/tools/user_kernels_trust.py" plant "$work/$library-hostile.db" \
+            --kernel "${planted[$library]}" | tee -a "$out/$library-hostile.log"
+        job "$library-hostile" "$library" TUNECACHE_DB="$work/$library-hostile.db" \
+            TRITON_CACHE_DIR="$work/$library-tc3"
+        cp "$db" "$work/$library-upgraded.db"
+        # shellcheck disable=SC2086 # module and kernel
+        python3 "$here/tools/user_kernels_trust.py" upgrade "$work/upgraded-site" \
+            ${upgraded[$library]} | tee -a "$out/$library-upgraded.log"
+        job "$library-upgraded" "$library" TUNECACHE_DB="$work/$library-upgraded.db" \
+            TRITON_CACHE_DIR="$work/$library-tc4" PYTHONPATH="$work/upgraded-site:$PYTHONPATH"
+    fi
+    if [[ ${WARM:-0} == 1 ]]; then
+        left=$(( deadline - $(date +%s) ))
+        if (( left >= 30 )); then
+            echo "== $library-warm (limit ${left}s)"
+            cp "$db" "$work/$library-warm.db"
+            TRITON_DEFAULT_FP_FUSION=0 TUNECACHE_DB=$work/$library-warm.db \
+                TRITON_CACHE_DIR=$work/$library-tc5 timeout "$left" \
+                python3 -m tunecache.cli warm --user-kernels "${package[$library]}" --json \
+                >"$out/$library-warm.json" 2>>"$out/$library-warm.log"
+            echo "   rc=$? $(head -c 300 "$out/$library-warm.json")"
+            job "$library-after-warm" "$library" TRITON_DEFAULT_FP_FUSION=0 \
+                TUNECACHE_DB="$work/$library-warm.db" TRITON_CACHE_DIR="$work/$library-tc6"
+        fi
+    fi
+    [[ ${RANKS:-1} == 1 ]] || continue
     left=$(( deadline - $(date +%s) ))
     if (( left < 30 )); then echo "skip $library-ranks-$nproc: past the deadline"; continue; fi
     echo "== $library-ranks-$nproc (limit ${left}s)"
