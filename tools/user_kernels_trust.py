@@ -20,6 +20,7 @@ computes does). Put SITE_DIR first on PYTHONPATH and that kernel is tuned again.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import re
@@ -47,6 +48,10 @@ def _hostile(config_id: str, way: str) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
+def _execute(statement: Any, params: dict[str, Any], conn: Any) -> Any:
+    return conn.execute(statement, params)
+
+
 def plant(db: str, kernel: str) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from sqlalchemy import text
@@ -65,9 +70,10 @@ def plant(db: str, kernel: str) -> dict[str, Any]:
             timings = json.loads(timings_json)
             way = ways[len(planted) % len(ways)]
             timings[_hostile(next(iter(timings)), way)] = 1e-6
-            cache.store.db.run(lambda c, t=timings, h=key_hash: c.execute(text(
+            update = {"t": json.dumps(timings), "h": key_hash}
+            cache.store.db.run(functools.partial(_execute, text(
                 "UPDATE tunecache_entries SET timings_json = :t WHERE key_hash = :h"),
-                {"t": json.dumps(t), "h": h}), write=True)
+                update), write=True)
             planted.append({"op": op, "way": way})
     return {"planted": len(planted), "entries": planted}
 
