@@ -127,6 +127,29 @@ def test_damaged_blob_reads_as_none_with_one_warning(sqlite_url, damage, caplog)
     store.db.dispose()
 
 
+def test_a_database_copied_without_its_blobs_costs_one_warning_not_one_per_entry(sqlite_url,
+                                                                               caplog):
+    """A SQLite file copied without the blob directory beside it: every entry's blob is
+    missing. Each read is refused, and the process is told once; the next publisher of
+    each entry puts its blob back, and that is said once too."""
+    store = _store(sqlite_url)
+    payloads = {f"k{i}": os.urandom(1_000 + i) for i in range(5)}
+    for key, payload in payloads.items():
+        store.put("kernel", key, payload, SIG, "2.13.0")
+    for blob in _blob_files(sqlite_url):
+        blob.unlink()
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert all(store.get("kernel", key) is None for key in payloads)
+        assert len(caplog.records) == 1, caplog.text
+        assert "further unreadable entries" in caplog.records[0].getMessage()
+        caplog.clear()
+        for key, payload in payloads.items():
+            assert store.put("kernel", key, payload, SIG, "2.13.0") is False
+        assert len(caplog.records) == 1, caplog.text
+    assert all(store.get("kernel", key).payload == payload for key, payload in payloads.items())
+    store.db.dispose()
+
+
 def test_publishing_the_same_bytes_again_restores_a_lost_blob(sqlite_url):
     store = _store(sqlite_url)
     payload = os.urandom(10_000)

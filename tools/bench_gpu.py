@@ -239,12 +239,13 @@ def shape_profile(torch: Any) -> dict[str, Any]:
         dynamic = pgo.auto_dynamic
         states = pgo._CODE_STATE or {}
         found["frames"] = len(states)
-        # A scalar's entry has its size and stride "dynamic" (not a tensor): only its
-        # value says whether it is.
+        # A tensor's entry has its sizes as a tuple (each an int or "dynamic") and its
+        # scalar "dynamic" (it is no scalar); a scalar's has its size "dynamic" and its
+        # value as the scalar.
         found["dynamic_inputs"] = sorted({
             name for state in states.values() for name, entry in state.automatic_dynamic.items()
-            if entry.scalar is dynamic or (isinstance(entry.size, tuple)
-                                           and any(s is dynamic for s in entry.size))})[:20]
+            if (any(s is dynamic for s in entry.size) if isinstance(entry.size, tuple)
+                else entry.scalar is dynamic)})[:20]
     except Exception as e:  # noqa: BLE001 - another torch's internals: report, go on
         found["error"] = repr(e)
     return found

@@ -47,6 +47,11 @@ bench() {  # tag, then tools/bench_gpu.py arguments
     echo "   rc=$? $(grep -h '"kind": "job"' "$out/$tag.log" | tail -1)"
 }
 
+copy_db() {  # a SQLite database with the blob directory beside it (compiled kernels)
+    cp "$1" "$2"
+    if [[ -d $1.blobs ]]; then rm -rf "$2.blobs"; cp -r "$1.blobs" "$2.blobs"; fi
+}
+
 regret() {  # tag: re-tune the transfer job's GEMM entries in full
     local tag=$1 left=$(( deadline - $(date +%s) ))
     if (( left < 30 )); then echo "skip regret-$tag: past the deadline"; return; fi
@@ -66,7 +71,7 @@ if [[ -z $recorded ]]; then
 fi
 for tokens in ${TOKENS:-4096 16384}; do
     bench "plain-$tokens" --mode plain --tokens "$tokens"
-    cp "$recorded" "$out/transfer-$tokens.db"
+    copy_db "$recorded" "$out/transfer-$tokens.db"
     profile=()
     [[ -n ${PROFILE:-} ]] && profile=(--profile-compile "$PROFILE")
     TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache \
@@ -76,17 +81,17 @@ for tokens in ${TOKENS:-4096 16384}; do
             | head -c 30000 >"$out/profile-transfer-$tokens.txt"
     fi
     if [[ ${POOL:-0} == 1 ]]; then
-        cp "$recorded" "$out/pool-$tokens.db"
+        copy_db "$recorded" "$out/pool-$tokens.db"
         TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \
             --tokens "$tokens" --wait-compile-pool
     fi
     if [[ ${DECISIVE:-0} == 1 ]]; then
-        cp "$recorded" "$out/decisive-$tokens.db"
+        copy_db "$recorded" "$out/decisive-$tokens.db"
         TUNECACHE_DECISIVE=1 TUNECACHE_DB=$out/decisive-$tokens.db bench \
             "transfer-decisive-$tokens" --mode tunecache --tokens "$tokens"
     fi
     if [[ ${OFF:-0} == 1 ]]; then
-        cp "$recorded" "$out/off-$tokens.db"
+        copy_db "$recorded" "$out/off-$tokens.db"
         TUNECACHE_TRANSFER=0 TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \
             --mode tunecache --tokens "$tokens"
     fi

@@ -56,6 +56,11 @@ job() {  # tag library, then environment assignments
     echo "   rc=$? $(tail -1 "$out/$tag.log" | head -c 300)"
 }
 
+copy_db() {  # a SQLite database with the blob directory beside it (compiled kernels)
+    cp "$1" "$2"
+    if [[ -d $1.blobs ]]; then rm -rf "$2.blobs"; cp -r "$1.blobs" "$2.blobs"; fi
+}
+
 # What TRUST=1 plants in and edits, and what WARM=1 warms, per library.
 declare -A planted=([fla]=l2norm [liger]=_dyt_)
 declare -A upgraded=([fla]="fla.modules.norm.l2norm l2norm_fwd_kernel"
@@ -77,12 +82,12 @@ for library in "$@"; do
     job "$library-tunecache" "$library" TUNECACHE_DB="$db" TRITON_CACHE_DIR="$work/$library-tc1"
     job "$library-newnode" "$library" TUNECACHE_DB="$db" TRITON_CACHE_DIR="$work/$library-tc2"
     if [[ ${TRUST:-0} == 1 ]]; then
-        cp "$db" "$work/$library-hostile.db"
+        copy_db "$db" "$work/$library-hostile.db"
         python3 "$here/tools/user_kernels_trust.py" plant "$work/$library-hostile.db" \
             --kernel "${planted[$library]}" | tee -a "$out/$library-hostile.log"
         job "$library-hostile" "$library" TUNECACHE_DB="$work/$library-hostile.db" \
             TRITON_CACHE_DIR="$work/$library-tc3"
-        cp "$db" "$work/$library-upgraded.db"
+        copy_db "$db" "$work/$library-upgraded.db"
         # shellcheck disable=SC2086 # module and kernel
         python3 "$here/tools/user_kernels_trust.py" upgrade "$work/upgraded-site" \
             ${upgraded[$library]} | tee -a "$out/$library-upgraded.log"
@@ -93,7 +98,7 @@ for library in "$@"; do
         left=$(( deadline - $(date +%s) ))
         if (( left >= 30 )); then
             echo "== $library-warm (limit ${left}s)"
-            cp "$db" "$work/$library-warm.db"
+            copy_db "$db" "$work/$library-warm.db"
             TRITON_DEFAULT_FP_FUSION=0 TUNECACHE_DB=$work/$library-warm.db \
                 TRITON_CACHE_DIR=$work/$library-tc5 timeout "$left" \
                 python3 -m tunecache.cli warm --user-kernels "${package[$library]}" --json \

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -189,6 +190,23 @@ _RECORD_USES = (
                               else_=artifacts.c.last_used_at))
 )
 
+class _OncePerStore:
+    """Which one-time lines a store has said (thread-safe: Inductor's compile threads
+    share a store)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._said: set[str] = set()
+
+    def first(self, what: str) -> bool:
+        """Whether this is the first time ``what`` is said (and now it has been)."""
+        with self._lock:
+            if what in self._said:
+                return False
+            self._said.add(what)
+            return True
+
+
 class ArtifactStore:
     """Compiled graphs over the same :class:`Database` the tuning :class:`ClaimStore` uses."""
 
@@ -197,6 +215,10 @@ class ArtifactStore:
         path = db.sqlite_path
         self.blobs: BlobDir | None = (BlobDir(blob_dir_for(path), db.lock_timeout)
                                       if db.is_sqlite and path else None)
+        # One warning per store for unreadable entries, and one for repaired blobs: a
+        # database copied without its blob directory makes every entry unreadable, and a
+        # job reads hundreds of kernels.
+        self._said = _OncePerStore()
 
     # -- the job's side -------------------------------------------------------------------
 
@@ -212,8 +234,12 @@ class ArtifactStore:
         found, row = self._fetch(kind, key, min(limit, MAX_PAYLOAD_BYTES))
         if found is None or isinstance(found, str):
             if found is not None:
-                logger.warning("tunecache: stored %s entry %s: %s; ignored", kind,
-                               columns.clip(key, 40), found)
+                first = self._said.first("unreadable")
+                logger.log(logging.WARNING if first else logging.DEBUG,
+                           "tunecache: stored %s entry %s: %s; ignored%s", kind,
+                           columns.clip(key, 40), found,
+                           " (further unreadable entries are logged at debug level)"
+                           if first else "")
             return None
         last_used = columns.time(row.last_used_at)
         if touch and not self.db.readonly and (last_used is None
@@ -435,8 +461,10 @@ class ArtifactStore:
         try:
             with self.blobs.locked(digest) as path:
                 if not self.blobs.intact(path, digest, len(payload)):
-                    logger.warning("tunecache: blob %s was missing or damaged; rewritten",
-                                   path)
+                    first = self._said.first("repaired")
+                    logger.log(logging.WARNING if first else logging.DEBUG,
+                               "tunecache: blob %s was missing or damaged; rewritten%s", path,
+                               " (further repairs are logged at debug level)" if first else "")
                     self.blobs.write(path, payload)
         except (OSError, Timeout) as e:  # a repair; the publish itself was not ours
             logger.debug("tunecache: blob %s not repaired: %s", path, e)
