@@ -224,9 +224,10 @@ class ArtifactStore:
 
     def get(self, kind: str, key: str, *, touch: bool = True,
             limit: int = MAX_PAYLOAD_BYTES) -> Artifact | None:
-        """The artifact, or None if absent or unreadable (one warning: a row or blob that
-        is not what was published, or one whose row claims more than ``limit`` bytes,
-        refused before any of them is read). With ``touch``, at most once an hour per
+        """The artifact, or None if absent or unreadable (a row or blob that is not what
+        was published, or one whose row claims more than ``limit`` bytes, refused before
+        any of them is read: the store's first such entry is a warning, later ones are
+        logged at debug level). With ``touch``, at most once an hour per
         artifact, a read records its use (a short write, skipped on a readonly database);
         a job's loads are counted instead (:meth:`record_uses`)."""
         if validate_identity(kind, key) is not None:
