@@ -109,6 +109,38 @@ def test_a_planted_call_is_refused_before_anything_is_allocated(sqlite_url, tmp_
     assert len(done.stderr.splitlines()) <= 3, done.stderr
 
 
+def test_keys_whose_call_was_not_recorded_are_reported_as_skipped_not_left_out(sqlite_url,
+                                                                              tmp_path):
+    # A call with an argument warm cannot rebuild (Liger's SwiGLU kernels take tensor
+    # descriptors) is stored without its call: the entry a job leaves then.
+    _job(sqlite_url, tmp_path, "1000,3000")
+    def drop_call_at_1000(conn):  # type: ignore[no-untyped-def]
+        for key_hash, key_json in conn.execute(text(
+                "SELECT key_hash, key_json FROM tunecache_entries WHERE kind = 'user_kernel'")):
+            if json.loads(key_json)["tuning_key"][0] == 1000:
+                conn.execute(text("UPDATE tunecache_entries SET meta_json = '{}' "
+                                  "WHERE key_hash = :h"), {"h": key_hash})
+
+    with tunecache.open(sqlite_url) as cache:
+        cache.store.db.run(drop_call_at_1000)
+    done = _warm(sqlite_url, "--user-kernels", "user_kernel_library", **NEW_TRITON)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [t["tuning_key"][0] for t in report["tasks"]] == [3000], report
+    assert [(s["kernel"], s["tuning_key"][0]) for s in report["skipped"]] == [
+        ("user_kernel_library.accumulate", 1000)], report
+    assert "not recorded" in report["skipped"][0]["reason"]
+    other = _warm_json(sqlite_url, "--user-kernels", "liger_kernel", "--dry-run")
+    assert other["skipped"] == [], "another package's keys are not this warm's to report"
+
+    human = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "warm", "--user-kernels",
+         "user_kernel_library", "--dry-run"],
+        env=_env(sqlite_url, **NEW_TRITON), capture_output=True, text=True, timeout=240)
+    assert human.returncode == 0, human.stderr
+    assert "skipped user_kernel_library.accumulate [1000" in human.stderr
+
+
 def test_warm_user_kernels_refuses_other_modes_with_a_one_line_error(sqlite_url):
     done = _warm(sqlite_url, "--user-kernels", "user_kernel_library", "--exhaustive")
     assert done.returncode == 2 and "--user-kernels" in done.stderr

@@ -266,5 +266,7 @@ def _echo_skipped(skipped: Sequence[Mapping[str, Any]]) -> None:
     """The recorded keys warm left out, each with its reason, to stderr (escaped: both
     come from the database)."""
     for s in skipped:
-        click.echo(f"skipped {fmt.safe(s['key_hash'][:16])}: {fmt.safe(s['reason'])}",
-                   err=True)
+        what = s["key_hash"][:16]
+        if "kernel" in s:
+            what = f"{s['kernel']} {fmt.clip(str(s['tuning_key']), 60)}"
+        click.echo(f"skipped {fmt.safe(what)}: {fmt.safe(s['reason'])}", err=True)

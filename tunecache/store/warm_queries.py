@@ -14,7 +14,7 @@ from .entry_filter import EntryFilter
 from .schema import entries
 
 __all__ = ["WARM_KEY_BYTES", "WARM_TIMINGS_BYTES", "select_warm_page", "warm_page",
-           "select_transferred_page", "select_replayable_page", "replayable_page"]
+           "select_transferred_page", "select_user_kernel_page", "user_kernel_page"]
 
 # What warm reads of a row, bounded in SQL (columns.bounded): a key warm can rebuild has an
 # inputs key of at most 4096 characters (warm.inputs), so it is far under WARM_KEY_BYTES;
@@ -52,24 +52,25 @@ def select_transferred_page(env: EntryFilter | None, after: str, limit: int) -> 
     )
 
 
-def select_replayable_page(env: EntryFilter | None, after: str, limit: int) -> Select[Any]:
-    """A page of done user-kernel entries whose meta mentions "replay" (the call that
-    tuned them), for `warm --user-kernels`; the caller validates the meta."""
+def select_user_kernel_page(env: EntryFilter | None, after: str, limit: int) -> Select[Any]:
+    """A page of done user-kernel entries, for `warm --user-kernels`: those whose meta
+    holds the call that tuned them are re-tuned, the others reported as skipped; the
+    caller validates the meta."""
     cond = env.condition() if env else true()
     return (
         select(entries.c.key_hash, bounded(entries.c.key_json, WARM_KEY_BYTES),
                bounded(entries.c.meta_json, MAX_META_BYTES))
         .where(entries.c.state == "done", entries.c.kind == "user_kernel",
-               entries.c.meta_json.like('%"replay"%'), entries.c.key_hash > after, cond)
+               entries.c.key_hash > after, cond)
         .order_by(entries.c.key_hash)
         .limit(limit)
     )
 
 
-def replayable_page(conn: Connection, env: EntryFilter | None, after: str,
-                    limit: int) -> list[Any]:
-    """A page of :func:`select_replayable_page`."""
-    return list(conn.execute(select_replayable_page(env, after, limit)).all())
+def user_kernel_page(conn: Connection, env: EntryFilter | None, after: str,
+                     limit: int) -> list[Any]:
+    """A page of :func:`select_user_kernel_page`."""
+    return list(conn.execute(select_user_kernel_page(env, after, limit)).all())
 
 
 def warm_page(conn: Connection, env: EntryFilter | None, after: str, limit: int) -> list[Any]:

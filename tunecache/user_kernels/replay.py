@@ -6,7 +6,7 @@ None as it is) and, per config, the grid it launches with. A grid is usually a f
 of the arguments and the config (``lambda meta: (cdiv(n, meta["BLOCK"]),)``), which no
 database can hold, so it is evaluated for every config at record time. A call with an
 argument of another kind (a tensor descriptor, an object) is not recorded, and warm
-does not list its key.
+reports its key as skipped, with the reason.
 
 :func:`rebuild` turns a stored spec back into a call on this machine's device, after
 checking every field: the spec comes from the shared database, so it is bounded (argument

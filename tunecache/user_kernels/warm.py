@@ -2,10 +2,11 @@
 user-kernel keys earlier jobs recorded, so that the next job on this Triton benchmarks
 nothing.
 
-Each recorded key whose call was recorded (:mod:`.replay`) is one task: its kernel is
-imported from the installed library, found as the module attribute its name gives, and
-called on tensors of the recorded shapes, through Triton's own autotuner with tunecache in
-front of it. The call therefore takes the path a job's call takes: the key is the one a
+Each recorded key whose call was recorded (:mod:`.replay`) is one task (the others are
+reported as skipped, so that the operator knows which keys the next job tunes): its
+kernel is imported from the installed library, found as the module attribute its name
+gives, and called on tensors of the recorded shapes, through Triton's own autotuner with
+tunecache in front of it. The call therefore takes the path a job's call takes: the key is the one a
 job on this Triton computes (the installed kernel's source and configs, the tuning
 values, this Triton), claimed, benchmarked once across the ranks that run warm, and
 published. A key already stored for this Triton is a hit: nothing is benchmarked.
@@ -59,16 +60,18 @@ def in_packages(kernel: str, packages: Sequence[str]) -> bool:
 def select_user_kernels(db: Database, packages: Sequence[str], *,
                         from_torch: Sequence[str] = (), from_device: Sequence[str] = (),
                         limit: int | None = None,
-                        ) -> tuple[list[UserKernelTask], list[dict[str, str]]]:
+                        ) -> tuple[list[UserKernelTask], list[dict[str, Any]]]:
     """The distinct recorded keys of the kernels of ``packages`` whose call was recorded,
-    and the entries skipped, each with its reason."""
+    and the entries skipped, each with its reason: those warm cannot read, and the keys of
+    those packages whose call was not recorded (the next job on this stack tunes them)."""
     env = EntryFilter(only={"torch": list(from_torch), "device": list(from_device)},
                       kinds=["user_kernel"])
     tasks: dict[tuple[str, str], UserKernelTask] = {}
-    skipped: list[dict[str, str]] = []
+    not_recorded: dict[tuple[str, str], dict[str, Any]] = {}
+    skipped: list[dict[str, Any]] = []
     after = ""
     while True:
-        page = db.run(functools.partial(warm_queries.replayable_page, env=env, after=after,
+        page = db.run(functools.partial(warm_queries.user_kernel_page, env=env, after=after,
                                         limit=1000))
         if not page:
             break
@@ -78,15 +81,27 @@ def select_user_kernels(db: Database, packages: Sequence[str], *,
                 skipped.append({"key_hash": row.key_hash, "reason": reason})
             elif not in_packages(task.kernel, packages):
                 continue
+            elif not task.call:
+                not_recorded.setdefault(task.ident, {
+                    "key_hash": row.key_hash, "kernel": task.kernel,
+                    "tuning_key": task.tuning_key, "reason": _NOT_RECORDED})
             else:
                 found = tasks.setdefault(task.ident, task)
                 found.seen_in.extend(w for w in task.seen_in if w not in found.seen_in)
         after = page[-1].key_hash
+    # A key recorded under another stack with its call is re-tuned from that call.
+    skipped += [s for ident, s in sorted(not_recorded.items()) if ident not in tasks]
     ordered = sorted(tasks.values(), key=lambda t: t.ident)
     return (ordered[:limit] if limit else ordered), skipped
 
 
+_NOT_RECORDED = ("the call that tuned it was not recorded (an argument warm cannot rebuild, "
+                 "such as a tensor descriptor, or an entry older than recorded calls): the "
+                 "next job on this stack tunes it")
+
+
 def _task_of(row: Any) -> tuple[UserKernelTask | None, str]:
+    """The row's task (with an empty call where none was recorded), or None and why."""
     key_json = columns.text(row.key_json)
     if key_json is None:
         return None, f"the recorded key is longer than {warm_queries.WARM_KEY_BYTES} bytes"
@@ -94,16 +109,16 @@ def _task_of(row: Any) -> tuple[UserKernelTask | None, str]:
         key = stored_json.loads(key_json, warm_queries.WARM_KEY_BYTES)
     except stored_json.StoredJSONError as e:
         return None, f"the recorded key is not JSON warm reads ({e})"
-    meta = validate_meta(columns.text(row.meta_json))
     kernel = key.get("op") if isinstance(key, dict) else None
     if not isinstance(kernel, str) or not all(p.isidentifier() for p in kernel.split(".")):
         return None, "the recorded key names no kernel"
-    call = meta.get(REPLAY)
-    if not isinstance(call, dict) or "tuning_key" not in key:
-        return None, "no recorded call"
+    if "tuning_key" not in key:
+        return None, "the recorded key has no tuning values"
+    call = validate_meta(columns.text(row.meta_json)).get(REPLAY)
     env = key.get("env") if isinstance(key.get("env"), dict) else {}
     where = {k: str(env.get(k)) for k in ("device", "torch", "triton")}
-    return UserKernelTask(kernel, key["tuning_key"], call, [where]), ""
+    return UserKernelTask(kernel, key["tuning_key"], call if isinstance(call, dict) else {},
+                          [where]), ""
 
 
 def find_autotuner(kernel: str, packages: Sequence[str]) -> Any:
