@@ -170,14 +170,14 @@ def _copy(published: tuple[Path, dict[str, Any], bytes], tmp: Path) -> str:
 
 def test_a_new_node_compiles_a_dimension_that_changed_elsewhere_dynamic_at_once_on_sqlite(
         published, keys, tmp_path):
-    """Without the profile (TUNECACHE_PGO unset, the same database, job id and key) a new
+    """Without the profile (TUNECACHE_PGO=0, the same database, job id and key) a new
     node compiles static first, as Dynamo does on its own."""
     url = _copy(published, tmp_path)
     _assert_published_a_changed_dimension(published[1], url)
     assert _warnings(published[1]) == []
     signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
     started = [_start(tmp_path, "new-node", url, "12,16", TUNECACHE_PGO="1", **signing),
-               _start(tmp_path, "without", url, "12", **signing)]
+               _start(tmp_path, "without", url, "12", TUNECACHE_PGO="0", **signing)]
     job, without = (_finish(s) for s in started)
     # One graph, dynamic from the start, and no recompile at a fourth size.
     assert job["dynamic"] == [True] and job["unique_graphs"] == 1, job
@@ -296,12 +296,13 @@ def test_a_readonly_job_loads_the_profile_and_publishes_nothing(published, keys,
 # -- settings and operator commands
 
 
-def test_TUNECACHE_PGO_is_off_by_default_and_a_bad_value_turns_only_profiles_off(tmp_path):
+def test_profiles_are_shared_by_default_with_a_key_and_a_bad_TUNECACHE_PGO_turns_only_them_off(
+        tmp_path):
     key = str(tmp_path / "k")
-    assert Settings.from_env({"TUNECACHE_SIGNING_KEY": key}).pgo_sharing().state == "off"
-    on = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_PGO": "1"})
-    assert on.pgo_sharing().state == "publish"
-    assert Settings.from_env({"TUNECACHE_PGO": "1"}).pgo_sharing().state == "unconfigured"
+    assert Settings.from_env({"TUNECACHE_SIGNING_KEY": key}).pgo_sharing().state == "publish"
+    off = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_PGO": "0"})
+    assert off.pgo_sharing().state == "off"
+    assert Settings.from_env({}).pgo_sharing().state == "unconfigured"
     assert Settings.from_env({"TUNECACHE_PGO": "1", "TUNECACHE_VERIFY_KEY": key,
                               "TUNECACHE_GRAPHS": "0"}).pgo_sharing().state == "verify"
     bad = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_PGO": "maybe"})
@@ -334,7 +335,9 @@ def test_doctor_says_whether_jobs_share_shape_profiles(sqlite_url, keys, monkeyp
         done = run("doctor", "--db", sqlite_url, "--json")
         return done.exit_code, {c["name"]: c for c in json.loads(done.stdout)["checks"]}["pgo"]
 
-    assert check()[1]["message"].startswith("shape profiles not shared")
+    assert check()[1]["message"].startswith("shape profiles not shared: no key set")
+    monkeypatch.setenv("TUNECACHE_PGO", "0")
+    assert check()[1]["message"] == "shape profiles not shared (TUNECACHE_PGO=0)"
     monkeypatch.setenv("TUNECACHE_PGO", "maybe")
     code, pgo = check()
     assert code == 1 and pgo["status"] == "fail" and "TUNECACHE_PGO='maybe'" in pgo["message"]

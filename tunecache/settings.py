@@ -205,9 +205,10 @@ class Settings:
     # same keys and trust as graphs; TUNECACHE_KERNELS=0 keeps them in Triton's local cache.
     kernels: bool = True
     # Dynamo's profile-guided dynamic shapes served from the database (tunecache.inductor.
-    # pgo), with the same keys and trust as graphs. Off until a GPU measurement shows step
-    # time within 1.02x of static compiles; TUNECACHE_PGO=1 turns it on.
-    pgo: bool = False
+    # pgo), with the same keys and trust as graphs, for jobs that set a job id. On because
+    # the GPU measurement put a dynamic graph's step within 1.02x of a static compile's
+    # (docs/graphs.md); TUNECACHE_PGO=0 turns it off.
+    pgo: bool = True
     # Users' own @triton.autotune kernels tuned once per cluster (tunecache.user_kernels);
     # TUNECACHE_USER_KERNELS=0 leaves Triton's autotuner alone.
     user_kernels: bool = True
@@ -350,8 +351,8 @@ class Settings:
         return plan if self.kernels or plan.state == "invalid" else GraphSharing("off")
 
     def pgo_sharing(self) -> GraphSharing:
-        """Whether and how this process shares Dynamo's shape profiles: off unless
-        TUNECACHE_PGO=1, then as graphs are (the same keys), whatever TUNECACHE_GRAPHS
+        """Whether and how this process shares Dynamo's shape profiles: off with
+        TUNECACHE_PGO=0, else as graphs are (the same keys), whatever TUNECACHE_GRAPHS
         says: a profile is no compiled graph."""
         if self._pgo_problem is not None:
             return GraphSharing("invalid", problem=self._pgo_problem)

@@ -13,8 +13,8 @@ winners), ``narrow`` (a stored GEMM generates only the template choices that can
 coordinate descent, fusion and split-size benchmarks, epilogue-fusion decisions, compile
 workers, install), ``graphs`` (compiled graphs: Inductor's remote FX graph and
 AOTAutograd caches over the signed graph service, with a key configured), ``pgo``
-(Dynamo's shape profiles: its remote PGO cache over the same signed service, with
-TUNECACHE_PGO=1; the one module here that touches ``torch._dynamo``) and ``warmup`` (the
+(Dynamo's shape profiles: its remote PGO cache over the same signed service, unless
+TUNECACHE_PGO=0; the one module here that touches ``torch._dynamo``) and ``warmup`` (the
 compile of ``tunecache warm``).
 docs/design.md draws them.
 """

@@ -1,6 +1,7 @@
 """Dynamo's shape profiles shared through the database: tunecache as Dynamo's remote PGO
 cache (profile-guided automatic dynamic shapes), loading only profiles whose signature
-verifies. On with ``TUNECACHE_PGO=1`` and a key, as graphs are.
+verifies. On wherever a key is configured, as graphs are; ``TUNECACHE_PGO=0`` turns it
+off.
 
 How Dynamo reaches its remote PGO cache (``torch/_dynamo/pgo.py``, read in torch 2.13;
 the same calls in the upstream source of the 2.11 era, see below):
@@ -70,7 +71,7 @@ CLASS_NAME = "RemoteDynamoPGOCache"  # Dynamo's name in torch._inductor.remote_c
 
 _HOW_TO = (
     "tunecache: Dynamo's shape profiles are not shared through the database "
-    "(TUNECACHE_PGO=1 but no key configured); run `tunecache keygen DIR` once, then set "
+    "(no key configured); run `tunecache keygen DIR` once, then set "
     "TUNECACHE_SIGNING_KEY=DIR/tunecache-signing.key on jobs that publish, or "
     "TUNECACHE_VERIFY_KEY=DIR/tunecache-verify.pub on jobs that only load"
 )

@@ -185,9 +185,9 @@ class _Doctor:
             self.add("pgo", "ok", f"{what} Dynamo's shape profiles, with the graphs' key; "
                      "jobs of one model need one TORCH_COMPILE_JOB_ID")
         elif plan.state == "unconfigured":
-            self.add("pgo", "ok", "shape profiles off: TUNECACHE_PGO=1 but no key set")
+            self.add("pgo", "ok", "shape profiles not shared: no key set (the graphs check)")
         else:
-            self.add("pgo", "ok", "shape profiles not shared (TUNECACHE_PGO=1 shares them)")
+            self.add("pgo", "ok", "shape profiles not shared (TUNECACHE_PGO=0)")
 
     # -- PostgreSQL ----------------------------------------------------------------------
 
