@@ -422,6 +422,8 @@ def test_a_bad_graph_setting_is_one_warning_and_tuning_stays_on(sqlite_url, sett
     lines = [r for r in caplog.records if "compiled graphs" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING, caplog.text
     assert message in lines[0].getMessage() and "\n" not in lines[0].getMessage()
+    # Shape profiles use the same keys: the one warning covers them too.
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == lines, caplog.text
 
 
 def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monkeypatch):

@@ -155,18 +155,25 @@ def enable_pgo(ledger: Ledger, cache: CacheOpener, settings: Settings,
     plan = settings.pgo_sharing()
     if plan.state == "off":
         return False
+    # Profiles use the graphs' keys: the graphs' info line says how to configure one
+    # (unless graphs are off), and a bad key setting, or a key file that does not load, is
+    # the graphs' one warning (graphs warn about keys even when off). Only a problem of
+    # profiles' own warns here.
+    graphs = settings.graph_sharing()
     if plan.state == "unconfigured":
-        explain_once(logging.INFO, "%s", _HOW_TO)
+        if graphs.state == "off":
+            explain_once(logging.INFO, "%s", _HOW_TO)
         return False
     if plan.state == "invalid":
-        explain_once(logging.WARNING, "tunecache: Dynamo's shape profiles are not shared: "
-                     "%s", plan.problem)
+        own = plan.problem != graphs.problem
+        explain_once(logging.WARNING if own else logging.INFO,
+                     "tunecache: Dynamo's shape profiles are not shared: %s", plan.problem)
         return False
     try:
         share = ProfileShare.from_settings(plan, cache)
     except SigningKeyError as e:
-        explain_once(logging.WARNING, "tunecache: Dynamo's shape profiles are not shared: "
-                     "%s", e)
+        explain_once(logging.WARNING if graphs.state == "off" else logging.INFO,
+                     "tunecache: Dynamo's shape profiles are not shared: %s", e)
         return False
     _require_internals()
     import torch
