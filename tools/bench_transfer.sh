@@ -13,7 +13,8 @@
 #    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
 #    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
 # With PROFILE=N, each transfer-N job's compile step is profiled (cProfile, its N costliest
-# calls) into OUTDIR/profile-transfer-N.txt.
+# calls) into OUTDIR/profile-transfer-N.txt; with PROFILE_PLAIN=N, each plain-N job's, into
+# OUTDIR/profile-plain-N.txt (a profiled job's compile seconds are not comparable).
 # With REGRET=1, each transfer job's database is then re-tuned in full
 # (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
 # transferred or decided GEMM entry.
@@ -70,7 +71,13 @@ if [[ -z $recorded ]]; then
         --tokens "${RECORD_TOKENS:-8192}"
 fi
 for tokens in ${TOKENS:-4096 16384}; do
-    bench "plain-$tokens" --mode plain --tokens "$tokens"
+    plain_profile=()
+    [[ -n ${PROFILE_PLAIN:-} ]] && plain_profile=(--profile-compile "$PROFILE_PLAIN")
+    bench "plain-$tokens" --mode plain --tokens "$tokens" "${plain_profile[@]}"
+    if [[ -n ${PROFILE_PLAIN:-} ]]; then
+        sed -n '/where the compile step/,/"kind": "job"/p' "$out/plain-$tokens.log" \
+            | head -c 30000 >"$out/profile-plain-$tokens.txt"
+    fi
     copy_db "$recorded" "$out/transfer-$tokens.db"
     profile=()
     [[ -n ${PROFILE:-} ]] && profile=(--profile-compile "$PROFILE")
