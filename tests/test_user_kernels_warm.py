@@ -114,6 +114,7 @@ def test_keys_whose_call_was_not_recorded_are_reported_as_skipped_not_left_out(s
     # A call with an argument warm cannot rebuild (Liger's SwiGLU kernels take tensor
     # descriptors) is stored without its call: the entry a job leaves then.
     _job(sqlite_url, tmp_path, "1000,3000")
+
     def drop_call_at_1000(conn):  # type: ignore[no-untyped-def]
         for key_hash, key_json in conn.execute(text(
                 "SELECT key_hash, key_json FROM tunecache_entries WHERE kind = 'user_kernel'")):

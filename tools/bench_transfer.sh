@@ -62,6 +62,11 @@ regret() {  # tag: re-tune the transfer job's GEMM entries in full
     echo "   rc=$? $(head -c 300 "$out/regret-$tag.json")"
 }
 
+keep_profile() {  # tag: the cProfile its job printed, into OUTDIR/profile-TAG.txt
+    sed -n '/where the compile step/,/"kind": "job"/p' "$out/$1.log" | head -c 30000 \
+        >"$out/profile-$1.txt"
+}
+
 bench warmup --mode default --tiny --steps 1
 recorded=${RECORDED:-}
 if [[ -z $recorded ]]; then
@@ -74,19 +79,13 @@ for tokens in ${TOKENS:-4096 16384}; do
     plain_profile=()
     [[ -n ${PROFILE_PLAIN:-} ]] && plain_profile=(--profile-compile "$PROFILE_PLAIN")
     bench "plain-$tokens" --mode plain --tokens "$tokens" "${plain_profile[@]}"
-    if [[ -n ${PROFILE_PLAIN:-} ]]; then
-        sed -n '/where the compile step/,/"kind": "job"/p' "$out/plain-$tokens.log" \
-            | head -c 30000 >"$out/profile-plain-$tokens.txt"
-    fi
+    [[ -n ${PROFILE_PLAIN:-} ]] && keep_profile "plain-$tokens"
     copy_db "$recorded" "$out/transfer-$tokens.db"
     profile=()
     [[ -n ${PROFILE:-} ]] && profile=(--profile-compile "$PROFILE")
     TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache \
         --tokens "$tokens" "${profile[@]}"
-    if [[ -n ${PROFILE:-} ]]; then
-        sed -n '/where the compile step/,/"kind": "job"/p' "$out/transfer-$tokens.log" \
-            | head -c 30000 >"$out/profile-transfer-$tokens.txt"
-    fi
+    [[ -n ${PROFILE:-} ]] && keep_profile "transfer-$tokens"
     if [[ ${POOL:-0} == 1 ]]; then
         copy_db "$recorded" "$out/pool-$tokens.db"
         TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \

@@ -6,8 +6,8 @@ Each recorded key whose call was recorded (:mod:`.replay`) is one task (the othe
 reported as skipped, so that the operator knows which keys the next job tunes): its
 kernel is imported from the installed library, found as the module attribute its name
 gives, and called on tensors of the recorded shapes, through Triton's own autotuner with
-tunecache in front of it. The call therefore takes the path a job's call takes: the key is the one a
-job on this Triton computes (the installed kernel's source and configs, the tuning
+tunecache in front of it. The call therefore takes the path a job's call takes: the key
+is the one a job on this Triton computes (the installed kernel's source and configs, the tuning
 values, this Triton), claimed, benchmarked once across the ranks that run warm, and
 published. A key already stored for this Triton is a hit: nothing is benchmarked.
 
