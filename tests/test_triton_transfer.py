@@ -7,7 +7,9 @@ Inductor's own ``CachingAutotuner.run`` -> ``autotune_to_one_config`` ->
 ``coordinate_descent_tuning`` (and its CoordescTuner) run here on the CPU, with Triton's
 compile, launch and ``bench`` faked (tests/triton_fake_autotuner.py), on kernel modules
 Inductor 2.11 generated for one llama-style block for a Hopper GPU (sm_90) at 1000, 1024,
-2048 and 4096 tokens (tests/data/triton_kernels).
+2048 and 4096 tokens, and on an H200 for tools/bench_gpu.py's models at 4096 and 8192
+tokens (tests/data/triton_kernels; ``benchmarked_*``: a module compiled to time an
+epilogue alone, with its benchmark harness).
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def source(name: str, tokens: int, index: int = 0) -> str:
     (TRANSPOSE, (1000, 1024, 2048, 4096)),  # a stride spans the tokens: 131072*(x0 // 128)
     ("triton_poi_fused_add_cat_mul_slice_sub_view_1", (1000, 1024, 2048, 4096)),
     (SOFTMAX, (2048, 4096)),  # add_persistent_rblock appears at 4096
+    # masks: 8192's r0_mask is constant, 4096's compares
+    ("triton_red_fused_sum", (4096, 8192)),
+    # a mean over the whole tensor: 1/numel is a float constant of the computation
+    ("triton_poi_fused__to_copy_add_mean_sub", (4096, 8192)),
+    ("triton_red_fused__to_copy_add_div_expand_neg_sum", (4096, 8192)),
+    # the harness's shapes and numel
+    ("benchmarked_mul_silu", (4096, 8192)),
+    # 1000 tokens: the softmax rows need masks, and with them the select of max's identity
+    ("triton_per_fused__softmax__to_copy_amax_mul_sub_2", (1000, 1024)),
 ])
 def test_the_same_kernel_at_other_token_counts_is_one_family(name, sizes):
     infos = [triton_kernel_info(source(name, t, index=i % 2), {}) for i, t in enumerate(sizes)]
@@ -71,17 +82,23 @@ def test_different_kernels_are_different_families():
                 for name in (SILU, TRANSPOSE, SOFTMAX,
                              "triton_poi_fused_add_cat_mul_slice_sub_view_1")}
     assert len(families) == 4
-    # A computation constant is not a size: relu's 0 and a clamp at 1 stay apart.
+    # Another operation is another kernel, where a constant is not.
     base = source(SILU, 2048)
-    assert "tl.full([1], 1.0, tl.float32)" in base
-    other = base.replace("tl.full([1], 1.0, tl.float32)", "tl.full([1], 2.0, tl.float32)")
+    assert "tmp5 = tmp3 + tmp4" in base
+    other = base.replace("tmp5 = tmp3 + tmp4", "tmp5 = tmp3 * tmp4")
     assert triton_kernel_info(other, {})["family"] != triton_kernel_info(base, {})["family"]
+    # Masks are blanked, not dropped: a load guarded by a computed condition stays so.
+    masked = base.replace("tl.load(in_ptr0 + (x0), None", "tl.load(in_ptr0 + (x0), tmp0 & xmask")
+    assert masked != base
+    assert triton_kernel_info(masked, {})["family"] != triton_kernel_info(base, {})["family"]
 
 
-def test_a_masked_kernel_is_not_the_family_of_its_unmasked_size():
-    # 1000 tokens: the softmax rows need masks that 1024 does not; the code differs.
-    a = triton_kernel_info(source("triton_per_fused__softmax__to_copy_amax_mul_sub_2", 1000), {})
-    b = triton_kernel_info(source("triton_per_fused__softmax__to_copy_amax_mul_sub_2", 1024), {})
+def test_a_mix_order_reduction_is_not_the_family_of_the_reductions_it_replaces():
+    # At 8192 tokens Inductor fuses a norm's backward over rows and over columns into
+    # one kernel (rows >= 2 x columns); at 4096 it does not: other kernels, other configs.
+    a = triton_kernel_info(
+        (KERNELS / "mix_order_reduction_out_of_place.txt").read_text(), {})
+    b = triton_kernel_info(source("triton_red_fused__to_copy_add_div_expand_neg_sum", 4096), {})
     assert a["family"] != b["family"]
 
 
@@ -251,6 +268,30 @@ def test_a_kernel_with_no_recorded_neighbour_runs_the_full_descent(transfer, db_
     assert len(transfer.descents) == 1
     stats = tc_inductor.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full) == (0, 1)
+
+
+def test_a_neighbour_whose_descent_ended_at_this_kernels_start_config_ends_its_tuning(
+        transfer, monkeypatch):
+    # Fastest at XBLOCK 1024 with 8 warps: at 1024 tokens the descent climbs from 512 to
+    # 1024, which is where the kernel at 2048 tokens starts.
+    monkeypatch.setitem(globals(), "fake_ms", lambda cfg: 1.0 + abs(
+        math.log2(cfg.kwargs["XBLOCK"] / 1024)) + 0.25 * abs(math.log2(cfg.num_warps / 8)))
+    recorded = transfer.load(SILU, 1024)
+    transfer.first_run(recorded)
+    best, _ = _entry(transfer.cache, transfer.key(recorded))
+    assert (best["XBLOCK"], best["num_warps"]) == (1024, 8) and transfer.descents
+    tc_inductor.triton_stats.reset()
+    k = transfer.load(SILU, 2048, index=1)
+    ran = transfer.first_run(k)
+    assert (ran.kwargs, ran.num_warps) == ({"XBLOCK": 1024}, 8)
+    assert transfer.descents == []
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
+        1, 0, 1)
+    stored, entry_meta = _entry(transfer.cache, transfer.key(k))
+    assert stored["found_by_coordesc"] is True and stored["XBLOCK"] == 1024
+    assert entry_meta["transfer"] == {"from": [key_hash(transfer.key(recorded))[0]],
+                                      "benchmarked": 1, "generated": 1}
 
 
 def test_a_neighbour_more_than_two_octaves_away_is_not_used(transfer):
@@ -489,8 +530,10 @@ def test_a_decided_config_whose_publish_fails_is_tuned_as_without_it_with_one_wa
         ran = decisive.first_run(k)
     assert ran.kwargs["XBLOCK"] == BEST_XBLOCK
     stats = tc_inductor.triton_stats
-    # The descent, from the decided config (transfer has no other neighbour config).
-    assert (stats.coordesc_decided, stats.coordesc_full) == (0, 1)
+    # Then transfer, whose one neighbour config is the decided one it runs: kept, with no
+    # descent.
+    assert (stats.coordesc_decided, stats.coordesc_transferred, stats.coordesc_full) == (
+        0, 1, 0)
     warnings = [r.getMessage() for r in caplog.records
                 if r.name == "tunecache" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "disk full" in warnings[0], warnings

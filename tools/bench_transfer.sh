@@ -6,7 +6,7 @@
 # 1. (unless RECORDED names a database to start from) record: tunecache on an empty
 #    database at RECORD_TOKENS tokens (default 8192), the cluster's earlier job;
 # 2. for each of TOKENS (default "4096 16384"), every key new:
-#      plain-N     max-autotune, every GEMM and kernel tuned in full
+#      plain-N     max-autotune, every GEMM and kernel tuned in full (PLAIN=0 skips it)
 #      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
 #    and, with DECISIVE=1, transfer-decisive-N: the same with TUNECACHE_DECISIVE=1;
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
@@ -15,6 +15,9 @@
 # With PROFILE=N, each transfer-N job's compile step is profiled (cProfile, its N costliest
 # calls) into OUTDIR/profile-transfer-N.txt; with PROFILE_PLAIN=N, each plain-N job's, into
 # OUTDIR/profile-plain-N.txt (a profiled job's compile seconds are not comparable).
+# With KERNELS=1, the Triton kernels of the record and transfer-N jobs' compiled graphs are
+# dumped (tools/kernel_diff.py dump) into OUTDIR/kernels-TAG.json: which kernels of a new
+# size have a recorded kernel of their family.
 # With REGRET=1, each transfer job's database is then re-tuned in full
 # (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
 # transferred or decided GEMM entry.
@@ -67,6 +70,15 @@ keep_profile() {  # tag: the cProfile its job printed, into OUTDIR/profile-TAG.t
         >"$out/profile-$1.txt"
 }
 
+dump_kernels() {  # tag: its job's final kernels, from its Inductor cache directory
+    [[ ${KERNELS:-0} == 1 ]] || return 0
+    local dir
+    dir=$(python3 -c 'import json, sys
+lines = [json.loads(line) for line in open(sys.argv[1])]
+print([r for r in lines if r["kind"] == "rank" and r["tag"] == sys.argv[2]][-1]["inductor_cache_dir"])
+' "$out/bench.jsonl" "$1") && python3 "$here/tools/kernel_diff.py" dump "$dir" "$out/kernels-$1.json"
+}
+
 bench warmup --mode default --tiny --steps 1
 recorded=${RECORDED:-}
 if [[ -z $recorded ]]; then
@@ -74,18 +86,22 @@ if [[ -z $recorded ]]; then
     rm -f "$recorded"
     TUNECACHE_DB=$recorded bench "record-${RECORD_TOKENS:-8192}" --mode tunecache \
         --tokens "${RECORD_TOKENS:-8192}"
+    dump_kernels "record-${RECORD_TOKENS:-8192}"
 fi
 for tokens in ${TOKENS:-4096 16384}; do
     plain_profile=()
     [[ -n ${PROFILE_PLAIN:-} ]] && plain_profile=(--profile-compile "$PROFILE_PLAIN")
-    bench "plain-$tokens" --mode plain --tokens "$tokens" "${plain_profile[@]}"
-    [[ -n ${PROFILE_PLAIN:-} ]] && keep_profile "plain-$tokens"
+    if [[ ${PLAIN:-1} == 1 ]]; then
+        bench "plain-$tokens" --mode plain --tokens "$tokens" "${plain_profile[@]}"
+        [[ -n ${PROFILE_PLAIN:-} ]] && keep_profile "plain-$tokens"
+    fi
     copy_db "$recorded" "$out/transfer-$tokens.db"
     profile=()
     [[ -n ${PROFILE:-} ]] && profile=(--profile-compile "$PROFILE")
     TUNECACHE_DB=$out/transfer-$tokens.db bench "transfer-$tokens" --mode tunecache \
         --tokens "$tokens" "${profile[@]}"
     [[ -n ${PROFILE:-} ]] && keep_profile "transfer-$tokens"
+    dump_kernels "transfer-$tokens"
     if [[ ${POOL:-0} == 1 ]]; then
         copy_db "$recorded" "$out/pool-$tokens.db"
         TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \

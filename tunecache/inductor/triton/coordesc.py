@@ -312,9 +312,11 @@ def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any,
     that this kernel can have are benchmarked with the config the descent would
     start from, the way Inductor's descent benchmarks a config (compile the config,
     ``bench`` it on this run's arguments); the fastest is saved as the descent's
-    result, which publishes it under this process's claim. A neighbour config that
-    fails to compile or run is skipped (one warning); where none could be run, or
-    anything here fails, the full descent runs.
+    result, which publishes it under this process's claim. Where the neighbours' config
+    is the one the descent starts from (their descents found nothing better), that
+    config is the result. A neighbour config that fails to compile or run is skipped
+    (one warning); where none could be run, or anything here fails, the full descent
+    runs.
     """
     state = REGISTRY.triton
     if state is None:
@@ -323,29 +325,33 @@ def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any,
         if not state.cache().settings.transfer:
             return None
         sources = state.transfer_sources(*key)
-        candidates = _neighbour_configs(kernel, launcher, sources)
-        if not candidates:
+        candidates, agreeing = _neighbour_configs(kernel, launcher, sources)
+        if not candidates and not agreeing:
             return None
-        return _benchmark_and_save(kernel, launcher, key, candidates, args, kwargs)
+        return _benchmark_and_save(kernel, launcher, key, candidates, agreeing, args,
+                                   kwargs)
     state.drop_meta(*key)  # it failed: the full descent, as without transfer
     return None
 
 
 def _neighbour_configs(kernel: Any, launcher: Any, sources: list[tuple[str, dict[str, Any]]]
-                       ) -> list[tuple[str, Any]]:
+                       ) -> tuple[list[tuple[str, Any]], list[str]]:
     """(key hash, triton.Config) of each neighbour's stored config this kernel can have,
-    other than the one it starts from."""
+    other than the one it starts from; and the key hashes of the neighbours whose config
+    is the one it starts from."""
     autotune_cache = kernel.save_cache_hook.__self__
     out: list[tuple[str, Any]] = []
+    agreeing: list[str] = []
     for key_hash, best in sources:
         config = neighbour_config(best, autotune_cache.configs_hash, kernel.configs,
                                   kernel.inductor_meta)
-        if config is None or _same_config(config, launcher.config) or any(
-                _same_config(config, c) for _, c in out):
+        if config is None or any(_same_config(config, c) for _, c in out):
             continue
-        if kernel_config_problem(config, [launcher.config]) is None:
+        if _same_config(config, launcher.config):
+            agreeing.append(key_hash)
+        elif kernel_config_problem(config, [launcher.config]) is None:
             out.append((key_hash, config))
-    return out
+    return out, agreeing
 
 
 def _publish_decided(kernel: Any, launcher: Any, key: tuple[str, str]) -> Any | None:
@@ -372,15 +378,15 @@ def _publish_decided(kernel: Any, launcher: Any, key: tuple[str, str]) -> Any | 
 
 
 def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
-                        candidates: list[tuple[str, Any]], args: tuple[Any, ...],
-                        kwargs: dict[str, Any]) -> Any | None:
+                        candidates: list[tuple[str, Any]], agreeing: list[str],
+                        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
     state = REGISTRY.triton
     assert state is not None
     t0 = time.time_ns()
     load_fn(kernel)  # what Inductor's coordinate descent does first
     base_ms = kernel.bench(launcher, *args, **kwargs)
     timed: list[tuple[float, Any]] = [(base_ms, launcher)]
-    used: list[str] = []
+    used = list(agreeing)
     for key_hash, config in candidates:
         try:
             with kernel.lock:  # as Inductor's coordinate descent compiles a config

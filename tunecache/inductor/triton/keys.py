@@ -171,18 +171,63 @@ _LOAD_STORE_INDEX = re.compile(r"(tl\.(?:load|store)\((?:BUF|[a-z_]+\d*) \+ )([^
 _INDEX_ASSIGN = re.compile(r"^(\s*(?:[xyzr]\d*_?\d*|[xyzr]0?_?(?:index|offset|base)) = )(.*)$",
                            re.M)
 _INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
+# Masks follow from divisibility, not from what a kernel computes: where a size is a
+# multiple of every block size a config can take, Inductor writes a constant mask
+# (``r0_mask = tl.full(...)``), passes None or leaves the mask out of a load or store,
+# and drops the load's ``other=``; at a size that is not, ``r0_index < r0_numel`` and
+# ``r0_mask & xmask``. Same configs, same costs (2.11's sources of a sum over tokens at
+# 4096 and 8192 tokens on an H200).
+_MASK = r"(?:None|[xyzr]\d*_?mask(?: & [xyzr]\d*_?mask)*)"
+_MASK_ASSIGN = re.compile(r"^(\s*[xyzr]\d*_?mask = ).*$", re.M)
+_LOAD_STORE_LINE = re.compile(r"^.*\btl\.(?:load|store)\(.*$", re.M)
+_MASK_ARG = re.compile(rf", {_MASK}(?=[,)])")
+_OTHER_ARG = re.compile(r", other=[^,)]*")
+_WHERE_MASK = re.compile(rf"\btl\.where\({_MASK}, ")
+# A float constant of the computation can be a size: a mean over a whole tensor divides
+# by its numel (``tl.full([1, 1], 2.9802322387695312e-08, tl.float32)`` is 1/(8192*4096)).
+# Which constant a kernel multiplies by does not change what a config costs.
+_FLOAT_CONSTANT = re.compile(
+    r"(tl\.full\(\[[^\]]*\], )-?(?:\d+\.\d*|\d+(?=e))(?:e[-+]?\d+)?(?=, tl\.float)")
+# A benchmarked module's harness: its arguments' shapes and the numel it passes.
+_HARNESS_SIZES = re.compile(r"^(\s*(?:ARGS = |return ARGS, ))(.*)$", re.M)
+
+
+# With constant masks a persistent reduction also leaves out the select of its identity
+# (``tmp6 = tl.where(r0_mask & xmask, tmp4, float("-inf"))``), so every later
+# temporary is numbered one lower (2.11's softmax at 1000 and 1024 tokens).
+_IDENTITY_SELECT = re.compile(r"^[ \t]*(tmp\d+) = tl\.where\(MASK, (tmp\d+), (?!_?tmp)[^\n]*\)\n",
+                              re.M)
+_TEMPORARY = re.compile(r"\b(_?)tmp(\d+)\b")
+
+
+def _masks_blanked(text: str) -> str:
+    text = _MASK_ASSIGN.sub(r"\1MASK", text)
+    text = _LOAD_STORE_LINE.sub(
+        lambda m: _OTHER_ARG.sub("", _MASK_ARG.sub(", MASK", m.group(0))), text)
+    text = _WHERE_MASK.sub("tl.where(MASK, ", text)
+    while select := _IDENTITY_SELECT.search(text):
+        rest = re.sub(rf"\b{select.group(1)}\b", select.group(2), text[select.end():])
+        text = text[:select.start()] + rest
+    numbers: dict[str, int] = {}
+    return _TEMPORARY.sub(
+        lambda m: f"{m.group(1)}tmp{numbers.setdefault(m.group(2), len(numbers))}", text)
 
 
 def kernel_family_text(normalized: str) -> str:
-    """A kernel's source (device index and name already blanked) with its size-dependent
-    literals blanked: the same kernel at another token count gives the same text.
-    Constants of the computation (``tl.full([1], 64, tl.int64)``, floats) stay: blanking
-    them could group kernels that compute different things."""
+    """A kernel's source (device index and name already blanked) with what depends on
+    its sizes blanked: the same kernel at another token count gives the same text. What
+    is blanked: literal sizes, index strides that span a size, masks, float constants
+    and a harness's shapes. A family only chooses the configs a kernel starts its tuning
+    from (never a result it runs untimed, unless neighbours decide), so two kernels that
+    differ in those and nothing else may share one."""
     text = normalized
     for pattern, blank in _SIZE_LITERALS:
         text = pattern.sub(blank, text)
     text = _LOAD_STORE_INDEX.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
-    return _INDEX_ASSIGN.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
+    text = _INDEX_ASSIGN.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
+    text = _HARNESS_SIZES.sub(lambda m: m.group(1) + _INT.sub("N", m.group(2)), text)
+    text = _FLOAT_CONSTANT.sub(r"\1F", text)
+    return _masks_blanked(text)
 
 
 _SIZE_HINT = re.compile(r"'(\w+)': (\d+)")
