@@ -178,7 +178,7 @@ _INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
 # ``r0_mask & xmask``. Same configs, same costs (2.11's sources of a sum over tokens at
 # 4096 and 8192 tokens on an H200).
 _MASK = r"(?:None|[xyzr]\d*_?mask(?: & [xyzr]\d*_?mask)*)"
-_MASK_ASSIGN = re.compile(r"^(\s*[xyzr]\d*_?mask = ).*$", re.M)
+_MASK_ASSIGN = re.compile(r"^([ \t]*[xyzr]\d*_?mask = ).*$", re.M)
 _LOAD_STORE_LINE = re.compile(r"^.*\btl\.(?:load|store)\(.*$", re.M)
 _MASK_ARG = re.compile(rf", {_MASK}(?=[,)])")
 _OTHER_ARG = re.compile(r", other=[^,)]*")
@@ -189,14 +189,12 @@ _WHERE_MASK = re.compile(rf"\btl\.where\({_MASK}, ")
 _FLOAT_CONSTANT = re.compile(
     r"(tl\.full\(\[[^\]]*\], )-?(?:\d+\.\d*|\d+(?=e))(?:e[-+]?\d+)?(?=, tl\.float)")
 # A benchmarked module's harness: its arguments' shapes and the numel it passes.
-_HARNESS_SIZES = re.compile(r"^(\s*(?:ARGS = |return ARGS, ))(.*)$", re.M)
-
-
+_HARNESS_SIZES = re.compile(r"^([ \t]*(?:ARGS = |return ARGS, ))(.*)$", re.M)
 # With constant masks a persistent reduction also leaves out the select of its identity
 # (``tmp6 = tl.where(r0_mask & xmask, tmp4, float("-inf"))``), so every later
 # temporary is numbered one lower (2.11's softmax at 1000 and 1024 tokens).
-_IDENTITY_SELECT = re.compile(r"^[ \t]*(tmp\d+) = tl\.where\(MASK, (tmp\d+), (?!_?tmp)[^\n]*\)\n",
-                              re.M)
+_IDENTITY_SELECT = re.compile(
+    r"^[ \t]*(tmp\d+) = tl\.where\(MASK, (tmp\d+), (?!_?tmp)[^\n]*\)\n", re.M)
 _TEMPORARY = re.compile(r"\b(_?)tmp(\d+)\b")
 
 
