@@ -203,9 +203,10 @@ def _masks_blanked(text: str) -> str:
     text = _LOAD_STORE_LINE.sub(
         lambda m: _OTHER_ARG.sub("", _MASK_ARG.sub(", MASK", m.group(0))), text)
     text = _WHERE_MASK.sub("tl.where(MASK, ", text)
-    while select := _IDENTITY_SELECT.search(text):
+    at = 0
+    while select := _IDENTITY_SELECT.search(text, at):
         rest = re.sub(rf"\b{select.group(1)}\b", select.group(2), text[select.end():])
-        text = text[:select.start()] + rest
+        text, at = text[:select.start()] + rest, select.start()
     numbers: dict[str, int] = {}
     return _TEMPORARY.sub(
         lambda m: f"{m.group(1)}tmp{numbers.setdefault(m.group(2), len(numbers))}", text)
