@@ -292,8 +292,9 @@ def fusing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", benchmark)
 
-    def open_cache(decisive: bool) -> tunecache.TuneCache:
-        monkeypatch.setenv("TUNECACHE_DECISIVE", "1" if decisive else "0")
+    def open_cache(decisive: bool | str) -> tunecache.TuneCache:
+        monkeypatch.setenv("TUNECACHE_DECISIVE", decisive if isinstance(decisive, str)
+                           else "1" if decisive else "0")
         cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
         assert tc_inductor.enable(cache)
         tc_inductor.triton_stats.reset()
@@ -348,7 +349,7 @@ def fusing(tmp_path, monkeypatch):
         fused = result.should_fuse if result.callable_fn is None else result.callable_fn()
         return fused, template
 
-    def reopen(decisive: bool) -> None:
+    def reopen(decisive: bool | str) -> None:
         tc_inductor.disable()
         state.cache.close()
         state.cache = open_cache(decisive)
@@ -375,9 +376,11 @@ def test_inductors_decision_is_published_as_the_sites_entry(fusing):
     assert stored == Decision(1.4, 1.0, 1.3, 0)
 
 
-def test_a_stored_decision_is_replayed_without_generating_compiling_or_timing(fusing):
+@pytest.mark.parametrize("decisive", ["1", "fusion"])
+def test_a_stored_decision_is_replayed_without_generating_compiling_or_timing(fusing,
+                                                                              decisive):
     fusing.decide(4096, [1.6, 1.2, 2.0])  # the second candidate wins, fused
-    fusing.reopen(decisive=True)
+    fusing.reopen(decisive=decisive)
     calls = fusing.inductor_calls
     fused, template = fusing.decide(4096, [9.0, 9.0, 9.0], name="changed-graph")
     assert fused and template.finalized == "triton_mm_b"
@@ -395,8 +398,10 @@ def test_a_stored_decision_not_to_fuse_is_replayed(fusing):
     assert fusing.inductor_calls == calls and template.swapped == []
 
 
-def test_without_decisive_a_stored_decision_is_timed_by_inductor_as_before(fusing):
+@pytest.mark.parametrize("decisive", ["0", "gemm,triton"])
+def test_without_decisive_a_stored_decision_is_timed_by_inductor_as_before(fusing, decisive):
     fusing.decide(4096, [1.0])
+    fusing.reopen(decisive=decisive)
     calls = fusing.inductor_calls
     fusing.decide(4096, [1.0], name="changed-graph")
     assert fusing.inductor_calls == calls + 1

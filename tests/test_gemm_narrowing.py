@@ -305,6 +305,16 @@ def test_a_miss_whose_neighbours_picked_one_template_by_far_generates_only_it(de
     assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 1
 
 
+def test_decisive_without_its_gemm_part_keeps_the_transfer_plan(gemm):
+    with tunecache.open(gemm.cache.settings.db_url, decisive={"triton", "fusion"}) as cache:
+        gemm.active = cache
+        _recorded_at(gemm, [64, 256])  # as where the decisive GEMM generates only one
+        gemm.compile()
+    assert len(gemm.generated) > 1
+    stats = tc_inductor.stats.as_dict()
+    assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
+
+
 def test_a_miss_whose_neighbours_picked_aten_by_far_generates_no_template(decisive):
     _recorded_at(decisive, [64], aten_ms=0.01)
     choices = decisive.compile()

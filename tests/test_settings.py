@@ -39,6 +39,8 @@ def test_db_accepts_paths_and_urls(value, url):
         ({"TUNECACHE_WAIT_TIMEOUT": "nan"}, "a positive number of seconds"),
         ({"TUNECACHE_MAX_ATTEMPTS": "2.5"}, "a positive whole number"),
         ({"TUNECACHE_TRITON_CONFIGS": "maybe"}, "expected 1 or 0"),
+        ({"TUNECACHE_DECISIVE": "fusion,gemms"}, "expected 1, 0, or some of fusion,gemm,triton"),
+        ({"TUNECACHE_DECISIVE": ","}, "TUNECACHE_DECISIVE=','"),
     ],
 )
 def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
@@ -46,6 +48,21 @@ def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
         Settings.from_env(env)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("value", "parts"), [
+    ("1", {"gemm", "triton", "fusion"}),
+    ("yes", {"gemm", "triton", "fusion"}),
+    ("0", set()),
+    ("", set()),
+    ("fusion", {"fusion"}),
+    (" Fusion, triton ", {"fusion", "triton"}),
+])
+def test_decisive_is_a_flag_for_every_part_or_a_list_of_parts(value, parts):
+    assert Settings.from_env({"TUNECACHE_DECISIVE": value}).decisive == parts
+    assert Settings.from_env({}).decisive == frozenset()
+    assert Settings.from_env({}, decisive=True).decisive == {"gemm", "triton", "fusion"}
+    assert Settings.from_env({}, decisive={"gemm"}).decisive == {"gemm"}
 
 
 def test_keyword_settings_override_the_environment():

@@ -251,8 +251,15 @@ def test_a_new_kernel_next_to_a_recorded_one_starts_from_its_config_without_desc
         1, 0, 2)
     stored, entry_meta = _entry(transfer.cache, transfer.key(k))
     assert stored["found_by_coordesc"] is True and stored["XBLOCK"] == BEST_XBLOCK
+    timed = entry_meta["transfer"].pop("timed")
     assert entry_meta["transfer"] == {"from": [key_hash(transfer.key(recorded))[0]],
                                       "benchmarked": 2, "generated": 2}
+    # Each config it timed, with its time: the start config's and the neighbour's.
+    assert timed == [{"config": {**c.kwargs, "num_warps": c.num_warps,
+                                 "num_stages": c.num_stages}, "ms": fake_ms(c)}
+                     for c in transfer.timed.benched]
+    fastest = min(timed, key=lambda t: t["ms"])
+    assert fastest["config"]["XBLOCK"] == BEST_XBLOCK
     assert entry_meta["best_ms"] == fake_ms(ran)
     assert entry_meta["baseline"]["candidate"] == "heuristic"
     assert entry_meta["baseline"]["ms"] >= entry_meta["best_ms"]
@@ -290,8 +297,27 @@ def test_a_neighbour_whose_descent_ended_at_this_kernels_start_config_ends_its_t
         1, 0, 1)
     stored, entry_meta = _entry(transfer.cache, transfer.key(k))
     assert stored["found_by_coordesc"] is True and stored["XBLOCK"] == 1024
-    assert entry_meta["transfer"] == {"from": [key_hash(transfer.key(recorded))[0]],
-                                      "benchmarked": 1, "generated": 1}
+    assert entry_meta["transfer"] == {
+        "from": [key_hash(transfer.key(recorded))[0]], "benchmarked": 1, "generated": 1,
+        "timed": [{"config": {"XBLOCK": 1024, "num_warps": 8, "num_stages": 1},
+                   "ms": fake_ms(ran)}]}
+
+
+def test_a_transferred_kernels_entry_tells_what_its_neighbours_config_cost_here(
+        transfer, monkeypatch):
+    _record(transfer, 1024)  # the descent found XBLOCK 256, 4 warps
+    # At 2048 the config the descent starts from (XBLOCK 1024, 8 warps) is fastest, and
+    # the neighbour's takes 3.25 times as long.
+    monkeypatch.setitem(globals(), "fake_ms", lambda cfg: 1.0 + abs(
+        math.log2(cfg.kwargs["XBLOCK"] / 1024)) + 0.25 * abs(math.log2(cfg.num_warps / 8)))
+    ran = transfer.first_run(transfer.load(SILU, 2048, index=1))
+    assert (ran.kwargs["XBLOCK"], ran.num_warps) == (1024, 8) and transfer.descents == []
+    tool = Path(__file__).resolve().parents[1] / "tools" / "decisive_regret.py"
+    done = subprocess.run([sys.executable, str(tool), transfer.cache.settings.db_url,
+                           "--json"], check=True, capture_output=True, text=True, timeout=120)
+    (row,) = json.loads(done.stdout)["would_decide"]
+    assert (row["kind"], row["verdict"]) == ("triton_config", "agree")
+    assert row["regret"] == pytest.approx(3.25)
 
 
 def test_a_neighbour_more_than_two_octaves_away_is_not_used(transfer):
@@ -380,7 +406,7 @@ def _reopen(loaded: Any, monkeypatch: Any, env: dict[str, str]) -> None:
 def decisive(transfer, monkeypatch):
     """``transfer`` with TUNECACHE_DECISIVE=1."""
     _reopen(transfer, monkeypatch, {"TUNECACHE_DECISIVE": "1"})
-    assert transfer.cache.settings.decisive is True
+    assert "triton" in transfer.cache.settings.decisive
     return transfer
 
 
@@ -395,7 +421,7 @@ def _record_in_full(transfer: Any, monkeypatch: Any, sizes: dict[int, int]) -> N
         assert ran.kwargs["XBLOCK"] == best_xblock and transfer.descents
     monkeypatch.setitem(globals(), "BEST_XBLOCK", BEST_XBLOCK)
     _reopen(transfer, monkeypatch, {"TUNECACHE_TRANSFER": str(int(settings.transfer)),
-                                    "TUNECACHE_DECISIVE": str(int(settings.decisive))})
+                                    "TUNECACHE_DECISIVE": ",".join(settings.decisive) or "0"})
 
 
 def test_a_kernel_whose_neighbours_agree_loads_their_config_alone_and_measures_nothing(
@@ -441,12 +467,16 @@ def test_a_neighbour_that_was_itself_decided_decides_nothing(decisive, db_url):
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
 
 
-def test_decisive_off_loads_no_neighbour_config(transfer):
+@pytest.mark.parametrize("parts", ["0", "gemm,fusion"])
+def test_decisive_without_its_triton_part_loads_no_neighbour_config(transfer, monkeypatch,
+                                                                     parts):
+    _reopen(transfer, monkeypatch, {"TUNECACHE_DECISIVE": parts})
     _record(transfer, 1024)
     k = transfer.load(SILU, 2048)
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
     transfer.first_run(k)
-    assert tc_inductor.triton_stats.coordesc_decided == 0
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_decided, stats.coordesc_transferred) == (0, 1)
 
 
 def test_ranks_that_decided_differently_run_the_config_the_first_one_published(

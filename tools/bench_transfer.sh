@@ -8,7 +8,8 @@
 # 2. for each of TOKENS (default "4096 16384"), every key new:
 #      plain-N     max-autotune, every GEMM and kernel tuned in full (PLAIN=0 skips it)
 #      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
-#    and, with DECISIVE=1, transfer-decisive-N: the same with TUNECACHE_DECISIVE=1;
+#    and, with DECISIVE=1 (or parts: DECISIVE=fusion,triton), transfer-decisive-N: the same
+#    with TUNECACHE_DECISIVE set to that;
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
 #    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
 #    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
@@ -18,6 +19,10 @@
 # With KERNELS=1, the Triton kernels of the record and transfer-N jobs' compiled graphs are
 # dumped (tools/kernel_diff.py dump) into OUTDIR/kernels-TAG.json: which kernels of a new
 # size have a recorded kernel of their family.
+# After the jobs, tools/decisive_regret.py reads each transfer-N job's database: for every
+# key it measured, what its neighbours alone would have decided and what that would have
+# cost at N (and, with DECISIVE, the regret of what transfer-decisive-N decided), into
+# OUTDIR/decisions-N.json.
 # With REGRET=1, each transfer job's database is then re-tuned in full
 # (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
 # transferred or decided GEMM entry.
@@ -65,6 +70,16 @@ regret() {  # tag: re-tune the transfer job's GEMM entries in full
     echo "   rc=$? $(head -c 300 "$out/regret-$tag.json")"
 }
 
+decisions() {  # tokens: what neighbours alone decide at that size, and what it costs
+    local db=$out/transfer-$1.db decisive=()
+    [[ -f $db ]] || return 0
+    [[ -f $out/decisive-$1.db ]] && decisive=(--decisive "$out/decisive-$1.db")
+    echo "== decisions-$1"
+    python3 "$here/tools/decisive_regret.py" "$db" "${decisive[@]}" -o "$out/decisions-$1.json" \
+        >"$out/decisions-$1.txt" 2>&1
+    echo "   rc=$? $(grep -A20 '^by margin' "$out/decisions-$1.txt" | head -c 1500)"
+}
+
 keep_profile() {  # tag: the cProfile its job printed, into OUTDIR/profile-TAG.txt
     sed -n '/where the compile step/,/"kind": "job"/p' "$out/$1.log" | head -c 30000 \
         >"$out/profile-$1.txt"
@@ -107,9 +122,9 @@ for tokens in ${TOKENS:-4096 16384}; do
         TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \
             --tokens "$tokens" --wait-compile-pool
     fi
-    if [[ ${DECISIVE:-0} == 1 ]]; then
+    if [[ ${DECISIVE:-0} != 0 ]]; then
         copy_db "$recorded" "$out/decisive-$tokens.db"
-        TUNECACHE_DECISIVE=1 TUNECACHE_DB=$out/decisive-$tokens.db bench \
+        TUNECACHE_DECISIVE=$DECISIVE TUNECACHE_DB=$out/decisive-$tokens.db bench \
             "transfer-decisive-$tokens" --mode tunecache --tokens "$tokens"
     fi
     if [[ ${OFF:-0} == 1 ]]; then
@@ -118,9 +133,11 @@ for tokens in ${TOKENS:-4096 16384}; do
             --mode tunecache --tokens "$tokens"
     fi
 done
+# Before the regret runs: `warm --exhaustive` tops up the databases it reads.
+for tokens in ${TOKENS:-4096 16384}; do decisions "$tokens"; done
 if [[ ${REGRET:-0} == 1 ]]; then
     for tokens in ${TOKENS:-4096 16384}; do
         regret "transfer-$tokens"
-        if [[ ${DECISIVE:-0} == 1 ]]; then regret "decisive-$tokens"; fi
+        if [[ ${DECISIVE:-0} != 0 ]]; then regret "decisive-$tokens"; fi
     done
 fi

@@ -113,6 +113,8 @@ MAX_LEASE_SECONDS = 3600.0
 LEASE_CLOCK_SLACK_SECONDS = 600.0
 IMPLAUSIBLE_LEASE_SECONDS = MAX_LEASE_SECONDS + LEASE_CLOCK_SLACK_SECONDS
 
+# What TUNECACHE_DECISIVE can turn on (Settings.decisive).
+DECISIVE_PARTS = frozenset({"gemm", "triton", "fusion"})
 # Spellings of a true TUNECACHE_* flag.
 TRUE_VALUES = ("1", "true", "yes", "on")
 # Not a setting of the cache: tools/bench_gpu.py's switch to count plain max-autotune runs.
@@ -128,6 +130,23 @@ def _flag(name: str, raw: str | bool) -> bool:
     if value in ("", "0", "false", "no", "off"):
         return False
     raise ConfigError(name, raw, "1 or 0")
+
+
+def _parts(name: str, raw: Any, parts: frozenset[str]) -> frozenset[str]:
+    """A setting that turns on some of ``parts``: a flag (all or none), or their names
+    separated by commas (a collection of them, given as a keyword)."""
+    if isinstance(raw, (frozenset, set, list, tuple)):
+        words = [str(w) for w in raw]
+        valid = set(words) <= parts
+    else:
+        try:
+            return parts if _flag(name, raw) else frozenset()
+        except ConfigError:
+            words = [w.strip().lower() for w in str(raw).split(",") if w.strip()]
+        valid = bool(words) and set(words) <= parts
+    if not valid:
+        raise ConfigError(name, raw, f"1, 0, or some of {','.join(sorted(parts))}")
+    return frozenset(words)
 
 
 _log = logging.getLogger(__name__)
@@ -188,10 +207,13 @@ class Settings:
     # only their best candidates are benchmarked (docs/transfer.md). TUNECACHE_TRANSFER=0
     # tunes every new key in full, as plain max-autotune does.
     transfer: bool = True
-    # With transfer: a GEMM whose nearest recorded sizes all picked one choice by a clear
-    # margin generates only that choice, so nothing is benchmarked for it
-    # (docs/transfer.md). Off until its regret is measured on GPUs.
-    decisive: bool = False
+    # With transfer, the parts (DECISIVE_PARTS) where the nearest recorded sizes, all
+    # agreeing by a clear margin, decide a new size without measuring it: a GEMM generates
+    # only their choice, a Triton kernel loads their config, an epilogue fusion is
+    # replayed (docs/transfer.md). TUNECACHE_DECISIVE: 1 (every part), 0, or a list such
+    # as "fusion,triton". Off until their regret is measured on GPUs
+    # (tools/decisive_regret.py).
+    decisive: frozenset[str] = frozenset()
     # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
@@ -292,7 +314,8 @@ class Settings:
             self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
         )
         object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
-        object.__setattr__(self, "decisive", _flag(self._ENV["decisive"], self.decisive))
+        object.__setattr__(self, "decisive", _parts(self._ENV["decisive"], self.decisive,
+                                                    DECISIVE_PARTS))
         for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
             object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
         self._graph_settings()

@@ -158,7 +158,7 @@ class GemmEntries:
             try:
                 cache = self._cache()
                 plan = plan_transfer(key.mapping, cache.neighbours(key),
-                                     decisive=cache.settings.decisive)
+                                     decisive="gemm" in cache.settings.decisive)
             except Exception as e:  # noqa: BLE001 - the key is tuned in full
                 with self._lock:
                     first, self._plan_warned = not self._plan_warned, True

@@ -131,7 +131,7 @@ class TritonStats(Counters):
     # starting one included), and neighbours' configs that failed to compile or run.
     coordesc_transferred: int = 0
     coordesc_full: int = 0
-    # Kernels that loaded the one config their neighbours all found (Settings.decisive),
+    # Kernels that loaded the one config their neighbours all found (Settings.decisive, "triton"),
     # published here as the descent's result with nothing measured.
     coordesc_decided: int = 0
     transfer_benchmarks: int = 0

@@ -53,7 +53,8 @@ from typing import Any
 from .. import keys as tc_keys
 
 __all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "DECISIVE_MARGIN",
-           "Plan", "gemm_family", "gemm_sizes", "transfer_id", "decisive_winner",
+           "Plan", "gemm_family", "gemm_sizes", "transfer_id", "winner_and_margin",
+           "decisive_winner", "nearest_neighbours",
            "plan_transfer", "measure_by_plan", "baseline_meta"]
 
 log = logging.getLogger("tunecache")
@@ -68,7 +69,7 @@ MAX_TEMPLATES = 6
 # A winner this much faster than the runner-up in every neighbour (runner-up's time over
 # the winner's, minus 1) is decisive: only it is generated. Provisional: the margin that
 # keeps regret within 1% is measured on GPUs, and the rule stays off by default
-# (TUNECACHE_DECISIVE) until it is.
+# (TUNECACHE_DECISIVE, its "gemm" part) until it is.
 DECISIVE_MARGIN = 0.25
 # Fields of a Triton template's config that follow from the shape, not the choice
 # (mm_options, torch 2.11-2.14): K divisible by BLOCK_K, and TF32 allowed for it.
@@ -177,7 +178,7 @@ class Plan:
                              "generated": generated}}
 
 
-def _winner(timings: Mapping[str, float]) -> tuple[str, float] | None:
+def winner_and_margin(timings: Mapping[str, float]) -> tuple[str, float] | None:
     """A neighbour's winner as an identity across shapes, and its margin over the
     runner-up (runner-up's time over the winner's, minus 1; inf where nothing else ran);
     None where the winner is of a kind we cannot match."""
@@ -202,11 +203,25 @@ def decisive_winner(ranked: Sequence[Any]) -> str | None:
     runner-up may not be the real one."""
     if not ranked or any("transfer" in n.meta for n in ranked):
         return None
-    winners = [_winner(n.timings) for n in ranked]
+    winners = [winner_and_margin(n.timings) for n in ranked]
     if any(w is None or w[1] < DECISIVE_MARGIN for w in winners):
         return None
     identities = {w[0] for w in winners if w is not None}
     return identities.pop() if len(identities) == 1 else None
+
+
+def nearest_neighbours(sizes: Sequence[int], neighbours: Sequence[Any]) -> list[Any]:
+    """The :data:`NEIGHBOURS` nearest of a key's ``neighbours`` (entries of its family:
+    ``key``, ``key_hash``, ``timings``, ``meta``) within :data:`GEMM_MAX_OCTAVES` of
+    ``sizes``, nearest first; at the same distance entries tuned in full come first."""
+    ranked = []
+    for n in neighbours:
+        their = gemm_sizes(n.key)
+        d = None if their is None else octaves(sizes, their, GEMM_MAX_OCTAVES)
+        if d is not None:
+            ranked.append((d, "transfer" in n.meta, n.key_hash, n))
+    ranked.sort(key=lambda r: r[:3])
+    return [n for *_, n in ranked[:NEIGHBOURS]]
 
 
 def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
@@ -217,27 +232,19 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
     sizes = gemm_sizes(key)
     if sizes is None:
         return None
-    ranked = []
-    for n in neighbours:
-        their = gemm_sizes(n.key)
-        d = None if their is None else octaves(sizes, their, GEMM_MAX_OCTAVES)
-        if d is not None:
-            # Entries tuned in full before transferred ones at the same distance.
-            ranked.append((d, "transfer" in n.meta, n.key_hash, n))
-    ranked.sort(key=lambda r: r[:3])
+    nearest = nearest_neighbours(sizes, neighbours)
     ids: list[str] = []
     sources = []
-    for i, (_, _, key_hash, n) in enumerate(ranked[:NEIGHBOURS]):
+    for i, n in enumerate(nearest):
         take = FROM_NEAREST if i == 0 else FROM_OTHERS
         best = sorted((ms, c) for c, ms in n.timings.items() if math.isfinite(ms))
         templates = [tid for _, c in best if (tid := transfer_id(c)) is not None]
         new = [t for t in templates[:take] if t not in ids][: MAX_TEMPLATES - len(ids)]
         if new:
             ids += new
-            sources.append(key_hash)
+            sources.append(n.key_hash)
     if not ids:
         return None
-    nearest = [n for *_, n in ranked[:NEIGHBOURS]]
     winner = decisive_winner(nearest) if decisive else None
     winner_ms = None if winner is None else min(
         ms for ms in nearest[0].timings.values() if math.isfinite(ms))

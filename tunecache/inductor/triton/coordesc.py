@@ -15,7 +15,7 @@ from typing import Any
 from ...keys import to_ms
 from ...patching import Ledger
 from ..state import REGISTRY
-from .keys import kernel_config_problem
+from .keys import config_fields, kernel_config_problem
 from .stored import FirstLaunch, decided_from, load_fn, neighbour_config
 
 log = logging.getLogger("tunecache")
@@ -407,7 +407,11 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
     fields: dict[str, Any] = {
         "best_ms": float(ms),
         "transfer": {"from": used, "benchmarked": len(timed),
-                     "generated": len(candidates) + 1},
+                     "generated": len(candidates) + 1,
+                     # Each config's time at this size: what a decision by the neighbours
+                     # alone would have cost (tools/decisive_regret.py).
+                     "timed": [{"config": config_fields(c.config), "ms": float(t)}
+                               for t, c in timed if math.isfinite(to_ms(t))]},
     }
     if math.isfinite(to_ms(base_ms)):
         fields["baseline"] = {"candidate": "heuristic", "ms": float(base_ms)}

@@ -18,10 +18,10 @@ Inductor's default ``max_epilogue_benchmarked_choices = 1``). A decision to fuse
 ``fused < unfused``, Inductor's own rule, so an entry cannot say otherwise.
 
 Every rank follows the site's entry (:func:`settle`): the first to decide publishes, the
-others adopt what it published, so two ranks never fuse differently. With
-``TUNECACHE_DECISIVE`` a site with no entry is decided by its neighbours (the same site at
-other sizes, :func:`neighbours_decide`) where the nearest ones all decided alike, each by
-a clear margin: nothing is generated, compiled or timed for it.
+others adopt what it published, so two ranks never fuse differently. With the ``fusion``
+part of ``TUNECACHE_DECISIVE`` a site with no entry is decided by its neighbours (the same
+site at other sizes, :func:`neighbours_decide`) where the nearest ones all decided alike,
+each by a clear margin: nothing is generated, compiled or timed for it.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from ...core.result import Result
 from ..transfer import GEMM_MAX_OCTAVES, octaves
 
 __all__ = ["DECISION_KIND", "DECIDING_SITES", "FUSION_DECISIVE_MARGIN", "Decision",
-           "decision_key", "neighbours_decide", "stored_decision", "decided_by_neighbours",
-           "settle"]
+           "decision_key", "neighbours_decide", "nearest_sites", "stored_decision",
+           "decided_by_neighbours", "settle"]
 
 DECISION_KIND = "fusion_decision"
 # How many of the nearest recorded sites must agree for a decision without measuring.
@@ -138,6 +138,21 @@ def neighbours_decide(sizes: Sequence[int],
     decision, meta), all measured (none decided by its own neighbours), all decided the
     same way by at least :data:`FUSION_DECISIVE_MARGIN`: the nearest one's decision and
     the key hashes it rests on; else None."""
+    nearest = nearest_sites(sizes, found)
+    if not nearest or any("transfer" in meta for _, _, meta in nearest):
+        return None
+    if len({decision.rank for _, decision, _ in nearest}) != 1:
+        return None
+    if any(decision.margin() < FUSION_DECISIVE_MARGIN for _, decision, _ in nearest):
+        return None
+    return nearest[0][1], [key_hash for key_hash, _, _ in nearest]
+
+
+def nearest_sites(sizes: Sequence[int],
+                  found: Sequence[tuple[str, Decision, Mapping[str, Any]]]
+                  ) -> list[tuple[str, Decision, Mapping[str, Any]]]:
+    """The :data:`DECIDING_SITES` of ``found`` (key hash, decision, meta) nearest to
+    ``sizes``, within :data:`GEMM_MAX_OCTAVES` in every size, nearest first."""
     ranked = []
     for key_hash, decision, meta in found:
         theirs = _sizes(meta.get("sizes"))
@@ -145,14 +160,8 @@ def neighbours_decide(sizes: Sequence[int],
         if distance is not None:
             ranked.append((distance, key_hash, decision, meta))
     ranked.sort(key=lambda r: (r[0], r[1]))
-    nearest = ranked[:DECIDING_SITES]
-    if not nearest or any("transfer" in meta for _, _, _, meta in nearest):
-        return None
-    if len({decision.rank for _, _, decision, _ in nearest}) != 1:
-        return None
-    if any(decision.margin() < FUSION_DECISIVE_MARGIN for _, _, decision, _ in nearest):
-        return None
-    return nearest[0][2], [key_hash for _, key_hash, _, _ in nearest]
+    return [(key_hash, decision, meta) for _, key_hash, decision, meta in
+            ranked[:DECIDING_SITES]]
 
 
 def _from_result(result: Result) -> Decision | None:

@@ -18,8 +18,8 @@ from ..transfer import octaves
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
            "fusion_benchmark_key", "fusion_ms_from_entry", "triton_config_from_entry",
            "triton_entry_problem", "triton_config_problem", "kernel_config_problem",
-           "coordesc_result", "kernel_family_text", "kernel_sizes", "size_distance",
-           "TRITON_MAX_OCTAVES"]
+           "coordesc_result", "config_fields", "config_text", "kernel_family_text",
+           "kernel_sizes", "nearest_results", "size_distance", "TRITON_MAX_OCTAVES"]
 
 
 FUSION_KIND = "fusion_benchmark"
@@ -256,6 +256,21 @@ def size_distance(ours: Mapping[str, Any], theirs: Any) -> float | None:
     if not all(_int(v) and v > 0 for v in mine + their):
         return None
     return octaves(mine, their, TRITON_MAX_OCTAVES)
+
+
+def nearest_results(sizes: Mapping[str, Any], neighbours: Sequence[Any]
+                    ) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
+    """(key hash, best-config dict, meta) of each of a kernel's ``neighbours`` (entries of
+    its family: ``key_hash``, ``timings``, ``meta``) within :data:`TRITON_MAX_OCTAVES` of
+    ``sizes`` whose config is a coordinate-descent result, nearest first."""
+    ranked = []
+    for n in neighbours:
+        distance = size_distance(sizes, n.meta.get(SIZES_FIELD))
+        best = None if distance is None else coordesc_result(n.timings)
+        if best is not None:
+            ranked.append((distance, n.key_hash, best, n.meta))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [(key_hash, best, meta) for _, key_hash, best, meta in ranked]
 
 
 def _env(device: str, device_type: str) -> dict[str, str]:
@@ -521,3 +536,16 @@ def coordesc_result(timings: Mapping[str, float]) -> dict[str, Any] | None:
     """:func:`triton_config_from_entry`, where that config is a coordinate-descent result."""
     best = triton_config_from_entry(timings)
     return best if best is not None and best.get("found_by_coordesc") else None
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """What ``AutotuneCache.save`` stores of a triton.Config that names the config: its
+    constexprs, num_warps and num_stages."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def config_text(best: Mapping[str, Any]) -> str:
+    """A best-config dict as comparable text: the config, without what differs between
+    two kernels that run the same config (their config lists' hash, their tuning time)."""
+    return tc_keys.canonical_json({k: v for k, v in best.items()
+                                   if k not in ("configs_hash", "time_taken_ms")})

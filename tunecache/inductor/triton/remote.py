@@ -22,9 +22,10 @@ from .keys import (
     FAMILY_FIELD,
     NO_SAVE_HEURISTICS,
     SIZES_FIELD,
+    config_text,
     coordesc_result,
     fusion_ms_from_entry,
-    size_distance,
+    nearest_results,
     triton_config_from_entry,
     triton_entry_problem,
     triton_key,
@@ -39,8 +40,8 @@ __all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "remote_cache_class"]
 log = logging.getLogger("tunecache")
 
 
-# A kernel's config is decided without measuring (Settings.decisive) only where this many of
-# its nearest neighbours, or all it has if fewer, found the same one.
+# A kernel's config is decided without measuring (Settings.decisive, "triton") only where
+# this many of its nearest neighbours, or all it has if fewer, found the same one.
 DECIDING_NEIGHBOURS = 3
 
 # The lease of the claim a save takes just before it publishes (the two are back to back;
@@ -147,7 +148,7 @@ class TritonCache:
         chosen: list[tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
         for key_hash, best, _ in self._nearest(inductor_key, key_text):
-            config = _config_text(best)
+            config = config_text(best)
             if config not in seen:
                 seen.add(config)
                 chosen.append((key_hash, best))
@@ -157,19 +158,19 @@ class TritonCache:
 
     def decided_by_neighbours(self, inductor_key: str, key_text: str
                               ) -> tuple[dict[str, Any], list[str]] | None:
-        """With ``Settings.decisive``: (the best-config dict, the key hashes it comes
-        from) where this kernel's nearest neighbours, up to :data:`DECIDING_NEIGHBOURS`,
-        all tuned in full (not by transfer), all found the same config; else None. The
-        kernel then loads that one config as if it were stored (stored.py), and its
-        first run publishes it under a claim (coordesc.py), so every rank runs the
-        config the first one published."""
+        """With ``Settings.decisive``'s ``triton`` part: (the best-config dict, the key
+        hashes it comes from) where this kernel's nearest neighbours, up to
+        :data:`DECIDING_NEIGHBOURS`, all tuned in full (not by transfer), all found the
+        same config; else None. The kernel then loads that one config as if it were
+        stored (stored.py), and its first run publishes it under a claim (coordesc.py),
+        so every rank runs the config the first one published."""
         settings = self.cache().settings
-        if not (settings.transfer and settings.decisive):
+        if not (settings.transfer and "triton" in settings.decisive):
             return None
         nearest = self._nearest(inductor_key, key_text)[:DECIDING_NEIGHBOURS]
         if not nearest or any("transfer" in meta for _, _, meta in nearest):
             return None
-        if len({_config_text(best) for _, best, _ in nearest}) != 1:
+        if len({config_text(best) for _, best, _ in nearest}) != 1:
             return None
         return nearest[0][1], [key_hash for key_hash, _, _ in nearest]
 
@@ -181,20 +182,11 @@ class TritonCache:
         sizes = _valid_sizes(info.get(SIZES_FIELD))
         if key.family is None or not sizes:
             return []
-        ranked = []
         with self._lock:
             refused = set(self._refused)
         with self._reading() as cache:
             found = cache.neighbours(key)
-        for n in found:
-            distance = size_distance(sizes, n.meta.get("sizes"))
-            if distance is None or n.key_hash in refused:
-                continue
-            best = coordesc_result(n.timings)
-            if best is not None:
-                ranked.append((distance, n.key_hash, best, n.meta))
-        ranked.sort(key=lambda r: (r[0], r[1]))
-        return [(key_hash, best, meta) for _, key_hash, best, meta in ranked]
+        return nearest_results(sizes, [n for n in found if n.key_hash not in refused])
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[TuneCache]:
@@ -513,13 +505,6 @@ class TritonCache:
         answer = self.cache().lookup(key)
         return None if answer is None or answer.source == "failed" \
             else coordesc_result(answer.timings)
-
-
-def _config_text(best: Mapping[str, Any]) -> str:
-    """A best-config dict as comparable text: the config, without what differs between
-    two kernels that run the same config (their config lists' hash, their tuning time)."""
-    return tc_keys.canonical_json({k: v for k, v in best.items()
-                                   if k not in ("configs_hash", "time_taken_ms")})
 
 
 def _valid_sizes(sizes: Any) -> dict[str, int]:

@@ -1,14 +1,14 @@
 """``Scheduler.speedup_by_fusion`` through shared epilogue-fusion decisions
 (:mod:`.decisions`), torch 2.11-2.14.
 
-With ``TUNECACHE_DECISIVE``, where the site of a GEMM-template epilogue fusion
-(:mod:`.sites`) has a decision stored, or its neighbours decide it, the decision is
-replayed: nothing is generated, compiled or timed. It is returned as a pending decision,
-like Inductor's benchmarked ones, so the scheduler evaluates it at the same point; a
-fusion then finalizes the template as the decided candidate, as Inductor does after its
-benchmarks. The candidate's code is generated once first, with this epilogue: one that
-does not generate (its tiling cannot take the epilogue), or a rank the GEMM has no
-candidate for, leaves the site to Inductor's benchmarks.
+With ``TUNECACHE_DECISIVE``'s ``fusion`` part, where the site of a GEMM-template
+epilogue fusion (:mod:`.sites`) has a decision stored, or its neighbours decide it, the
+decision is replayed: nothing is generated, compiled or timed. It is returned as a
+pending decision, like Inductor's benchmarked ones, so the scheduler evaluates it at the
+same point; a fusion then finalizes the template as the decided candidate, as Inductor
+does after its benchmarks. The candidate's code is generated once first, with this
+epilogue: one that does not generate (its tiling cannot take the epilogue), or a rank the
+GEMM has no candidate for, leaves the site to Inductor's benchmarks.
 
 Elsewhere Inductor decides as always, and its decision is published as the site's entry;
 where a peer published first, Inductor's own decision is replaced by the peer's, so every
@@ -167,9 +167,10 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
             site = fusion_site(self, node1, node2)
             if site is not None:
                 cache = state.cache()
-                if cache.settings.decisive:
+                replays = "fusion" in cache.settings.decisive
+                if replays:
                     stored = decisions.stored_decision(cache, site.key)
-                if stored is None and cache.settings.transfer and cache.settings.decisive:
+                if stored is None and cache.settings.transfer and replays:
                     stored = decisions.decided_by_neighbours(cache, site.key, site.sizes)
                     if stored is not None:
                         REGISTRY.triton_stats.add(fusion_decisions_decided=1)

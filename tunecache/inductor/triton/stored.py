@@ -10,9 +10,9 @@ limits), else it is refused with one warning per reason and the load is a miss. 
 config it lets through is marked on the kernel's AutotuneCache with the kernel's own
 configs (the mark travels back from a compile worker with the pickled kernel).
 
-On a miss, with ``Settings.decisive``, a kernel whose nearest neighbours all found one
-config loads that config the same way (:func:`_decided_by_neighbours`), so a compile worker
-compiles it alone; its first run publishes it (coordesc.py).
+On a miss, with ``Settings.decisive``'s ``triton`` part, a kernel whose nearest neighbours
+all found one config loads that config the same way (:func:`_decided_by_neighbours`), so a
+compile worker compiles it alone; its first run publishes it (coordesc.py).
 
 A stored config can still fail on this GPU (a ptxas or register limit, a launch the
 driver refuses). ``CachingAutotuner.precompile`` is wrapped (:func:`falling_back_precompile`,
