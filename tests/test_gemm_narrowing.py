@@ -107,7 +107,8 @@ def gemm(tmp_path, monkeypatch):
 
     monkeypatch.setattr(InductorChoices, "get_ktc", get_ktc)  # Inductor's heuristics
     graph = SimpleNamespace(sizevars=SizeVarAllocator(), buffer_layout_constraints={})
-    cache = tunecache.open(str(tmp_path / "tune.db"))
+    # Decisive off: most tests here are about the plan; the decisive fixture turns it on.
+    cache = tunecache.open(str(tmp_path / "tune.db"), decisive=False)
     assert tc_inductor.enable(cache)
     tc_inductor.stats.reset()
 
@@ -395,8 +396,18 @@ def test_a_decision_that_fails_to_publish_leaves_the_key_unclaimed_and_generates
     assert len(warnings) == 1 and "disk full" in warnings[0].getMessage()
 
 
-def test_without_TUNECACHE_DECISIVE_a_clear_winner_is_benchmarked_with_the_plan(gemm):
+def test_with_TUNECACHE_DECISIVE_0_a_clear_winner_is_benchmarked_with_the_plan(gemm):
     _recorded_at(gemm, [64, 256])
     gemm.compile()
     assert len(gemm.generated) == 4  # transfer.FROM_NEAREST
     assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0
+
+
+def test_by_default_a_clear_winner_is_decided(gemm, monkeypatch):
+    monkeypatch.delenv("TUNECACHE_DECISIVE", raising=False)
+    with tunecache.open(gemm.cache.settings.db_url) as cache:
+        gemm.active = cache
+        _recorded_at(gemm, [64, 256])
+        gemm.compile()
+    assert gemm.generated == [CONFIGS[FASTEST]]
+    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 1

@@ -258,9 +258,12 @@ def test_a_template_matches_across_shapes_without_the_fields_the_shape_sets():
 
 
 def _worker(tmp: Path, name: str, db: str, tokens: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "TUNECACHE_DB": db, "PYTHONPATH": os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{name}")}
+    # Decisive off: whether real CPU timings give a neighbour a decisive margin varies from
+    # run to run, and these tests count what transfer measures.
+    env = {**os.environ, "TUNECACHE_DB": db, "TUNECACHE_DECISIVE": "0",
+           "PYTHONPATH": os.pathsep.join(
+               [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{name}")}
     return subprocess.Popen(
         [sys.executable, str(HERE / "inductor_worker.py"), "--ops", "bmm,linear",
          "--tokens", str(tokens), "--out", str(tmp / f"{name}.json"), *extra],

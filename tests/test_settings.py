@@ -60,7 +60,7 @@ def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
 ])
 def test_decisive_is_a_flag_for_every_part_or_a_list_of_parts(value, parts):
     assert Settings.from_env({"TUNECACHE_DECISIVE": value}).decisive == parts
-    assert Settings.from_env({}).decisive == frozenset()
+    assert Settings.from_env({}).decisive == {"gemm", "fusion"}
     assert Settings.from_env({}, decisive=True).decisive == {"gemm", "triton", "fusion"}
     assert Settings.from_env({}, decisive={"gemm"}).decisive == {"gemm"}
 

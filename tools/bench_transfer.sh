@@ -7,9 +7,11 @@
 #    database at RECORD_TOKENS tokens (default 8192), the cluster's earlier job;
 # 2. for each of TOKENS (default "4096 16384"), every key new:
 #      plain-N     max-autotune, every GEMM and kernel tuned in full (PLAIN=0 skips it)
-#      transfer-N  tunecache on a copy of the recorded database (transfer on, the default)
-#    and, with DECISIVE=1 (or parts: DECISIVE=fusion,triton), transfer-decisive-N: the same
-#    with TUNECACHE_DECISIVE set to that;
+#      transfer-N  tunecache on a copy of the recorded database, its defaults (transfer
+#                  on, TUNECACHE_DECISIVE's default parts)
+#    and, with DECISIVE=VALUE, transfer-decisive-VALUE-N: the same with
+#    TUNECACHE_DECISIVE=VALUE (0: no part, every new key measured; 1: every part; or parts,
+#    DECISIVE=fusion,triton, tagged fusion+triton);
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
 #    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
 #    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
@@ -19,10 +21,11 @@
 # With KERNELS=1, the Triton kernels of the record and transfer-N jobs' compiled graphs are
 # dumped (tools/kernel_diff.py dump) into OUTDIR/kernels-TAG.json: which kernels of a new
 # size have a recorded kernel of their family.
-# After the jobs, tools/decisive_regret.py reads each transfer-N job's database: for every
-# key it measured, what its neighbours alone would have decided and what that would have
-# cost at N (and, with DECISIVE, the regret of what transfer-decisive-N decided), into
-# OUTDIR/decisions-N.json.
+# After the jobs, tools/decisive_regret.py reads the database of the job that measured
+# more (transfer-decisive-0-N with DECISIVE=0, else transfer-N): for every key it measured,
+# what its neighbours alone would have decided and what that would have cost at N, and
+# the regret of what the other job decided, into OUTDIR/decisions-N.json. DECISIVE=0 is
+# the run that measures every part's regret.
 # With REGRET=1, each transfer job's database is then re-tuned in full
 # (`tunecache warm --exhaustive --json`, into OUTDIR/regret-TAG.json): the regret of every
 # transferred or decided GEMM entry.
@@ -72,8 +75,12 @@ regret() {  # tag: re-tune the transfer job's GEMM entries in full
 
 decisions() {  # tokens: what neighbours alone decide at that size, and what it costs
     local db=$out/transfer-$1.db decisive=()
+    if [[ ${DECISIVE:-} == 0 ]]; then  # the job that measured every new key
+        db=$out/decisive-$1.db decisive=(--decisive "$out/transfer-$1.db")
+    elif [[ -f $out/decisive-$1.db ]]; then
+        decisive=(--decisive "$out/decisive-$1.db")
+    fi
     [[ -f $db ]] || return 0
-    [[ -f $out/decisive-$1.db ]] && decisive=(--decisive "$out/decisive-$1.db")
     echo "== decisions-$1"
     python3 "$here/tools/decisive_regret.py" "$db" "${decisive[@]}" -o "$out/decisions-$1.json" \
         >"$out/decisions-$1.txt" 2>&1
@@ -122,10 +129,10 @@ for tokens in ${TOKENS:-4096 16384}; do
         TUNECACHE_DB=$out/pool-$tokens.db bench "transfer-pool-$tokens" --mode tunecache \
             --tokens "$tokens" --wait-compile-pool
     fi
-    if [[ ${DECISIVE:-0} != 0 ]]; then
+    if [[ -n ${DECISIVE:-} ]]; then
         copy_db "$recorded" "$out/decisive-$tokens.db"
         TUNECACHE_DECISIVE=$DECISIVE TUNECACHE_DB=$out/decisive-$tokens.db bench \
-            "transfer-decisive-$tokens" --mode tunecache --tokens "$tokens"
+            "transfer-decisive-${DECISIVE//,/+}-$tokens" --mode tunecache --tokens "$tokens"
     fi
     if [[ ${OFF:-0} == 1 ]]; then
         copy_db "$recorded" "$out/off-$tokens.db"
@@ -138,6 +145,6 @@ for tokens in ${TOKENS:-4096 16384}; do decisions "$tokens"; done
 if [[ ${REGRET:-0} == 1 ]]; then
     for tokens in ${TOKENS:-4096 16384}; do
         regret "transfer-$tokens"
-        if [[ ${DECISIVE:-0} != 0 ]]; then regret "decisive-$tokens"; fi
+        if [[ -n ${DECISIVE:-} ]]; then regret "decisive-$tokens"; fi
     done
 fi

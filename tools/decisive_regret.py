@@ -2,9 +2,10 @@
 
     python tools/decisive_regret.py DB [--decisive DECISIVE_DB] [--json] [-o REPORT.json]
 
-DB is the database of a job that compiled at a new size with transfer's defaults
-(tools/bench_transfer.sh: ``transfer-N.db``, a copy of the recording the job started from
-plus what it measured). Transfer times the neighbours' choices at the new size, so DB
+DB is the database of a job that compiled at a new size with transfer and
+``TUNECACHE_DECISIVE=0`` (tools/bench_transfer.sh with DECISIVE=0: ``decisive-N.db``, a
+copy of the recording the job started from plus what it measured). Transfer then times
+the neighbours' choices at every new key, so DB
 shows, for each entry the job measured, what its neighbours would have decided and what
 that choice cost there:
 
@@ -25,10 +26,10 @@ rules (tunecache.inductor.transfer, .triton.decisions, .triton.keys). The margin
 gathered into a table: for each threshold, how many keys it decides and their worst
 regret. That is the measurement behind DECISIVE_MARGIN and FUSION_DECISIVE_MARGIN.
 
-With ``--decisive``, the database of a job run beside it with ``TUNECACHE_DECISIVE=1`` (on
-its own copy of the same recording): every entry that job decided without measuring
-(``meta.transfer.benchmarked == 0``) is looked up in DB, and the regret of its decision is
-read from what DB's job measured at the same key.
+With ``--decisive``, the database of a job run beside it with decisive parts on (the
+defaults, or ``TUNECACHE_DECISIVE=1``; on its own copy of the same recording): every
+entry that job decided without measuring (``meta.transfer.benchmarked == 0``) is looked up
+in DB, and the regret of its decision is read from what DB's job measured at the same key.
 
 A regret is None where the choice was not timed here (a GEMM template outside the
 transfer plan, a fused candidate that was not benchmarked).

@@ -211,9 +211,10 @@ class Settings:
     # agreeing by a clear margin, decide a new size without measuring it: a GEMM generates
     # only their choice, a Triton kernel loads their config, an epilogue fusion is
     # replayed (docs/transfer.md). TUNECACHE_DECISIVE: 1 (every part), 0, or a list such
-    # as "fusion,triton". Off until their regret is measured on GPUs
-    # (tools/decisive_regret.py).
-    decisive: frozenset[str] = frozenset()
+    # as "fusion,triton". gemm and fusion are on by default: their decisions' regret was
+    # 1.000 on GPUs (docs/benchmarks.md, 2026-12-05); a Triton kernel's neighbours' config
+    # was up to 1.78x the best at the new size there, so triton is not.
+    decisive: frozenset[str] = frozenset({"gemm", "fusion"})
     # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified

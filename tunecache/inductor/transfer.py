@@ -67,9 +67,9 @@ FROM_NEAREST = 4
 FROM_OTHERS = 2
 MAX_TEMPLATES = 6
 # A winner this much faster than the runner-up in every neighbour (runner-up's time over
-# the winner's, minus 1) is decisive: only it is generated. Provisional: the margin that
-# keeps regret within 1% is measured on GPUs, and the rule stays off by default
-# (TUNECACHE_DECISIVE, its "gemm" part) until it is.
+# the winner's, minus 1) is decisive: only it is generated (TUNECACHE_DECISIVE's "gemm"
+# part). On GPUs every key whose neighbours agreed, at margins down to 0.07, had regret
+# 1.000 (docs/benchmarks.md, 2026-12-05); a lower margin waits for more keys.
 DECISIVE_MARGIN = 0.25
 # Fields of a Triton template's config that follow from the shape, not the choice
 # (mm_options, torch 2.11-2.14): K divisible by BLOCK_K, and TF32 allowed for it.

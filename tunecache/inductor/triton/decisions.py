@@ -45,7 +45,8 @@ DECISION_KIND = "fusion_decision"
 # How many of the nearest recorded sites must agree for a decision without measuring.
 DECIDING_SITES = 3
 # How clearly each of them must have decided (the slower option's time over the faster
-# one's, minus 1). Provisional, as the GEMM rule's: measured on GPUs before it is on.
+# one's, minus 1). On GPUs every site decided so had regret 1.000 (docs/benchmarks.md,
+# 2026-12-05), but none was a close call: this margin is not yet tested.
 FUSION_DECISIVE_MARGIN = 0.10
 # A peer holds a site's claim only while it publishes the decision it has made.
 SETTLE_WAIT_SECONDS = 10.0
