@@ -228,3 +228,14 @@ def test_the_report_prints_for_a_reader(db):
     text = subprocess.run([sys.executable, str(TOOL), path], check=True,
                           capture_output=True, text=True, timeout=120).stdout
     assert "agree" in text and "margin >= 0.25: decided 1" in text
+
+
+def test_a_database_that_cannot_be_exported_is_a_one_line_error(tmp_path):
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("this is not a database\n" * 100)
+    done = subprocess.run([sys.executable, str(TOOL), str(not_a_db)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"decisive_regret: cannot export {not_a_db}")

@@ -47,23 +47,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tunecache.inductor.transfer import (
+    AGREE,
     gemm_sizes,
     nearest_neighbours,
+    neighbours_agreement,
     transfer_id,
-    winner_and_margin,
 )
-from tunecache.inductor.triton.decisions import DECISION_KIND, Decision, nearest_sites
+from tunecache.inductor.triton.decisions import (
+    DECISION_KIND,
+    Decision,
+    nearest_sites,
+    sites_agreement,
+)
 from tunecache.inductor.triton.keys import (
     SIZES_FIELD,
     config_text,
     coordesc_result,
     nearest_results,
+    results_agreement,
 )
 from tunecache.inductor.triton.remote import DECIDING_NEIGHBOURS
 
 TRITON_KIND = "triton_config"
 THRESHOLDS = (0.0, 0.05, 0.10, 0.25, 0.50, 1.0)
-# A decision whose regret is above this is a miss (the issue's target: regret <= 1%).
+# A decision whose regret is above this is a miss: a decision by neighbours may cost 1%.
 REGRET_LIMIT = 1.01
 
 
@@ -90,10 +97,13 @@ class Entry:
 
 def exported(db: str) -> list[Entry]:
     """The done entries of ``db``, read with ``tunecache export``."""
-    text = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "tunecache.cli", "export", "--no-graphs", "--db", db],
-        check=True, capture_output=True, text=True).stdout
-    return entries_of(text.splitlines())
+        capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise SystemExit(f"decisive_regret: cannot export {db}: {why}")
+    return entries_of(done.stdout.splitlines())
 
 
 def entries_of(lines: Iterable[str]) -> list[Entry]:
@@ -181,6 +191,7 @@ def _timed_configs(entry: Entry) -> list[tuple[Mapping[str, Any], float]]:
 
 def _row(entry: Entry, nearest: int, verdict: str, margin: float | None = None,
          regret: float | None = None, **extra: Any) -> dict[str, Any]:
+    # margin None: unknown, or infinite (only one option was timed)
     return {"kind": entry.kind, "key_hash": entry.key_hash, "op": entry.key.get("op"),
             "neighbours": nearest, "verdict": verdict,
             "margin": None if margin is None or math.isinf(margin) else round(margin, 4),
@@ -193,18 +204,11 @@ def would_decide_gemm(entry: Entry, entries: Sequence[Entry]) -> dict[str, Any] 
         sizes, _earlier_of_family(entry, entries))
     if not nearest:
         return None
-    if any("transfer" in n.meta for n in nearest):
-        return _row(entry, len(nearest), "a neighbour was itself transferred")
-    winners = [winner_and_margin(n.timings) for n in nearest]
-    if any(w is None for w in winners):
-        return _row(entry, len(nearest), "a neighbour's winner is not matched across sizes")
-    identities = {w[0] for w in winners if w is not None}
-    margin = min(w[1] for w in winners if w is not None)
-    if len(identities) != 1:
-        return _row(entry, len(nearest), "the neighbours disagree", margin)
-    (choice,) = identities
-    return _row(entry, len(nearest), "agree", margin,
-                gemm_choice_regret(choice, entry.timings), choice=choice)
+    agreement = neighbours_agreement(nearest)
+    if agreement.verdict != AGREE:
+        return _row(entry, len(nearest), agreement.verdict, agreement.margin)
+    return _row(entry, len(nearest), AGREE, agreement.margin,
+                gemm_choice_regret(agreement.choice, entry.timings), choice=agreement.choice)
 
 
 def would_decide_fusion(entry: Entry, entries: Sequence[Entry]) -> dict[str, Any] | None:
@@ -220,14 +224,11 @@ def would_decide_fusion(entry: Entry, entries: Sequence[Entry]) -> dict[str, Any
     nearest = nearest_sites(sizes, found)
     if not nearest:
         return None
-    if any("transfer" in meta for _, _, meta in nearest):
-        return _row(entry, len(nearest), "a neighbour was itself decided")
-    ranks = {decision.rank for _, decision, _ in nearest}
-    margin = min(decision.margin() for _, decision, _ in nearest)
-    if len(ranks) != 1:
-        return _row(entry, len(nearest), "the neighbours disagree", margin)
-    (rank,) = ranks
-    return _row(entry, len(nearest), "agree", margin, fusion_regret(rank, measured),
+    agreement = sites_agreement(nearest)
+    if agreement.verdict != AGREE:
+        return _row(entry, len(nearest), agreement.verdict, agreement.margin)
+    rank = agreement.choice.rank
+    return _row(entry, len(nearest), AGREE, agreement.margin, fusion_regret(rank, measured),
                 choice="not fused" if rank is None else f"fused, rank {rank}",
                 measured="not fused" if measured.rank is None
                 else f"fused, rank {measured.rank}")
@@ -240,12 +241,10 @@ def would_decide_triton(entry: Entry, entries: Sequence[Entry]) -> dict[str, Any
     nearest = nearest_results(sizes, _earlier_of_family(entry, entries))[:DECIDING_NEIGHBOURS]
     if not nearest:
         return None
-    if any("transfer" in meta for _, _, meta in nearest):
-        return _row(entry, len(nearest), "a neighbour was itself transferred")
-    if len({config_text(best) for _, best, _ in nearest}) != 1:
-        return _row(entry, len(nearest), "the neighbours disagree")
-    return _row(entry, len(nearest), "agree", None,
-                triton_config_regret(nearest[0][1], entry))
+    agreement = results_agreement(nearest)
+    if agreement.verdict != AGREE:
+        return _row(entry, len(nearest), agreement.verdict, agreement.margin)
+    return _row(entry, len(nearest), AGREE, None, triton_config_regret(agreement.choice, entry))
 
 
 def would_decide(entries: Sequence[Entry]) -> list[dict[str, Any]]:
@@ -270,7 +269,7 @@ def thresholds(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     at least that margin, and their regret here."""
     out = []
     for kind in ("gemm", DECISION_KIND):
-        agreeing = [r for r in rows if r["kind"] == kind and r["verdict"] == "agree"]
+        agreeing = [r for r in rows if r["kind"] == kind and r["verdict"] == AGREE]
         for threshold in THRESHOLDS:
             decided = [r for r in agreeing
                        if r["margin"] is None or r["margin"] >= threshold]
@@ -319,7 +318,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         mine = [r for r in rows if r["kind"] == kind]
         known = [r["regret"] for r in mine if r["regret"] is not None]
         out[kind] = {"rows": len(mine),
-                     "agree": sum(1 for r in mine if r["verdict"] == "agree"),
+                     "agree": sum(1 for r in mine if r["verdict"] == AGREE),
                      "regret_known": len(known),
                      "worst_regret": max(known) if known else None,
                      "over_limit": sum(1 for g in known if g > REGRET_LIMIT)}
@@ -364,9 +363,10 @@ def _print(out: Mapping[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("db", help="the transfer job's database (path or URL)")
+    parser.add_argument("db", help="the database of a job with TUNECACHE_DECISIVE=0 "
+                                   "(path or URL)")
     parser.add_argument("--decisive", default=None,
-                        help="the database of a TUNECACHE_DECISIVE=1 job beside it")
+                        help="the database of a job with decisive parts on beside it")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("-o", "--output", default=None,
                         help="also write the report as JSON to this file")

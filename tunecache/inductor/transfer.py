@@ -48,13 +48,14 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import keys as tc_keys
 
 __all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "DECISIVE_MARGIN",
            "Plan", "gemm_family", "gemm_sizes", "transfer_id", "winner_and_margin",
-           "decisive_winner", "nearest_neighbours",
+           "AGREE", "Agreement", "neighbours_agreement", "decisive_winner",
+           "nearest_neighbours",
            "plan_transfer", "measure_by_plan", "baseline_meta"]
 
 log = logging.getLogger("tunecache")
@@ -196,18 +197,48 @@ def winner_and_margin(timings: Mapping[str, float]) -> tuple[str, float] | None:
     return identity, margin
 
 
+AGREE = "agree"
+
+
+class Agreement(NamedTuple):
+    """What a key's nearest neighbours say together. ``verdict`` is :data:`AGREE` where
+    they all made one choice, else why they decide nothing; ``choice`` is that choice;
+    ``margin`` the smallest of their margins, where they have one. Each part of
+    ``TUNECACHE_DECISIVE`` decides where its neighbours agree (by its own margin), and
+    tools/decisive_regret.py reads the same verdicts to cost those decisions."""
+
+    verdict: str
+    choice: Any = None
+    margin: float | None = None
+
+
+def neighbours_agreement(ranked: Sequence[Any]) -> Agreement:
+    """Whether the nearest neighbours of a GEMM key (``ranked``: nearest first, at most
+    :data:`NEIGHBOURS`, at least one) picked one choice, and their smallest margin. Only
+    neighbours tuned in full count: a transferred entry timed a subset, so its runner-up
+    may not be the real one."""
+    if any("transfer" in n.meta for n in ranked):
+        return Agreement("a neighbour was itself transferred")
+    winners = [w for n in ranked if (w := winner_and_margin(n.timings)) is not None]
+    if len(winners) < len(ranked):
+        return Agreement("a neighbour's winner is not matched across sizes")
+    margin = min(m for _, m in winners)
+    identities = {identity for identity, _ in winners}
+    if len(identities) != 1:
+        return Agreement("the neighbours disagree", margin=margin)
+    return Agreement(AGREE, identities.pop(), margin)
+
+
 def decisive_winner(ranked: Sequence[Any]) -> str | None:
-    """The choice every one of the nearest neighbours (``ranked``: nearest first, at
-    most :data:`NEIGHBOURS`) picked by at least :data:`DECISIVE_MARGIN`, or None. Only
-    neighbours tuned in full count: a transferred entry timed a subset, so its
-    runner-up may not be the real one."""
-    if not ranked or any("transfer" in n.meta for n in ranked):
+    """The choice every one of the nearest neighbours (``ranked``) picked by at least
+    :data:`DECISIVE_MARGIN` (:func:`neighbours_agreement`), or None."""
+    if not ranked:
         return None
-    winners = [winner_and_margin(n.timings) for n in ranked]
-    if any(w is None or w[1] < DECISIVE_MARGIN for w in winners):
+    agreement = neighbours_agreement(ranked)
+    if agreement.verdict != AGREE or agreement.margin is None \
+            or agreement.margin < DECISIVE_MARGIN:
         return None
-    identities = {w[0] for w in winners if w is not None}
-    return identities.pop() if len(identities) == 1 else None
+    return str(agreement.choice)
 
 
 def nearest_neighbours(sizes: Sequence[int], neighbours: Sequence[Any]) -> list[Any]:

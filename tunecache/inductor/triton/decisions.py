@@ -35,10 +35,11 @@ from typing import Any
 from ... import keys as tc_keys
 from ...core.cache import TuneCache
 from ...core.result import Result
-from ..transfer import GEMM_MAX_OCTAVES, octaves
+from ..transfer import AGREE, GEMM_MAX_OCTAVES, Agreement, octaves
 
 __all__ = ["DECISION_KIND", "DECIDING_SITES", "FUSION_DECISIVE_MARGIN", "Decision",
-           "decision_key", "neighbours_decide", "nearest_sites", "stored_decision",
+           "decision_key", "neighbours_decide", "nearest_sites", "sites_agreement",
+           "stored_decision",
            "decided_by_neighbours", "settle"]
 
 DECISION_KIND = "fusion_decision"
@@ -140,13 +141,26 @@ def neighbours_decide(sizes: Sequence[int],
     same way by at least :data:`FUSION_DECISIVE_MARGIN`: the nearest one's decision and
     the key hashes it rests on; else None."""
     nearest = nearest_sites(sizes, found)
-    if not nearest or any("transfer" in meta for _, _, meta in nearest):
+    if not nearest:
         return None
+    agreement = sites_agreement(nearest)
+    if agreement.verdict != AGREE or agreement.margin is None \
+            or agreement.margin < FUSION_DECISIVE_MARGIN:
+        return None
+    return agreement.choice, [key_hash for key_hash, _, _ in nearest]
+
+
+def sites_agreement(nearest: Sequence[tuple[str, Decision, Mapping[str, Any]]]
+                    ) -> Agreement:
+    """Whether the nearest recorded sites (key hash, decision, meta; at least one), all
+    measured (none decided by its own neighbours), decided alike: the nearest one's
+    decision, and the smallest of their margins."""
+    if any("transfer" in meta for _, _, meta in nearest):
+        return Agreement("a neighbour was itself decided")
+    margin = min(decision.margin() for _, decision, _ in nearest)
     if len({decision.rank for _, decision, _ in nearest}) != 1:
-        return None
-    if any(decision.margin() < FUSION_DECISIVE_MARGIN for _, decision, _ in nearest):
-        return None
-    return nearest[0][1], [key_hash for key_hash, _, _ in nearest]
+        return Agreement("the neighbours disagree", margin=margin)
+    return Agreement(AGREE, nearest[0][1], margin)
 
 
 def nearest_sites(sizes: Sequence[int],

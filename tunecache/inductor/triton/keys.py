@@ -13,13 +13,14 @@ from typing import Any
 from ... import keys as tc_keys
 from ... import stored_json
 from ..fingerprint import dist_version
-from ..transfer import octaves
+from ..transfer import AGREE, Agreement, octaves
 
 __all__ = ["FUSION_KIND", "NO_SAVE_HEURISTICS", "triton_kernel_info", "triton_key",
            "fusion_benchmark_key", "fusion_ms_from_entry", "triton_config_from_entry",
            "triton_entry_problem", "triton_config_problem", "kernel_config_problem",
            "coordesc_result", "config_fields", "config_text", "kernel_family_text",
-           "kernel_sizes", "nearest_results", "size_distance", "TRITON_MAX_OCTAVES"]
+           "kernel_sizes", "nearest_results", "results_agreement", "size_distance",
+           "TRITON_MAX_OCTAVES"]
 
 
 FUSION_KIND = "fusion_benchmark"
@@ -271,6 +272,17 @@ def nearest_results(sizes: Mapping[str, Any], neighbours: Sequence[Any]
             ranked.append((distance, n.key_hash, best, n.meta))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return [(key_hash, best, meta) for _, key_hash, best, meta in ranked]
+
+
+def results_agreement(nearest: Sequence[tuple[str, dict[str, Any], Mapping[str, Any]]]
+                      ) -> Agreement:
+    """Whether a kernel's nearest neighbours (:func:`nearest_results`; at least one), all
+    tuned by a full descent (not by transfer), all found the same config: that config."""
+    if any("transfer" in meta for _, _, meta in nearest):
+        return Agreement("a neighbour was itself transferred")
+    if len({config_text(best) for _, best, _ in nearest}) != 1:
+        return Agreement("the neighbours disagree")
+    return Agreement(AGREE, nearest[0][1])
 
 
 def _env(device: str, device_type: str) -> dict[str, str]:

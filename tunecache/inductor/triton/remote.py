@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ... import keys as tc_keys
 from ... import stored_json
 from ..state import REGISTRY
+from ..transfer import AGREE
 from .attempt import Attempt
 from .keys import (
     FAMILY_FIELD,
@@ -26,6 +27,7 @@ from .keys import (
     coordesc_result,
     fusion_ms_from_entry,
     nearest_results,
+    results_agreement,
     triton_config_from_entry,
     triton_entry_problem,
     triton_key,
@@ -168,11 +170,12 @@ class TritonCache:
         if not (settings.transfer and "triton" in settings.decisive):
             return None
         nearest = self._nearest(inductor_key, key_text)[:DECIDING_NEIGHBOURS]
-        if not nearest or any("transfer" in meta for _, _, meta in nearest):
+        if not nearest:
             return None
-        if len({config_text(best) for _, best, _ in nearest}) != 1:
+        agreement = results_agreement(nearest)
+        if agreement.verdict != AGREE:
             return None
-        return nearest[0][1], [key_hash for key_hash, _, _ in nearest]
+        return agreement.choice, [key_hash for key_hash, _, _ in nearest]
 
     def _nearest(self, inductor_key: str, key_text: str
                  ) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
