@@ -382,11 +382,11 @@ def main() -> int:
         import pstats
 
         print(f"rank {rank}: where the compile step's {compile_seconds:.1f} s went:")
-        stats = pstats.Stats(profiler, stream=sys.stdout)
-        stats.sort_stats("cumulative").print_stats(args.profile_compile)
+        profile_stats = pstats.Stats(profiler, stream=sys.stdout)
+        profile_stats.sort_stats("cumulative").print_stats(args.profile_compile)
         # Under Python 3.12 the cumulative view can lack the outer frames (Inductor's
         # phases); the calls' own time still says where the main thread was.
-        stats.sort_stats("tottime").print_stats(args.profile_compile)
+        profile_stats.sort_stats("tottime").print_stats(args.profile_compile)
 
     # The second step on its own: where a rank that launched kernels untuned while a
     # peer tuned them (tunecache's split of Triton coordinate descent) waits for and
