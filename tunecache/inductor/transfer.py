@@ -211,6 +211,11 @@ class Agreement(NamedTuple):
     choice: Any = None
     margin: float | None = None
 
+    def clear_by(self, threshold: float) -> bool:
+        """Whether the neighbours agree and each picked the choice by at least
+        ``threshold`` over its runner-up."""
+        return self.verdict == AGREE and self.margin is not None and self.margin >= threshold
+
 
 def neighbours_agreement(ranked: Sequence[Any]) -> Agreement:
     """Whether the nearest neighbours of a GEMM key (``ranked``: nearest first, at most
@@ -235,10 +240,7 @@ def decisive_winner(ranked: Sequence[Any]) -> str | None:
     if not ranked:
         return None
     agreement = neighbours_agreement(ranked)
-    if agreement.verdict != AGREE or agreement.margin is None \
-            or agreement.margin < DECISIVE_MARGIN:
-        return None
-    return str(agreement.choice)
+    return str(agreement.choice) if agreement.clear_by(DECISIVE_MARGIN) else None
 
 
 def nearest_neighbours(sizes: Sequence[int], neighbours: Sequence[Any]) -> list[Any]:

@@ -144,8 +144,7 @@ def neighbours_decide(sizes: Sequence[int],
     if not nearest:
         return None
     agreement = sites_agreement(nearest)
-    if agreement.verdict != AGREE or agreement.margin is None \
-            or agreement.margin < FUSION_DECISIVE_MARGIN:
+    if not agreement.clear_by(FUSION_DECISIVE_MARGIN):
         return None
     return agreement.choice, [key_hash for key_hash, _, _ in nearest]
 
