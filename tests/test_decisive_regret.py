@@ -182,6 +182,19 @@ def test_a_triton_kernel_whose_neighbours_config_lost_here_costs_its_timed_ratio
     assert row["regret"] == pytest.approx(1.3)
 
 
+def test_a_timed_config_with_no_positive_time_is_ignored_not_the_kernels_regret(db):
+    path, cache = db
+    _kernel(cache, 8192, _config(256, 4), best_ms=1.0)
+    _kernel(cache, 4096, _config(1024, 8), best_ms=1.0, transfer={
+        "from": ["a"], "benchmarked": 4, "generated": 4,
+        "timed": [{"config": _config(1024, 8), "ms": 1.0},
+                  {"config": _config(256, 4), "ms": 1.3},
+                  {"config": _config(512, 4), "ms": 0.0},
+                  {"config": _config(2048, 8), "ms": -1.0}]})
+    (row,) = _run(path)["would_decide"]
+    assert row["regret"] == pytest.approx(1.3)
+
+
 def test_a_triton_kernel_that_kept_its_neighbours_config_has_no_regret(db):
     path, cache = db
     _kernel(cache, 8192, _config(256, 4))

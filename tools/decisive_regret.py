@@ -176,13 +176,15 @@ def triton_config_regret(config: Mapping[str, Any], measured: Entry) -> float | 
 
 
 def _timed_configs(entry: Entry) -> list[tuple[Mapping[str, Any], float]]:
-    """(config fields, ms) of each config the kernel's transfer timed."""
+    """(config fields, ms) of each config the kernel's transfer timed; a time that is no
+    positive finite number is left out, so it cannot hide the others."""
     timed = (entry.transfer or {}).get("timed")
     out = []
     for t in timed if isinstance(timed, list) else []:
         fields = t.get("config") if isinstance(t, Mapping) else None
         ms = t.get("ms") if isinstance(t, Mapping) else None
-        if isinstance(fields, Mapping) and isinstance(ms, (int, float)) and math.isfinite(ms):
+        if isinstance(fields, Mapping) and isinstance(ms, (int, float)) \
+                and math.isfinite(ms) and ms > 0:
             out.append((fields, float(ms)))
     return out
 
