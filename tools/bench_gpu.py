@@ -384,8 +384,9 @@ def main() -> int:
         print(f"rank {rank}: where the compile step's {compile_seconds:.1f} s went:")
         profile_stats = pstats.Stats(profiler, stream=sys.stdout)
         profile_stats.sort_stats("cumulative").print_stats(args.profile_compile)
-        # Under Python 3.12 the cumulative view can lack the outer frames (Inductor's
-        # phases); the calls' own time still says where the main thread was.
+        # Python 3.12's cProfile hears every thread (sys.monitoring), so the cumulative
+        # view can lack the outer frames (Inductor's phases); the calls' own time still
+        # says where the process was.
         profile_stats.sort_stats("tottime").print_stats(args.profile_compile)
 
     # The second step on its own: where a rank that launched kernels untuned while a
