@@ -169,29 +169,21 @@ def _kernel(cache: tunecache.TuneCache, tokens: int, best: dict[str, Any],
              {"sizes": {"x": tokens * 4096}, **meta})
 
 
-def test_a_triton_kernel_whose_neighbours_config_lost_here_costs_its_timed_ratio(db):
+# A timed config whose time is no positive number (0, negative) is left out: it neither
+# becomes the fastest nor makes the kernel's regret unknown.
+@pytest.mark.parametrize("unusable_ms", [[], [0.0, -1.0]],
+                         ids=["every time usable", "a zero and a negative time left out"])
+def test_a_triton_kernel_whose_neighbours_config_lost_here_costs_its_timed_ratio(
+        db, unusable_ms):
     path, cache = db
     _kernel(cache, 8192, _config(256, 4), best_ms=1.0)
     # At 4096 transfer timed the start config and the neighbour's; the start won.
+    timed = [{"config": _config(1024, 8), "ms": 1.0}, {"config": _config(256, 4), "ms": 1.3}]
+    timed += [{"config": _config(512 * 2**i, 4), "ms": ms} for i, ms in enumerate(unusable_ms)]
     _kernel(cache, 4096, _config(1024, 8), best_ms=1.0, transfer={
-        "from": ["a"], "benchmarked": 2, "generated": 2,
-        "timed": [{"config": _config(1024, 8), "ms": 1.0},
-                  {"config": _config(256, 4), "ms": 1.3}]})
+        "from": ["a"], "benchmarked": len(timed), "generated": len(timed), "timed": timed})
     (row,) = _run(path)["would_decide"]
     assert (row["kind"], row["verdict"]) == ("triton_config", "agree")
-    assert row["regret"] == pytest.approx(1.3)
-
-
-def test_a_timed_config_with_no_positive_time_is_ignored_not_the_kernels_regret(db):
-    path, cache = db
-    _kernel(cache, 8192, _config(256, 4), best_ms=1.0)
-    _kernel(cache, 4096, _config(1024, 8), best_ms=1.0, transfer={
-        "from": ["a"], "benchmarked": 4, "generated": 4,
-        "timed": [{"config": _config(1024, 8), "ms": 1.0},
-                  {"config": _config(256, 4), "ms": 1.3},
-                  {"config": _config(512, 4), "ms": 0.0},
-                  {"config": _config(2048, 8), "ms": -1.0}]})
-    (row,) = _run(path)["would_decide"]
     assert row["regret"] == pytest.approx(1.3)
 
 
