@@ -41,6 +41,8 @@ def test_db_accepts_paths_and_urls(value, url):
         ({"TUNECACHE_TRITON_CONFIGS": "maybe"}, "expected 1 or 0"),
         ({"TUNECACHE_DECISIVE": "fusion,gemms"}, "expected 1, 0, or some of fusion,gemm,triton"),
         ({"TUNECACHE_DECISIVE": ","}, "TUNECACHE_DECISIVE=','"),
+        ({"TUNECACHE_COMPILE_AHEAD": "-1"}, "expected 0 or a positive whole number"),
+        ({"TUNECACHE_COMPILE_AHEAD": "four"}, "TUNECACHE_COMPILE_AHEAD='four'"),
     ],
 )
 def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
@@ -63,6 +65,13 @@ def test_decisive_is_a_flag_for_every_part_or_a_list_of_parts(value, parts):
     assert Settings.from_env({}).decisive == {"gemm", "fusion"}
     assert Settings.from_env({}, decisive=True).decisive == {"gemm", "triton", "fusion"}
     assert Settings.from_env({}, decisive={"gemm"}).decisive == {"gemm"}
+
+
+def test_compile_ahead_is_a_number_of_threads_or_0_for_off():
+    assert Settings.from_env({}).compile_ahead == 8
+    assert Settings.from_env({"TUNECACHE_COMPILE_AHEAD": "0"}).compile_ahead == 0
+    assert Settings.from_env({"TUNECACHE_COMPILE_AHEAD": " 8 "}).compile_ahead == 8
+    assert Settings.from_env({}, compile_ahead=2).compile_ahead == 2
 
 
 def test_keyword_settings_override_the_environment():

@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -369,6 +370,64 @@ def test_transfer_off_runs_the_full_descent(transfer, monkeypatch):
     stats = tc_inductor.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
         0, 1, 0)
+
+
+def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer_decide(
+        transfer, tmp_path, monkeypatch):
+    compiled_in: dict[str, list[str]] = {}
+    faked_compile = transfer.fa.FakeAutotuner._precompile_config
+
+    def compile_recording_thread(self: Any, cfg: Any) -> Any:
+        compiled_in.setdefault(threading.current_thread().name, []).append(cfg)
+        return faked_compile(self, cfg)
+
+    monkeypatch.setattr(transfer.fa.FakeAutotuner, "_precompile_config",
+                        compile_recording_thread)
+
+    def descent_then_transfer() -> list[tuple[Any, list[Any]]]:
+        """What a full descent at 1024 tokens, then transfer at 2048, ran and measured."""
+        return [((ran := transfer.first_run(transfer.load(SILU, tokens, index))).kwargs,
+                 ran.num_warps, [(c.kwargs, c.num_warps) for c in transfer.timed.benched])
+                for tokens, index in ((1024, 0), (2048, 1))]
+
+    def reopen(name: str, threads: int) -> None:
+        tc_inductor.disable()
+        transfer.cache.close()
+        transfer.cache = tunecache.open(str(tmp_path / name), triton_configs=True,
+                                        compile_ahead=threads)
+        assert tc_inductor.enable(transfer.cache)
+        tc_inductor.triton_stats.reset()
+        compiled_in.clear()
+
+    reopen("plain.db", 0)
+    plain = descent_then_transfer()
+    assert set(compiled_in) == {threading.current_thread().name}
+    reopen("ahead.db", 2)
+    assert descent_then_transfer() == plain
+    # What both stored, as tools/triton_config_diff.py compares two GPU jobs' databases.
+    listings = []
+    for name in ("plain.db", "ahead.db"):
+        listing = tmp_path / f"{name}.json"
+        listing.write_text(subprocess.run(
+            [sys.executable, "-m", "tunecache.cli", "ls", "--json", "--kind", "triton_config",
+             "--db", str(tmp_path / name)],
+            check=True, capture_output=True, text=True, timeout=120).stdout)
+        listings.append(str(listing))
+    tool = Path(__file__).resolve().parents[1] / "tools" / "triton_config_diff.py"
+    diff = json.loads(subprocess.run([sys.executable, str(tool), *listings, "--json"],
+                                     check=True, capture_output=True, text=True,
+                                     timeout=120).stdout)
+    assert (diff["compared"], diff["same"]) == (2, 2)
+    stats = tc_inductor.triton_stats
+    assert (stats.coordesc_full, stats.coordesc_transferred) == (1, 1)
+    for thread in threading.enumerate():  # compiles under way at the end finish unused
+        if thread.name.startswith("tunecache-compile-ahead"):
+            thread.join(timeout=30)
+    ahead = [c for name, cs in compiled_in.items() if name.startswith("tunecache-compile-ahead")
+             for c in cs]
+    # The descent's candidates after its start, and the neighbour's config in transfer.
+    assert stats.served_ahead == len(plain[0][2]) - 1 + len(plain[1][2]) - 1
+    assert stats.served_ahead <= stats.compiled_ahead == len(ahead)
 
 
 def test_a_full_descent_entry_records_its_baseline_and_best_time(transfer, db_url):

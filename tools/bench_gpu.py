@@ -518,6 +518,12 @@ def main() -> int:
                     r["triton_autotune"].get("coordesc_full", 0) for r in everyone),
                 "triton_transfer_benchmarks": sum(
                     r["triton_autotune"].get("transfer_benchmarks", 0) for r in everyone),
+                # candidate configs compiled in threads ahead of their benchmark, and
+                # those a benchmark took (TUNECACHE_COMPILE_AHEAD)
+                "triton_compiled_ahead": sum(
+                    r["triton_autotune"].get("compiled_ahead", 0) for r in everyone),
+                "triton_served_ahead": sum(
+                    r["triton_autotune"].get("served_ahead", 0) for r in everyone),
                 "fusion_benchmarks_run": sum(r["triton_autotune"].get("fusion_measured", 0)
                                              for r in everyone),
                 # fusion candidates compiled only to be benchmarked, and those skipped

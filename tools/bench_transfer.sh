@@ -13,6 +13,10 @@
 #    TUNECACHE_DECISIVE=VALUE (0: no part, every new key measured; 1: every part; or parts,
 #    DECISIVE=fusion,triton, tagged fusion+triton);
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
+#    with AHEAD=T, transfer-ahead-T-N: the same with TUNECACHE_COMPILE_AHEAD=T (a descent's
+#    candidates compiled in T threads, 0: each just before its benchmark), and
+#    OUTDIR/ahead-configs-N.txt: which kernels it tuned to the transfer job's config
+#    (tools/triton_config_diff.py; AHEAD set to the default compares two identical jobs);
 #    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
 #    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
 # With PROFILE=N, each transfer-N job's compile step is profiled (cProfile, its N costliest
@@ -134,14 +138,39 @@ for tokens in ${TOKENS:-4096 16384}; do
         TUNECACHE_DECISIVE=$DECISIVE TUNECACHE_DB=$out/decisive-$tokens.db bench \
             "transfer-decisive-${DECISIVE//,/+}-$tokens" --mode tunecache --tokens "$tokens"
     fi
+    if [[ -n ${AHEAD:-} ]]; then
+        copy_db "$recorded" "$out/ahead-$tokens.db"
+        TUNECACHE_COMPILE_AHEAD=$AHEAD TUNECACHE_DB=$out/ahead-$tokens.db bench \
+            "transfer-ahead-$AHEAD-$tokens" --mode tunecache --tokens "$tokens"
+    fi
     if [[ ${OFF:-0} == 1 ]]; then
         copy_db "$recorded" "$out/off-$tokens.db"
         TUNECACHE_TRANSFER=0 TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \
             --mode tunecache --tokens "$tokens"
     fi
 done
+triton_configs() {  # tokens: the Triton configs the transfer job and the AHEAD job chose
+    local tag listings=()
+    for tag in "transfer-$1" "ahead-$1"; do
+        python3 -m tunecache.cli ls --json --kind triton_config --limit 1000 \
+            --db "$out/$tag.db" >"$out/$tag-triton.json" 2>/dev/null || return 0
+        listings+=("$out/$tag-triton.json")
+    done
+    if [[ -s $recorded ]]; then  # what both started from is not compared
+        python3 -m tunecache.cli ls --json --kind triton_config --limit 1000 \
+            --db "$recorded" >"$out/recorded-triton.json" 2>/dev/null \
+            && listings+=(--recorded "$out/recorded-triton.json")
+    fi
+    python3 "$here/tools/triton_config_diff.py" "${listings[@]}" \
+        >"$out/ahead-configs-$1.txt" 2>&1
+    echo "== ahead-configs-$1: $(head -1 "$out/ahead-configs-$1.txt")"
+}
+
 # Before the regret runs: `warm --exhaustive` tops up the databases it reads.
-for tokens in ${TOKENS:-4096 16384}; do decisions "$tokens"; done
+for tokens in ${TOKENS:-4096 16384}; do
+    decisions "$tokens"
+    [[ -n ${AHEAD:-} ]] && triton_configs "$tokens"
+done
 if [[ ${REGRET:-0} == 1 ]]; then
     for tokens in ${TOKENS:-4096 16384}; do
         regret "transfer-$tokens"

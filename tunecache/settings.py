@@ -90,6 +90,16 @@ def _positive_float(name: str, raw: str | float) -> float:
     return value
 
 
+def _count(name: str, raw: str | int) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, raw, "0 or a positive whole number") from None
+    if value < 0:
+        raise ConfigError(name, raw, "0 or a positive whole number")
+    return value
+
+
 def _positive_int(name: str, raw: str | int) -> int:
     try:
         value = int(raw)
@@ -215,6 +225,12 @@ class Settings:
     # 1.000 on GPUs (docs/benchmarks.md, 2026-12-05); a Triton kernel's neighbours' config
     # was up to 1.78x the best at the new size there, so triton is not.
     decisive: frozenset[str] = frozenset({"gemm", "fusion"})
+    # Threads (at most one per core) that compile a Triton kernel's next candidate configs
+    # while its coordinate descent (or transfer) benchmarks the previous ones
+    # (inductor/triton/compile_ahead.py). On: descents of a cold job took 0.60-0.66x the
+    # time on an H100 (docs/benchmarks.md, 2026-12-06). 0 compiles each candidate just
+    # before its benchmark, as Inductor does.
+    compile_ahead: int = 8
     # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
     # the private key (this job publishes graphs it compiles and verifies with the public
     # half); ``verify_key``, the path of the public key (a consumer that loads verified
@@ -256,6 +272,7 @@ class Settings:
         "triton_configs": "TUNECACHE_TRITON_CONFIGS",
         "transfer": "TUNECACHE_TRANSFER",
         "decisive": "TUNECACHE_DECISIVE",
+        "compile_ahead": "TUNECACHE_COMPILE_AHEAD",
         "signing_key": "TUNECACHE_SIGNING_KEY",
         "verify_key": "TUNECACHE_VERIFY_KEY",
         "graphs": "TUNECACHE_GRAPHS",
@@ -317,6 +334,8 @@ class Settings:
         object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
         object.__setattr__(self, "decisive", _parts(self._ENV["decisive"], self.decisive,
                                                     DECISIVE_PARTS))
+        object.__setattr__(self, "compile_ahead",
+                           _count(self._ENV["compile_ahead"], self.compile_ahead))
         for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
             object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
         self._graph_settings()

@@ -137,6 +137,11 @@ class TritonStats(Counters):
     transfer_benchmarks: int = 0
     transfer_failed: int = 0
     transfer_seconds: float = 0.0  # in transfer (outside Inductor's timed descent)
+    # Configs of descents and transfers compiled in threads ahead of their benchmark
+    # (Settings.compile_ahead), and those of them the benchmark took: the rest were
+    # compiled for a best config the descent left before it got to them.
+    compiled_ahead: int = 0
+    served_ahead: int = 0
     fusion_hits: int = 0  # fusion benchmarks answered from the store (not run)
     fusion_measured: int = 0  # fusion benchmarks run here
     # fusion candidates compile_kernel sent to Triton's compile (no stored timing), and

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 from ...keys import to_ms
 from ...patching import Ledger
 from ..state import REGISTRY
+from .compile_ahead import AheadCompiler, compiling_ahead, compiling_descent_ahead
 from .keys import config_fields, kernel_config_problem
 from .stored import FirstLaunch, decided_from, load_fn, neighbour_config
 
@@ -243,8 +245,12 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
         # Normally the save inside publishes it; if not (it raised, or saved nothing),
         # the key is given back now rather than make peers wait out the lease.
         try:
-            with _recording_baseline(self, kernel):
-                winner = orig(self, launcher, *args, **kwargs)
+            with _recording_baseline(self, kernel), \
+                    compiling_descent_ahead(self, _compile_ahead_threads()) as ahead:
+                try:
+                    winner = orig(self, launcher, *args, **kwargs)
+                finally:
+                    _count_ahead(ahead)
         except BaseException as e:
             state.release_claim(*kernel, e)
             raise
@@ -262,6 +268,23 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
         return winner
 
     return coordinate_descent_tuning
+
+
+def _compile_ahead_threads() -> int:
+    """Threads that compile a kernel's candidates ahead: TUNECACHE_COMPILE_AHEAD, at most
+    one per core."""
+    state = REGISTRY.triton
+    if state is None:
+        return 0
+    with state.attempt("reading TUNECACHE_COMPILE_AHEAD"):  # unread: compile as Inductor
+        return min(state.cache().settings.compile_ahead, os.cpu_count() or 1)
+    return 0
+
+
+def _count_ahead(compiler: AheadCompiler | None) -> None:
+    if compiler is not None:
+        REGISTRY.triton_stats.add(compiled_ahead=compiler.compiled_ahead,
+                                  served_ahead=compiler.served)
 
 
 @contextlib.contextmanager
@@ -384,19 +407,26 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
     assert state is not None
     t0 = time.time_ns()
     load_fn(kernel)  # what Inductor's coordinate descent does first
-    base_ms = kernel.bench(launcher, *args, **kwargs)
-    timed: list[tuple[float, Any]] = [(base_ms, launcher)]
+    timed: list[tuple[float, Any]] = []
     used = list(agreeing)
-    for key_hash, config in candidates:
+    # The neighbours' configs compile while the start config is benchmarked.
+    with compiling_ahead(kernel._precompile_config, [c for _, c in candidates],
+                         _compile_ahead_threads()) as ahead:
         try:
-            with kernel.lock:  # as Inductor's coordinate descent compiles a config
-                candidate = kernel._precompile_config(config).make_launcher()
-            ms = kernel.bench(candidate, *args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - this neighbour's config does not run here
-            state.transfer_config_failed(*key, e)
-            continue
-        timed.append((ms, candidate))
-        used.append(key_hash)
+            timed.append((kernel.bench(launcher, *args, **kwargs), launcher))
+            for key_hash, config in candidates:
+                try:
+                    with kernel.lock:  # as Inductor's coordinate descent compiles a config
+                        candidate = ahead.compiled(config).make_launcher()
+                    ms = kernel.bench(candidate, *args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - this neighbour's config fails here
+                    state.transfer_config_failed(*key, e)
+                    continue
+                timed.append((ms, candidate))
+                used.append(key_hash)
+        finally:
+            _count_ahead(ahead)
+    base_ms = timed[0][0]
     REGISTRY.triton_stats.add(transfer_benchmarks=len(timed))
     if not used:
         return None
