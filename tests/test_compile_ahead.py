@@ -8,6 +8,7 @@ descent benchmarks, in which order, or what it finds.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import math
 import threading
 import time
@@ -21,6 +22,7 @@ from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner  # no
 from torch._inductor.runtime.runtime_utils import triton_config_to_hashable  # noqa: E402
 from triton_fakes import FakeConfig  # noqa: E402
 
+from tunecache.inductor.triton import compile_ahead  # noqa: E402
 from tunecache.inductor.triton.compile_ahead import (  # noqa: E402
     AheadCompiler,
     compiling_ahead,
@@ -63,16 +65,36 @@ def landscape(cfg: Any) -> float:
             + 0.25 * abs(math.log2(cfg.num_warps / 8)))
 
 
-def descend(kernel: Kernel, threads: int) -> tuple[Any, list[Any], AheadCompiler | None]:
+@pytest.fixture
+def compiles_started(monkeypatch) -> list[concurrent.futures.Future[Any]]:
+    """Every compile started in a thread, as the thread pool's futures."""
+    started: list[concurrent.futures.Future[Any]] = []
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            started.append(future := super().submit(*args, **kwargs))
+            return future
+
+    monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
+    return started
+
+
+def descend(kernel: Kernel, threads: int,
+            compiles_started: list[concurrent.futures.Future[Any]] | None = None,
+            ) -> tuple[Any, list[Any], AheadCompiler | None]:
     """Inductor's descent from XBLOCK=1, R0_BLOCK=2048, 2 warps, as
     ``CachingAutotuner.coordinate_descent_tuning`` runs it (compile, then benchmark):
-    (the best config, the configs benchmarked in order, the compiler)."""
+    (the best config, the configs benchmarked in order, the compiler). With
+    ``compiles_started``, each benchmark lasts until the compiles started so far ended
+    (a GPU benchmark is longer than a compile)."""
     benchmarked: list[Any] = []
 
     def benchmark_one_config(cfg: Any) -> float:
         compiled = kernel._precompile_config(cfg)
         assert compiled == ("compiled", triton_config_to_hashable(cfg))
         benchmarked.append(triton_config_to_hashable(cfg))
+        if compiles_started is not None:
+            concurrent.futures.wait(list(compiles_started))
         return landscape(cfg)
 
     with compiling_descent_ahead(kernel, threads) as compiler:
@@ -81,20 +103,47 @@ def descend(kernel: Kernel, threads: int) -> tuple[Any, list[Any], AheadCompiler
     return triton_config_to_hashable(best), benchmarked, compiler
 
 
-def test_a_descent_benchmarks_the_same_configs_in_the_same_order_with_them_compiled_ahead():
+def test_a_descent_benchmarks_the_same_configs_in_the_same_order_with_them_compiled_ahead(
+        compiles_started):
     best, benchmarked, compiler = descend(plain := Kernel(), threads=0)
     assert compiler is None
     assert {thread for _, thread in plain.compiled} == {threading.current_thread().name}
     assert dict(best)["XBLOCK"] == 8 and dict(best)["R0_BLOCK"] == 512
     assert len(benchmarked) > 10  # several steps, several fields
 
-    ahead = Kernel(compile_seconds=0.002)
-    assert descend(ahead, threads=3)[:2] == (best, benchmarked)
-    threads = dict(ahead.compiled)
-    # The baseline compiles in the descent's thread; every config it benchmarked after
-    # was compiled in a thread ahead of it.
-    assert threads[benchmarked[0]] == threading.current_thread().name
-    assert all(threads[c].startswith(AHEAD_THREAD) for c in benchmarked[1:])
+    ahead = Kernel()
+    again, benchmarked_again, compiler = descend(ahead, threads=3,
+                                                 compiles_started=compiles_started)
+    assert (again, benchmarked_again) == (best, benchmarked)
+    compiled_by = dict(ahead.compiled)
+    assert len(compiled_by) == len(ahead.compiled)  # none twice
+    # The baseline compiles in the descent's thread. Each time the best changes, the
+    # first of its neighbours is asked for as it is submitted: that one is compiled
+    # wherever it starts first, rather than wait in the queue. Every other config the
+    # descent benchmarked was compiled in a thread while it benchmarked the one before.
+    assert compiled_by[benchmarked[0]] == threading.current_thread().name
+    changes = _best_changes([landscape_of(c) for c in benchmarked])
+    ahead_of_time = [c for i, c in enumerate(benchmarked[1:], 1) if i - 1 not in changes]
+    assert len(ahead_of_time) >= len(benchmarked) // 2
+    assert all(compiled_by[c].startswith(AHEAD_THREAD) for c in ahead_of_time)
+    assert compiler is not None and compiler.served >= len(ahead_of_time)
+
+
+def landscape_of(hashable: Any) -> float:
+    fields = dict(hashable)
+    return landscape(FakeConfig(fields["num_warps"], XBLOCK=fields["XBLOCK"],
+                                R0_BLOCK=fields["R0_BLOCK"]))
+
+
+def _best_changes(timings: list[float]) -> set[int]:
+    """The indices of the benchmarks after which the descent's best changed (the first,
+    its baseline, included), by the tuner's own rule."""
+    changes, best = {0}, timings[0]
+    for i, ms in enumerate(timings[1:], 1):
+        if CoordescTuner.has_improvement(best, ms):
+            changes.add(i)
+            best = ms
+    return changes
 
 
 def test_a_config_is_compiled_once_even_where_the_descent_moves_before_its_turn():
@@ -113,14 +162,19 @@ def test_a_config_is_compiled_once_even_where_the_descent_moves_before_its_turn(
     assert (best, benchmarked) == descend(Kernel(), threads=0)[:2]
 
 
-def test_a_config_that_fails_to_compile_ahead_fails_where_the_descent_asks_for_it():
+def test_a_config_that_fails_to_compile_ahead_fails_where_the_descent_asks_for_it(
+        compiles_started):
     def fails(cfg: Any) -> bool:
         return cfg.kwargs["XBLOCK"] == 2  # on the descent's way: it must step around
 
     plain = descend(Kernel(fails), threads=0)
-    ahead = descend(Kernel(fails), threads=2)
+    kernel = Kernel(fails)
+    ahead = descend(kernel, threads=2, compiles_started=compiles_started)
     assert ahead[:2] == plain[:2]
     assert all(dict(c)["XBLOCK"] != 2 for c in ahead[1])
+    # It failed in a thread, and the descent skipped it as it skips a failure of its own.
+    failed = [t for c, t in kernel.compiled if dict(c)["XBLOCK"] == 2]
+    assert failed and failed[0].startswith(AHEAD_THREAD)  # the baseline's neighbour
 
 
 def test_after_the_descent_the_kernel_compiles_and_the_tuner_benchmarks_as_before():

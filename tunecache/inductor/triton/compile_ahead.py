@@ -19,9 +19,9 @@ for them, and compiles of the former best's neighbours that have not started are
 dropped. The descent's compile of a config then takes the compile already done, or waits
 for the one under way, or (a config nobody foresaw) compiles it as before. The same
 configs are compiled with the same code, benchmarked in the same order and compared the
-same way: only when each compile runs changes, never a decision. A compile that fails in a
-thread raises its own error where the descent asked for that config, as it would have
-there.
+same way: only when each compile runs changes. A compile that fails in a thread raises
+its own error where the descent asks for that config, as it would have there. Why
+threads and not Inductor's compile workers: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -80,9 +80,13 @@ class AheadCompiler:
                 self.compiled_ahead -= 1
 
     def compiled(self, config: Any) -> Any:
-        """``compile(config)``: the one done or under way in a thread, else compiled here.
-        A thread's compile is handed out once, as a compile is used once."""
+        """``compile(config)``: the one done or under way in a thread, else compiled here
+        (also where it waits behind others in the queue). A thread's compile is handed out
+        once, as a compile is used once."""
         compiling = self._compiles.pop(_config_key(config), None)
+        if compiling is not None and compiling.cancel():
+            self.compiled_ahead -= 1
+            compiling = None
         if compiling is None:
             return self._compile(config)
         self.served += 1
@@ -129,19 +133,26 @@ class _DescentFollower:
 
     def call_func(self, func: Callable[[Any], Any], config: Any) -> Any:
         if self._best_ms is None:  # the baseline: compile its neighbours meanwhile
-            self._follow(config)
-        ms = self._call_func(func, config)
-        if self._best_ms is None or self._tuner.has_improvement(self._best_ms, ms):
-            self._best_ms = ms
-            self._follow(config)
+            self._follow(config, None)
+        ms = self._call_func(func, config)  # its errors are the descent's own
+        self._follow(config, ms)
         return ms
 
-    def _follow(self, best: Any) -> None:
+    def _follow(self, config: Any, ms: Any) -> None:
+        """Compile ahead the neighbours of ``config`` if it is the new best (timed
+        ``ms``), or of the baseline before it is timed (``ms`` None)."""
         if not self._following:
             return
         try:
+            if ms is not None:
+                baseline = self._best_ms is None  # its neighbours are compiling already
+                if not baseline and not self._tuner.has_improvement(self._best_ms, ms):
+                    return
+                self._best_ms = ms
+                if baseline:
+                    return
             self._compiler.drop_pending()
-            self._compiler.submit(self._neighbours(best))
+            self._compiler.submit(self._neighbours(config))
         except Exception as e:  # noqa: BLE001 - a tuner we do not know: compile as before
             self._following = False
             log.debug("tunecache: not compiling a descent's candidates ahead: %r", e)
