@@ -90,7 +90,7 @@ def _positive_float(name: str, raw: str | float) -> float:
     return value
 
 
-def _count(name: str, raw: str | int) -> int:
+def _nonnegative_int(name: str, raw: str | int) -> int:
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -335,7 +335,7 @@ class Settings:
         object.__setattr__(self, "decisive", _parts(self._ENV["decisive"], self.decisive,
                                                     DECISIVE_PARTS))
         object.__setattr__(self, "compile_ahead",
-                           _count(self._ENV["compile_ahead"], self.compile_ahead))
+                           _nonnegative_int(self._ENV["compile_ahead"], self.compile_ahead))
         for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
             object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
         self._graph_settings()

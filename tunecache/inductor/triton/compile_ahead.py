@@ -17,7 +17,8 @@ one step along each tunable field (the tuner's own ``tunable_fields``,
 changes, its neighbours are submitted to the threads in the order the descent will ask
 for them, and compiles of the former best's neighbours that have not started are
 dropped. The descent's compile of a config then takes the compile already done, or waits
-for the one under way, or (a config nobody foresaw) compiles it as before. The same
+for the one under way, or compiles it as before (a config nobody foresaw, or one no
+thread has started yet: it would only wait in the queue). The same
 configs are compiled with the same code, benchmarked in the same order and compared the
 same way: only when each compile runs changes. A compile that fails in a thread raises
 its own error where the descent asks for that config, as it would have there. Why

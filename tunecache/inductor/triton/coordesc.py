@@ -244,18 +244,17 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
                 return transferred
         # Normally the save inside publishes it; if not (it raised, or saved nothing),
         # the key is given back now rather than make peers wait out the lease.
+        ahead: AheadCompiler | None = None
         try:
             with _recording_baseline(self, kernel), \
                     compiling_descent_ahead(self, _compile_ahead_threads()) as ahead:
-                try:
-                    winner = orig(self, launcher, *args, **kwargs)
-                finally:
-                    _count_ahead(ahead)
+                winner = orig(self, launcher, *args, **kwargs)
         except BaseException as e:
             state.release_claim(*kernel, e)
             raise
         finally:
             state.drop_meta(*kernel)
+            _count_ahead(ahead)
         REGISTRY.triton_stats.add(coordesc_full=1)
         state.release_claim(*kernel, "coordinate descent published no result")
         # Where this fails, our own result still runs correctly.
@@ -409,10 +408,11 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
     load_fn(kernel)  # what Inductor's coordinate descent does first
     timed: list[tuple[float, Any]] = []
     used = list(agreeing)
-    # The neighbours' configs compile while the start config is benchmarked.
-    with compiling_ahead(kernel._precompile_config, [c for _, c in candidates],
-                         _compile_ahead_threads()) as ahead:
-        try:
+    ahead: AheadCompiler | None = None
+    try:
+        # The neighbours' configs compile while the start config is benchmarked.
+        with compiling_ahead(kernel._precompile_config, [c for _, c in candidates],
+                             _compile_ahead_threads()) as ahead:
             timed.append((kernel.bench(launcher, *args, **kwargs), launcher))
             for key_hash, config in candidates:
                 try:
@@ -424,8 +424,8 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
                     continue
                 timed.append((ms, candidate))
                 used.append(key_hash)
-        finally:
-            _count_ahead(ahead)
+    finally:
+        _count_ahead(ahead)  # once it is closed: what ran
     base_ms = timed[0][0]
     REGISTRY.triton_stats.add(transfer_benchmarks=len(timed))
     if not used:
