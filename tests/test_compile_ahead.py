@@ -217,10 +217,11 @@ def test_a_kernel_without_inductors_tuner_is_left_alone():
         assert compiler is None and "_precompile_config" not in vars(kernel)
 
 
-def test_configs_compiled_ahead_all_at_once_are_each_handed_out_once():
+def test_configs_compiled_ahead_all_at_once_are_each_handed_out_once(compiles_started):
     kernel = Kernel(fails=lambda cfg: cfg.kwargs["XBLOCK"] == 64)
     configs = [FakeConfig(4, XBLOCK=x, R0_BLOCK=8) for x in (16, 32, 64)]
     with compiling_ahead(kernel._precompile_config, configs, 2) as compiler:
+        concurrent.futures.wait(list(compiles_started))
         assert compiler.compiled(configs[1]) == ("compiled", triton_config_to_hashable(
             configs[1]))
         with pytest.raises(CompileError):
@@ -231,3 +232,33 @@ def test_configs_compiled_ahead_all_at_once_are_each_handed_out_once():
     threads = [t for c, t in kernel.compiled if c == triton_config_to_hashable(configs[1])]
     assert threads[0].startswith(AHEAD_THREAD)
     assert threads[1] == threading.current_thread().name
+
+
+def test_a_config_no_thread_has_started_compiles_where_it_is_asked_for():
+    # One thread, busy with the first config: the second would wait in the queue behind
+    # it, so it is compiled in the asking thread instead.
+    busy, release = threading.Event(), threading.Event()
+    kernel = Kernel()
+    compile_config = kernel._precompile_config
+
+    def first_blocks(cfg: Any) -> Any:
+        if cfg.kwargs["XBLOCK"] == 16:
+            busy.set()
+            release.wait(timeout=60)
+        return compile_config(cfg)
+
+    configs = [FakeConfig(4, XBLOCK=x, R0_BLOCK=8) for x in (16, 32)]
+    safety = threading.Timer(10, release.set)  # without the fix: no hang, a failure
+    safety.start()
+    try:
+        with compiling_ahead(first_blocks, configs, 1) as compiler:
+            assert busy.wait(timeout=60)
+            compiler.compiled(configs[1])
+            assert not release.is_set()  # it did not wait for the first
+            release.set()
+    finally:
+        safety.cancel()
+    assert [t for c, t in kernel.compiled if c == triton_config_to_hashable(configs[1])] \
+        == [threading.current_thread().name]
+    assert (compiler.compiled_ahead, compiler.served) == (1, 0)
+
