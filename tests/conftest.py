@@ -1,4 +1,5 @@
-"""Fixtures: a fresh SQLite file per test, and a fresh database on the real PostgreSQL server.
+"""Fixtures: a fresh SQLite file per test, a fresh database on the real PostgreSQL server,
+and the compiles tunecache's compile-ahead threads start.
 
 PostgreSQL is not optional: `.ci/run` starts it. Point TUNECACHE_TEST_PG at another server
 (a libpq URL of a database whose user may CREATE DATABASE) to test against it.
@@ -6,9 +7,12 @@ PostgreSQL is not optional: `.ci/run` starts it. Point TUNECACHE_TEST_PG at anot
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -43,3 +47,42 @@ def pg_url() -> Iterator[str]:
 def db_url(request) -> str:
     """Run the test once on a SQLite file and once on PostgreSQL."""
     return request.getfixturevalue(f"{'sqlite' if request.param == 'sqlite' else 'pg'}_url")
+
+
+class CompilesStarted:
+    """The compiles started in compile-ahead threads (tunecache/inductor/triton/
+    compile_ahead.py), as their thread pools' futures."""
+
+    def __init__(self) -> None:
+        self.futures: list[concurrent.futures.Future[Any]] = []
+
+    def wait(self) -> None:
+        """Until every compile started so far has ended, as a GPU benchmark outlasts a
+        compile."""
+        concurrent.futures.wait(list(self.futures))
+
+    @staticmethod
+    def join_threads() -> None:
+        """Until the threads are gone: compiles under way when a descent ends finish
+        unused, after it."""
+        from tunecache.inductor.triton.compile_ahead import THREAD_NAME
+
+        for thread in threading.enumerate():
+            if thread.name.startswith(THREAD_NAME):
+                thread.join(timeout=30)
+
+
+@pytest.fixture
+def compiles_started(monkeypatch) -> CompilesStarted:
+    from tunecache.inductor.triton import compile_ahead
+
+    started = CompilesStarted()
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            started.futures.append(future := super().submit(*args, **kwargs))
+            return future
+
+    monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
+    return started
+

@@ -4,28 +4,18 @@ directory of its own)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from tool_modules import TOOLS, load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_compile_threads.py"
-
-
-def _tool_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_compile_threads", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+TOOL = TOOLS / "bench_compile_threads.py"
 
 
 def test_the_parallel_fraction_is_amdahls_law_solved_for_it() -> None:
-    fraction = _tool_module().parallel_fraction
+    fraction = load_tool("bench_compile_threads").parallel_fraction
     assert fraction(2.0, 2) == pytest.approx(1.0)
     assert fraction(1.0, 4) == pytest.approx(0.0)
     assert fraction(1.6, 2) == pytest.approx(0.75)

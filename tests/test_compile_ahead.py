@@ -8,7 +8,6 @@ descent benchmarks, in which order, or what it finds.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import math
 import threading
 import time
@@ -18,18 +17,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import CompilesStarted  # noqa: E402
 from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner  # noqa: E402
 from torch._inductor.runtime.runtime_utils import triton_config_to_hashable  # noqa: E402
 from triton_fakes import FakeConfig  # noqa: E402
 
-from tunecache.inductor.triton import compile_ahead  # noqa: E402
 from tunecache.inductor.triton.compile_ahead import (  # noqa: E402
+    THREAD_NAME,
     AheadCompiler,
     compiling_ahead,
     compiling_descent_ahead,
 )
-
-AHEAD_THREAD = "tunecache-compile-ahead"
 
 
 class CompileError(Exception):
@@ -65,22 +63,7 @@ def landscape(cfg: Any) -> float:
             + 0.25 * abs(math.log2(cfg.num_warps / 8)))
 
 
-@pytest.fixture
-def compiles_started(monkeypatch) -> list[concurrent.futures.Future[Any]]:
-    """Every compile started in a thread, as the thread pool's futures."""
-    started: list[concurrent.futures.Future[Any]] = []
-
-    class Pool(concurrent.futures.ThreadPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            started.append(future := super().submit(*args, **kwargs))
-            return future
-
-    monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
-    return started
-
-
-def descend(kernel: Kernel, threads: int,
-            compiles_started: list[concurrent.futures.Future[Any]] | None = None,
+def descend(kernel: Kernel, threads: int, compiles_started: CompilesStarted | None = None,
             ) -> tuple[Any, list[Any], AheadCompiler | None]:
     """Inductor's descent from XBLOCK=1, R0_BLOCK=2048, 2 warps, as
     ``CachingAutotuner.coordinate_descent_tuning`` runs it (compile, then benchmark):
@@ -94,7 +77,7 @@ def descend(kernel: Kernel, threads: int,
         assert compiled == ("compiled", triton_config_to_hashable(cfg))
         benchmarked.append(triton_config_to_hashable(cfg))
         if compiles_started is not None:
-            concurrent.futures.wait(list(compiles_started))
+            compiles_started.wait()
         return landscape(cfg)
 
     with compiling_descent_ahead(kernel, threads) as compiler:
@@ -125,7 +108,7 @@ def test_a_descent_benchmarks_the_same_configs_in_the_same_order_with_them_compi
     changes = _best_changes([landscape_of(c) for c in benchmarked])
     ahead_of_time = [c for i, c in enumerate(benchmarked[1:], 1) if i - 1 not in changes]
     assert len(ahead_of_time) >= len(benchmarked) // 2
-    assert all(compiled_by[c].startswith(AHEAD_THREAD) for c in ahead_of_time)
+    assert all(compiled_by[c].startswith(THREAD_NAME) for c in ahead_of_time)
     assert compiler is not None and compiler.served >= len(ahead_of_time)
 
 
@@ -152,9 +135,7 @@ def test_a_config_is_compiled_once_even_where_the_descent_moves_before_its_turn(
     kernel = Kernel(compile_seconds=0.01)
     best, benchmarked, compiler = descend(kernel, threads=1)
     assert compiler is not None
-    for thread in threading.enumerate():  # compiles under way at the end finish unused
-        if thread.name.startswith(AHEAD_THREAD):
-            thread.join(timeout=30)
+    CompilesStarted.join_threads()
     counts = collections.Counter(c for c, _ in kernel.compiled)
     assert max(counts.values()) == 1
     assert set(benchmarked) <= set(counts)
@@ -174,7 +155,7 @@ def test_a_config_that_fails_to_compile_ahead_fails_where_the_descent_asks_for_i
     assert all(dict(c)["XBLOCK"] != 2 for c in ahead[1])
     # It failed in a thread, and the descent skipped it as it skips a failure of its own.
     failed = [t for c, t in kernel.compiled if dict(c)["XBLOCK"] == 2]
-    assert failed and failed[0].startswith(AHEAD_THREAD)  # the baseline's neighbour
+    assert failed and failed[0].startswith(THREAD_NAME)  # the baseline's neighbour
 
 
 def test_after_the_descent_the_kernel_compiles_and_the_tuner_benchmarks_as_before():
@@ -221,7 +202,7 @@ def test_configs_compiled_ahead_all_at_once_are_each_handed_out_once(compiles_st
     kernel = Kernel(fails=lambda cfg: cfg.kwargs["XBLOCK"] == 64)
     configs = [FakeConfig(4, XBLOCK=x, R0_BLOCK=8) for x in (16, 32, 64)]
     with compiling_ahead(kernel._precompile_config, configs, 2) as compiler:
-        concurrent.futures.wait(list(compiles_started))
+        compiles_started.wait()
         assert compiler.compiled(configs[1]) == ("compiled", triton_config_to_hashable(
             configs[1]))
         with pytest.raises(CompileError):
@@ -230,7 +211,7 @@ def test_configs_compiled_ahead_all_at_once_are_each_handed_out_once(compiles_st
         compiler.compiled(configs[1])
     assert (compiler.compiled_ahead, compiler.served) == (3, 2)
     threads = [t for c, t in kernel.compiled if c == triton_config_to_hashable(configs[1])]
-    assert threads[0].startswith(AHEAD_THREAD)
+    assert threads[0].startswith(THREAD_NAME)
     assert threads[1] == threading.current_thread().name
 
 

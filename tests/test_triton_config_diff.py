@@ -3,20 +3,10 @@ from `tunecache ls --json` listings (a real listing: tests/test_triton_transfer.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
+import os
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "triton_config_diff.py"
-
-
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("triton_config_diff", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tool_modules import load_tool
 
 
 def _entry(key: str, xblock: int, warps: int = 4) -> dict[str, object]:
@@ -29,7 +19,7 @@ def _entry(key: str, xblock: int, warps: int = 4) -> dict[str, object]:
 def test_kernels_are_compared_by_their_config_and_the_recorded_ones_left_out():
     a = [_entry("k1", 256), _entry("k2", 512), _entry("k3", 64), _entry("only_a", 8)]
     b = [_entry("k1", 256), _entry("k2", 512, warps=8), _entry("k3", 128)]
-    result = _tool().compare(a, b, recorded=[_entry("k3", 64)])
+    result = load_tool("triton_config_diff").compare(a, b, recorded=[_entry("k3", 64)])
     assert (result["compared"], result["same"]) == (2, 1)
     (differ,) = result["differ"]
     assert differ["key_hash"] == "k2"
@@ -39,7 +29,20 @@ def test_kernels_are_compared_by_their_config_and_the_recorded_ones_left_out():
 def test_the_command_line_prints_the_count_and_each_difference(tmp_path, capsys):
     (tmp_path / "a.json").write_text(json.dumps([_entry("k1", 256), _entry("k2", 512)]))
     (tmp_path / "b.json").write_text(json.dumps([_entry("k1", 256), _entry("k2", 1024)]))
-    assert _tool().main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    tool = load_tool("triton_config_diff")
+    assert tool.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "1 of 2 kernels tuned to the same config"
     assert "triton_poi_k2" in out[1] and "512" in out[1] and "1024" in out[1]
+
+
+def test_what_is_not_a_listing_is_a_one_line_error_and_a_fifo_is_not_waited_on(tmp_path,
+                                                                                capsys):
+    listing = tmp_path / "a.json"
+    listing.write_text(json.dumps([_entry("k1", 256)]))
+    (tmp_path / "object.json").write_text("{}")
+    os.mkfifo(tmp_path / "fifo")
+    for bad in ("object.json", "fifo", "missing.json"):
+        assert load_tool("triton_config_diff").main([str(listing), str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("triton_config_diff: ") and err.count("\n") == 1

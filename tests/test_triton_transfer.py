@@ -14,7 +14,6 @@ epilogue alone, with its benchmark harness).
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import math
@@ -36,7 +35,7 @@ from triton_fakes import FakeConfig, TritonConfig, meta  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
-from tunecache.inductor.triton import compile_ahead  # noqa: E402
+from tunecache.inductor.triton.compile_ahead import THREAD_NAME  # noqa: E402
 from tunecache.inductor.triton.keys import (  # noqa: E402
     size_distance,
     triton_kernel_info,
@@ -375,7 +374,7 @@ def test_transfer_off_runs_the_full_descent(transfer, monkeypatch):
 
 
 def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer_decide(
-        transfer, tmp_path, monkeypatch):
+        transfer, tmp_path, monkeypatch, compiles_started):
     compiled_in: dict[str, list[str]] = {}
     faked_compile = transfer.fa.FakeAutotuner._precompile_config
 
@@ -385,21 +384,11 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
 
     monkeypatch.setattr(transfer.fa.FakeAutotuner, "_precompile_config",
                         compile_recording_thread)
-    # A GPU benchmark outlasts a compile: each faked one lasts until the compiles started
-    # so far have ended.
-    started: list[concurrent.futures.Future[Any]] = []
-
-    class Pool(concurrent.futures.ThreadPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            started.append(future := super().submit(*args, **kwargs))
-            return future
-
-    monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
     faked_bench = transfer.fa.FakeAutotuner.bench
 
     def bench(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> float:
         ms = faked_bench(self, launcher, *args, **kwargs)
-        concurrent.futures.wait(list(started))
+        compiles_started.wait()
         return ms
 
     monkeypatch.setattr(transfer.fa.FakeAutotuner, "bench", bench)
@@ -440,10 +429,8 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
     assert (diff["compared"], diff["same"]) == (2, 2)
     stats = tc_inductor.triton_stats
     assert (stats.coordesc_full, stats.coordesc_transferred) == (1, 1)
-    for thread in threading.enumerate():  # compiles under way at the end finish unused
-        if thread.name.startswith("tunecache-compile-ahead"):
-            thread.join(timeout=30)
-    ahead = [c for name, cs in compiled_in.items() if name.startswith("tunecache-compile-ahead")
+    compiles_started.join_threads()
+    ahead = [c for name, cs in compiled_in.items() if name.startswith(THREAD_NAME)
              for c in cs]
     # Taken from a thread: the neighbour's config in transfer (started before the start
     # config's benchmark), and in the descent at least the start config's neighbours

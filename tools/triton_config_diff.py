@@ -19,8 +19,23 @@ import json
 import sys
 from typing import Any
 
+from tunecache.files import read_regular
+
 CONFIG_FIELDS = ("XBLOCK", "YBLOCK", "ZBLOCK", "R0_BLOCK", "R1_BLOCK", "num_warps",
                  "num_stages")
+# A listing of `tunecache ls --limit 1000` is under 1 MiB; far larger is not one.
+MAX_LISTING_BYTES = 64 << 20
+
+
+def read_listing(path: str) -> list[dict[str, Any]]:
+    """The entries of a listing file (a regular file of at most MAX_LISTING_BYTES)."""
+    data, _ = read_regular(path, MAX_LISTING_BYTES + 1, follow_symlinks=True)
+    if len(data) > MAX_LISTING_BYTES:
+        raise ValueError(f"{path}: over {MAX_LISTING_BYTES} bytes, not a listing")
+    listing = json.loads(data)
+    if not isinstance(listing, list) or not all(isinstance(e, dict) for e in listing):
+        raise ValueError(f"{path}: not a `tunecache ls --json` listing")
+    return listing
 
 
 def configs(listing: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -28,8 +43,8 @@ def configs(listing: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any
     out = {}
     for entry in listing:
         best = json.loads(entry["best"]) if isinstance(entry.get("best"), str) else None
-        if isinstance(best, dict):
-            out[entry["key_hash"]] = (entry.get("op", ""),
+        if isinstance(best, dict) and isinstance(entry.get("key_hash"), str):
+            out[entry["key_hash"]] = (str(entry.get("op", "")),
                                       {f: best[f] for f in CONFIG_FIELDS if f in best})
     return out
 
@@ -52,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    def read(path: str) -> list[dict[str, Any]]:
-        with open(path) as f:
-            return list(json.load(f))
-
-    result = compare(read(args.a), read(args.b), read(args.recorded) if args.recorded else None)
+    try:
+        result = compare(read_listing(args.a), read_listing(args.b),
+                         read_listing(args.recorded) if args.recorded else None)
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"triton_config_diff: {e}", file=sys.stderr)
+        return 2
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()

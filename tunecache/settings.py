@@ -90,23 +90,15 @@ def _positive_float(name: str, raw: str | float) -> float:
     return value
 
 
-def _nonnegative_int(name: str, raw: str | int) -> int:
+def _whole_number(name: str, raw: str | int, least: int) -> int:
+    """``raw`` as a whole number of at least ``least`` (0 or 1)."""
+    wanted = "a positive whole number" if least > 0 else "0 or a positive whole number"
     try:
         value = int(raw)
     except (TypeError, ValueError):
-        raise ConfigError(name, raw, "0 or a positive whole number") from None
-    if value < 0:
-        raise ConfigError(name, raw, "0 or a positive whole number")
-    return value
-
-
-def _positive_int(name: str, raw: str | int) -> int:
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(name, raw, "a positive whole number") from None
-    if value <= 0:
-        raise ConfigError(name, raw, "a positive whole number")
+        raise ConfigError(name, raw, wanted) from None
+    if value < least:
+        raise ConfigError(name, raw, wanted)
     return value
 
 
@@ -326,7 +318,7 @@ class Settings:
                 )
             object.__setattr__(self, "lock_timeout", lock)
         object.__setattr__(
-            self, "max_attempts", _positive_int(self._ENV["max_attempts"], self.max_attempts)
+            self, "max_attempts", _whole_number(self._ENV["max_attempts"], self.max_attempts, 1)
         )
         object.__setattr__(
             self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
@@ -335,7 +327,7 @@ class Settings:
         object.__setattr__(self, "decisive", _parts(self._ENV["decisive"], self.decisive,
                                                     DECISIVE_PARTS))
         object.__setattr__(self, "compile_ahead",
-                           _nonnegative_int(self._ENV["compile_ahead"], self.compile_ahead))
+                           _whole_number(self._ENV["compile_ahead"], self.compile_ahead, 0))
         for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
             object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
         self._graph_settings()

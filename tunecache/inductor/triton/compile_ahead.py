@@ -38,7 +38,9 @@ from ...patching import Ledger
 
 log = logging.getLogger("tunecache")
 
-__all__ = ["AheadCompiler", "compiling_ahead", "compiling_descent_ahead"]
+__all__ = ["THREAD_NAME", "AheadCompiler", "compiling_ahead", "compiling_descent_ahead"]
+
+THREAD_NAME = "tunecache-compile-ahead"  # the prefix of the threads' names
 
 
 def _config_key(config: Any) -> Hashable:
@@ -57,7 +59,7 @@ class AheadCompiler:
     def __init__(self, compile_config: Callable[[Any], Any], threads: int) -> None:
         self._compile = compile_config
         self._pool = ThreadPoolExecutor(max_workers=threads,
-                                        thread_name_prefix="tunecache-compile-ahead") \
+                                        thread_name_prefix=THREAD_NAME) \
             if threads > 0 else None
         self._compiles: dict[Hashable, Future[Any]] = {}
         self.compiled_ahead = 0  # compiles run in a thread (not dropped before they ran)
