@@ -427,6 +427,8 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
                                      check=True, capture_output=True, text=True,
                                      timeout=120).stdout)
     assert (diff["compared"], diff["same"]) == (2, 2)
+    # and each kernel's tuning seconds, as the listing gives them
+    assert all(s["a"] is not None and s["b"] is not None for s in diff["seconds"])
     stats = tc_inductor.triton_stats
     assert (stats.coordesc_full, stats.coordesc_transferred) == (1, 1)
     compiles_started.join_threads()

@@ -15,8 +15,9 @@
 #    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
 #    with AHEAD=T, transfer-ahead-T-N: the same with TUNECACHE_COMPILE_AHEAD=T (a descent's
 #    candidates compiled in T threads, 0: each just before its benchmark), and
-#    OUTDIR/ahead-configs-N.txt: which kernels it tuned to the transfer job's config
-#    (tools/triton_config_diff.py; AHEAD set to the default compares two identical jobs);
+#    OUTDIR/ahead-configs-N.txt: which kernels it tuned to the transfer job's config, and
+#    each kernel's tuning seconds in both (tools/triton_config_diff.py; AHEAD set to the
+#    default compares two identical jobs);
 #    with POOL=1, transfer-pool-N: the transfer job with Inductor's compile workers started
 #    and answering before its compile (tools/bench_gpu.py --wait-compile-pool).
 # With PROFILE=N, each transfer-N job's compile step is profiled (cProfile, its N costliest

@@ -1,4 +1,4 @@
-"""Which Triton kernels two jobs tuned to the same config.
+"""Which Triton kernels two jobs tuned to the same config, and how long each took.
 
     tunecache ls --json --kind triton_config --limit 1000 --db A.db > a.json
     tunecache ls --json --kind triton_config --limit 1000 --db B.db > b.json
@@ -7,15 +7,20 @@
 Each file is a listing of one database's Triton entries. Keys present in both are compared
 by the config each stored (its block sizes, warps and stages); with ``--recorded``, keys
 also in that listing (the database both jobs started from) are left out, so that only
-what the two jobs tuned themselves is compared. tools/bench_transfer.sh runs it on the
-transfer job and its AHEAD variant: whether compiling candidates ahead changed what the
-descents found, against how often two identical jobs disagree.
+what the two jobs tuned themselves is compared. Each compared kernel's tuning seconds
+(the entry's ``tune_seconds``: the time Inductor counted for tuning the kernel, its
+configs' benchmark and its coordinate descent or transfer) are listed for both jobs,
+longest first, with their totals.
+tools/bench_transfer.sh runs it on the transfer job and its AHEAD variant: whether
+compiling candidates ahead changed what the descents found, against how often two
+identical jobs disagree, and which kernels' tuning it shortened.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -38,15 +43,24 @@ def read_listing(path: str) -> list[dict[str, Any]]:
     return listing
 
 
-def configs(listing: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """key hash -> (op, the stored config's fields) of a ``tunecache ls --json`` listing."""
+def configs(listing: list[dict[str, Any]]
+            ) -> dict[str, tuple[str, dict[str, Any], float | None]]:
+    """key hash -> (op, the stored config's fields, its tuning seconds or None) of a
+    ``tunecache ls --json`` listing."""
     out = {}
     for entry in listing:
         best = json.loads(entry["best"]) if isinstance(entry.get("best"), str) else None
         if isinstance(best, dict) and isinstance(entry.get("key_hash"), str):
             out[entry["key_hash"]] = (str(entry.get("op", "")),
-                                      {f: best[f] for f in CONFIG_FIELDS if f in best})
+                                      {f: best[f] for f in CONFIG_FIELDS if f in best},
+                                      _seconds(entry.get("tune_seconds")))
     return out
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def compare(a: list[dict[str, Any]], b: list[dict[str, Any]],
@@ -56,7 +70,13 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]],
     keys = sorted(k for k in left if k in right and k not in skip)
     differ = [{"key_hash": k, "op": left[k][0], "a": left[k][1], "b": right[k][1]}
               for k in keys if left[k][1] != right[k][1]]
-    return {"compared": len(keys), "same": len(keys) - len(differ), "differ": differ}
+    keys_by_seconds = sorted(keys, key=lambda k: -max(left[k][2] or 0.0, right[k][2] or 0.0))
+    seconds = [{"key_hash": k, "op": left[k][0], "a": left[k][2], "b": right[k][2]}
+               for k in keys_by_seconds]
+    totals = {"a": round(sum(left[k][2] or 0.0 for k in keys), 3),
+              "b": round(sum(right[k][2] or 0.0 for k in keys), 3)}
+    return {"compared": len(keys), "same": len(keys) - len(differ), "differ": differ,
+            "tune_seconds": totals, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['same']} of {result['compared']} kernels tuned to the same config")
     for d in result["differ"]:
         print(f"  {d['op']}: {d['a']} / {d['b']}")
+    totals = result["tune_seconds"]
+    print(f"tuning seconds: {totals['a']:.2f} / {totals['b']:.2f}")
+    for s in result["seconds"]:
+        print(f"  {s['op']}: {_shown(s['a'])} / {_shown(s['b'])}")
     return 0
+
+
+def _shown(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
 
 
 if __name__ == "__main__":
