@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tool_modules import TOOLS
 
 import tunecache
 from tunecache.inductor import transfer
@@ -19,7 +20,7 @@ from tunecache.inductor.triton import decisions
 from tunecache.inductor.triton.decisions import Decision
 from tunecache.keys import Key, canonical_json
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "decisive_regret.py"
+TOOL = TOOLS / "decisive_regret.py"
 ENV = {"device": "H200", "torch": "2.11"}
 
 

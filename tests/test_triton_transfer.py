@@ -29,6 +29,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tool_modules import TOOLS  # noqa: E402
 from torch._inductor.runtime import autotune_cache as ac  # noqa: E402
 from torch._inductor.runtime import triton_heuristics as th  # noqa: E402
 from triton_fakes import FakeConfig, TritonConfig, meta  # noqa: E402
@@ -314,7 +315,7 @@ def test_a_transferred_kernels_entry_tells_what_its_neighbours_config_cost_here(
         math.log2(cfg.kwargs["XBLOCK"] / 1024)) + 0.25 * abs(math.log2(cfg.num_warps / 8)))
     ran = transfer.first_run(transfer.load(SILU, 2048, index=1))
     assert (ran.kwargs["XBLOCK"], ran.num_warps) == (1024, 8) and transfer.descents == []
-    tool = Path(__file__).resolve().parents[1] / "tools" / "decisive_regret.py"
+    tool = TOOLS / "decisive_regret.py"
     done = subprocess.run([sys.executable, str(tool), transfer.cache.settings.db_url,
                            "--json"], check=True, capture_output=True, text=True, timeout=120)
     (row,) = json.loads(done.stdout)["would_decide"]
@@ -422,7 +423,7 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
              "--db", str(tmp_path / name)],
             check=True, capture_output=True, text=True, timeout=120).stdout)
         listings.append(str(listing))
-    tool = Path(__file__).resolve().parents[1] / "tools" / "triton_config_diff.py"
+    tool = TOOLS / "triton_config_diff.py"
     diff = json.loads(subprocess.run([sys.executable, str(tool), *listings, "--json"],
                                      check=True, capture_output=True, text=True,
                                      timeout=120).stdout)
