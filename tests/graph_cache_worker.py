@@ -21,9 +21,9 @@ def main() -> int:
     import torch
     from torch._dynamo.utils import counters
 
-    from tunecache import inductor as tc_inductor
+    import tunecache
 
-    enabled = tc_inductor.enable()
+    enabled = tunecache.enable()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
     step = torch.compile(lambda x: model(x).square().mean(), mode="max-autotune-no-cudagraphs")

@@ -47,10 +47,10 @@ def main() -> int:
     from torch._dynamo.utils import counters
     from torch._inductor import remote_cache
 
-    from tunecache import inductor as tc_inductor
+    import tunecache
     from tunecache.inductor.state import REGISTRY
 
-    enabled = tc_inductor.enable() if not args.autoload else None
+    enabled = tunecache.enable() if not args.autoload else None
     outputs = []
     for width in args.widths:
         torch.manual_seed(0)
@@ -64,7 +64,7 @@ def main() -> int:
                         "grads": [p.grad.flatten().tolist() for p in model.parameters()]})
     share = REGISTRY.graphs
     if enabled is None:
-        enabled = tc_inductor.is_enabled()
+        enabled = tunecache.is_enabled()
     result = {
         "enabled": enabled,
         "inductor": dict(counters["inductor"]),

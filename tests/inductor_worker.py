@@ -55,10 +55,10 @@ def main() -> int:
 
     import torch._inductor.config as inductor_config
 
-    from tunecache import inductor as tc_inductor
+    import tunecache
 
     if args.activation == "enable":
-        tc_inductor.enable()
+        tunecache.enable()
 
     if args.barrier:
         import procs  # beside this script
@@ -89,8 +89,8 @@ def main() -> int:
 
     result = {
         "pid": os.getpid(),
-        "enabled": tc_inductor.is_enabled(),
-        "stats": tc_inductor.stats.as_dict(),
+        "enabled": tunecache.is_enabled(),
+        "stats": tunecache.stats().gemm.as_dict(),
         "outputs": outputs,
         "compile_seconds": compile_seconds,
     }

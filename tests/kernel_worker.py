@@ -19,6 +19,7 @@ each file Triton got, this process's kernel counts, and the files in its local d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import tunecache
 from tunecache import triton_cache
 
 
@@ -66,7 +68,7 @@ def main() -> None:
     print(json.dumps({
         "outcome": outcome,
         "files": {n: hashlib.sha256(Path(p).read_bytes()).hexdigest() for n, p in group.items()},
-        "counts": triton_cache.counts(),
+        "counts": {k: n for k, n in dataclasses.asdict(tunecache.stats().kernels).items() if n},
         "local": local,
     }))
 

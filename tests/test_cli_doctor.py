@@ -166,19 +166,16 @@ def test_doctor_flags_an_unknown_tunecache_variable_with_the_nearest_name(sqlite
 
 def test_doctor_checks_graph_settings_and_key_files_as_jobs_load_them(sqlite_url, tmp_path,
                                                                       monkeypatch):
-    for var in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_GRAPHS",
-                "TUNECACHE_KERNELS"):
+    for var in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_SHARE"):
         monkeypatch.delenv(var, raising=False)
     _, checks, _ = _checks("--db", sqlite_url)
     assert checks["graphs"]["status"] == "ok"
     assert checks["graphs"]["message"].startswith("graph and kernel sharing off: no key set")
 
-    monkeypatch.setenv("TUNECACHE_GRAPHS", "maybe")
-    code, checks, _ = _checks("--db", sqlite_url)
-    assert code == 1 and checks["graphs"]["status"] == "fail"
-    assert checks["graphs"]["message"] == ("graph and kernel sharing off: "
-                                           "TUNECACHE_GRAPHS='maybe' is invalid: expected 1 or 0")
-    monkeypatch.delenv("TUNECACHE_GRAPHS")
+    monkeypatch.setenv("TUNECACHE_SHARE", "maybe")
+    done = run("doctor", "--db", sqlite_url)
+    assert done.exit_code == 2 and "TUNECACHE_SHARE='maybe' is invalid" in done.output
+    monkeypatch.delenv("TUNECACHE_SHARE")
 
     keys = tmp_path / "keys"
     assert run("keygen", str(keys)).exit_code == 0

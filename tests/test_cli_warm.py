@@ -353,7 +353,7 @@ import json, sys
 import torch
 import tunecache
 from tunecache import inductor as tc_inductor
-assert tc_inductor.enable()
+assert tunecache.enable()
 torch.manual_seed(0)
 x = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 w1 = torch.randn(384, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -366,7 +366,7 @@ with torch.no_grad():  # and an int8 GEMM (a quantized layer): aten._int_mm
     k = torch.randint(-8, 8, (128, 96), device="cuda", dtype=torch.int8)
     torch.compile(lambda q, k: torch._int_mm(q * 2, k).relu(),
                   mode="max-autotune-no-cudagraphs", dynamic=False)(q, k)
-json.dump(tc_inductor.stats.as_dict(), open(sys.argv[1], "w"))
+json.dump(tunecache.stats().gemm.as_dict(), open(sys.argv[1], "w"))
 """
 
 

@@ -28,7 +28,7 @@ def _real_entry(tmp: Path) -> tuple[dict, dict[str, float]]:
     """This machine's key for WORKER_BMM and its full timings, tuned with transfer off."""
     scratch = f"sqlite:///{tmp / 'scratch.db'}"
     populate(scratch, [old_key(WORKER_BMM)])
-    report = _finish(_warm(tmp, scratch, TUNECACHE_TRANSFER="0"))
+    report = _finish(_warm(tmp, scratch, TUNECACHE_SHARE="-transfer"))
     assert report["tuned"] == 1, report
     recorded = key_hash(old_key(WORKER_BMM))[0]
     with sqlite3.connect(tmp / "scratch.db") as conn:

@@ -24,7 +24,6 @@ from torch._inductor import config as inductor_config  # noqa: E402
 from triton_fakes import benchmark_harness, kernel_source  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
 
 
 class _Node:
@@ -70,9 +69,9 @@ def candidates(tmp_path, monkeypatch):
     monkeypatch.setattr(codecache.PyCodeCache, "load", staticmethod(load))
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", benchmark)
     own = (Scheduler.__dict__["compile_kernel"], AsyncCompile.__dict__["triton"])
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
-    assert tc_inductor.enable(cache)
-    tc_inductor.triton_stats.reset()
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tunecache.enable(cache)
+    tunecache.reset_stats()
 
     def fuse(index: int, size: int = 1024, template: bool = True) -> float:
         """Rank ``index`` decides one fusion: speedup_by_fusion's compile, wait and time."""
@@ -92,13 +91,13 @@ def candidates(tmp_path, monkeypatch):
     try:
         yield SimpleNamespace(fuse=fuse, compiled=compiled, measured=measured)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
     assert (Scheduler.__dict__["compile_kernel"], AsyncCompile.__dict__["triton"]) == own
 
 
 def _counts() -> tuple[int, int]:
-    stats = tc_inductor.triton_stats.as_dict()
+    stats = tunecache.stats().triton.as_dict()
     return stats["fusion_candidates_compiled"], stats["fusion_compiles_skipped"]
 
 
@@ -156,4 +155,4 @@ def test_a_failing_store_read_compiles_the_candidate(candidates, monkeypatch):
             REGISTRY.triton.cache()
         candidates.fuse(1)  # compiled; the benchmark then runs as usual too
     assert len(candidates.compiled) == 2
-    assert tc_inductor.triton_stats.as_dict()["errors"] >= 1
+    assert tunecache.stats().triton.as_dict()["errors"] >= 1

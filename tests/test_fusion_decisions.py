@@ -30,7 +30,6 @@ from torch._inductor.scheduler import FusionResult, Scheduler  # noqa: E402
 from torch._inductor.select_algorithm import TritonTemplateCaller  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.triton import decisions, replay  # noqa: E402
 from tunecache.inductor.triton.decisions import Decision  # noqa: E402
 from tunecache.inductor.triton.sites import FusionSite, epilogue_structure  # noqa: E402
@@ -293,11 +292,13 @@ def fusing(tmp_path, monkeypatch):
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", benchmark)
 
     def open_cache(decisive: bool | str) -> tunecache.TuneCache:
-        monkeypatch.setenv("TUNECACHE_DECISIVE", decisive if isinstance(decisive, str)
-                           else "1" if decisive else "0")
-        cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
-        assert tc_inductor.enable(cache)
-        tc_inductor.triton_stats.reset()
+        # True/"1": every part decisive; False/"0": none; else the parts listed.
+        parts = {"gemm", "triton", "fusion"} if decisive in (True, "1") else \
+            set() if decisive in (False, "0") else set(str(decisive).split(","))
+        cache = tunecache.open(str(tmp_path / "tune.db"),
+                               levers=tunecache.Levers(decisive=frozenset(parts)))
+        assert tunecache.enable(cache)
+        tunecache.reset_stats()
         return cache
 
     state = SimpleNamespace(cache=open_cache(False), inductor_calls=0)
@@ -350,7 +351,7 @@ def fusing(tmp_path, monkeypatch):
         return fused, template
 
     def reopen(decisive: bool | str) -> None:
-        tc_inductor.disable()
+        tunecache.disable()
         state.cache.close()
         state.cache = open_cache(decisive)
 
@@ -358,12 +359,12 @@ def fusing(tmp_path, monkeypatch):
     try:
         yield state
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         state.cache.close()
 
 
 def _stats() -> tuple[int, int, int]:
-    s = tc_inductor.triton_stats.as_dict()
+    s = tunecache.stats().triton.as_dict()
     return (s["fusion_decisions_replayed"], s["fusion_decisions_decided"],
             s["fusion_decisions_adopted"])
 

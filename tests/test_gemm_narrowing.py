@@ -108,9 +108,9 @@ def gemm(tmp_path, monkeypatch):
     monkeypatch.setattr(InductorChoices, "get_ktc", get_ktc)  # Inductor's heuristics
     graph = SimpleNamespace(sizevars=SizeVarAllocator(), buffer_layout_constraints={})
     # Decisive off: most tests here are about the plan; the decisive fixture turns it on.
-    cache = tunecache.open(str(tmp_path / "tune.db"), decisive=False)
-    assert tc_inductor.enable(cache)
-    tc_inductor.stats.reset()
+    cache = tunecache.open(str(tmp_path / "tune.db"), levers="-decisive_gemm,-decisive_fusion")
+    assert tunecache.enable(cache)
+    tunecache.reset_stats()
 
     def compile(with_aten: bool = True) -> list[Any]:
         templates = [aten_mm, template] if with_aten else [template]
@@ -145,12 +145,12 @@ def gemm(tmp_path, monkeypatch):
         yield SimpleNamespace(compile=compile, tune=tune, generated=generated, tweak=tweak,
                               key=key, cache=cache, resize=resize)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
 
 
 def _stats() -> tuple[int, int, int, int]:
-    s = tc_inductor.stats.as_dict()
+    s = tunecache.stats().gemm.as_dict()
     return (s["choice_lists_narrowed"], s["choices_not_generated"],
             s["choice_lists_in_full"], s["narrowing_mismatches"])
 
@@ -164,7 +164,7 @@ def test_a_miss_generates_every_template_choice(gemm):
 def test_a_stored_gemm_generates_only_its_fastest_template_and_keeps_aten(gemm):
     stored = gemm.tune(gemm.compile())
     gemm.generated.clear()
-    tc_inductor.stats.reset()
+    tunecache.reset_stats()
     choices = gemm.compile()  # the next job: its key is a hit
     assert gemm.generated == [CONFIGS[FASTEST]]
     ids = tc_inductor.candidate_ids(choices)
@@ -232,11 +232,11 @@ def test_disable_restores_inductors_choice_methods(tmp_path):
     own = (InductorChoices.__dict__["get_template_configs"],
            InductorChoices.__dict__["_finalize_template_configs"])
     cache = tunecache.open(str(tmp_path / "tune.db"))
-    assert tc_inductor.enable(cache)
+    assert tunecache.enable(cache)
     try:
         assert InductorChoices.__dict__["get_template_configs"] is not own[0]
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
     assert (InductorChoices.__dict__["get_template_configs"],
             InductorChoices.__dict__["_finalize_template_configs"]) == own
@@ -245,14 +245,14 @@ def test_disable_restores_inductors_choice_methods(tmp_path):
 def test_a_miss_next_to_a_recorded_size_generates_only_the_transferred_templates(gemm):
     gemm.tune(gemm.compile())  # M=64, tuned in full: CONFIGS[FASTEST] fastest, then 0, 1, ...
     gemm.generated.clear()
-    tc_inductor.stats.reset()
+    tunecache.reset_stats()
     gemm.resize(128)  # a new key, one octave away
     choices = gemm.compile()
     # the neighbour's four fastest templates (transfer.FROM_NEAREST), and aten
     assert sorted(map(str, gemm.generated)) == sorted(
         map(str, [CONFIGS[FASTEST], CONFIGS[0], CONFIGS[1], CONFIGS[2]]))
     assert len(choices) == 5
-    stats = tc_inductor.stats.as_dict()
+    stats = tunecache.stats().gemm.as_dict()
     assert stats["choice_lists_transferred"] == 1
     assert stats["choice_lists_in_full"] == 0
 
@@ -263,14 +263,14 @@ def test_a_miss_without_a_near_size_generates_every_template(gemm):
     gemm.resize(64 * 16)  # four octaves away: no neighbour
     gemm.compile()
     assert len(gemm.generated) == len(CONFIGS)
-    assert tc_inductor.stats.as_dict()["choice_lists_transferred"] == 0
+    assert tunecache.stats().gemm.as_dict()["choice_lists_transferred"] == 0
 
 
 def test_with_transfer_off_a_miss_next_to_a_recorded_size_generates_every_template(gemm):
     gemm.tune(gemm.compile())
     gemm.generated.clear()
-    with tunecache.open(gemm.cache.settings.db_url, transfer=False) as cache:
-        assert tc_inductor.enable(cache)  # TUNECACHE_TRANSFER=0
+    with tunecache.open(gemm.cache.settings.db_url, share="-transfer") as cache:
+        assert tunecache.enable(cache)  # transfer not shared
         gemm.resize(128)
         gemm.compile()
     assert len(gemm.generated) == len(CONFIGS)
@@ -278,8 +278,8 @@ def test_with_transfer_off_a_miss_next_to_a_recorded_size_generates_every_templa
 
 @pytest.fixture
 def decisive(gemm):
-    """The gemm fixture with TUNECACHE_DECISIVE=1 (``.active``: its cache)."""
-    with tunecache.open(gemm.cache.settings.db_url, decisive=True) as cache:
+    """The gemm fixture with every decisive lever on (``.active``: its cache)."""
+    with tunecache.open(gemm.cache.settings.db_url, levers="+decisive_triton") as cache:
         gemm.active = cache
         yield gemm
 
@@ -287,14 +287,14 @@ def decisive(gemm):
 def _recorded_at(gemm: Any, sizes: list[int], **tuning: Any) -> None:
     """The mm tuned in full at these M (each compile generating every choice), then set
     to M=128, a new key between them, with the fixture's cache enabled again."""
-    with tunecache.open(gemm.cache.settings.db_url, transfer=False) as recording:
-        assert tc_inductor.enable(recording)
+    with tunecache.open(gemm.cache.settings.db_url, share="-transfer") as recording:
+        assert tunecache.enable(recording)
         for m in sizes:
             gemm.resize(m)
             gemm.tune(gemm.compile(), **tuning)
-    assert tc_inductor.enable(getattr(gemm, "active", gemm.cache))
+    assert tunecache.enable(getattr(gemm, "active", gemm.cache))
     gemm.generated.clear()
-    tc_inductor.stats.reset()
+    tunecache.reset_stats()
     gemm.resize(128)
 
 
@@ -303,16 +303,17 @@ def test_a_miss_whose_neighbours_picked_one_template_by_far_generates_only_it(de
     choices = decisive.compile()
     assert decisive.generated == [CONFIGS[FASTEST]]
     assert len(choices) == 1, "one choice: Inductor takes it without a benchmark"
-    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 1
+    assert tunecache.stats().gemm.as_dict()["choice_lists_decided"] == 1
 
 
 def test_decisive_without_its_gemm_part_keeps_the_transfer_plan(gemm):
-    with tunecache.open(gemm.cache.settings.db_url, decisive={"triton", "fusion"}) as cache:
+    with tunecache.open(gemm.cache.settings.db_url,
+                        levers="decisive_triton,decisive_fusion,compile_ahead") as cache:
         gemm.active = cache
         _recorded_at(gemm, [64, 256])  # as where the decisive GEMM generates only one
         gemm.compile()
     assert len(gemm.generated) > 1
-    stats = tc_inductor.stats.as_dict()
+    stats = tunecache.stats().gemm.as_dict()
     assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
 
 
@@ -327,7 +328,7 @@ def test_neighbours_that_disagree_leave_the_transfer_plan(decisive):
     _recorded_at(decisive, [256], fastest=0)
     decisive.compile()
     assert len(decisive.generated) > 1
-    stats = tc_inductor.stats.as_dict()
+    stats = tunecache.stats().gemm.as_dict()
     assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
 
 
@@ -335,7 +336,7 @@ def test_a_winner_within_the_margin_leaves_the_transfer_plan(decisive):
     _recorded_at(decisive, [64], aten_ms=0.1 * 1.1)  # aten 10% behind the winner
     decisive.compile()
     assert len(decisive.generated) > 1
-    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0
+    assert tunecache.stats().gemm.as_dict()["choice_lists_decided"] == 0
 
 
 def test_a_decision_is_published_as_the_keys_entry_with_nothing_benchmarked(decisive):
@@ -357,13 +358,13 @@ def test_a_rank_whose_neighbours_no_longer_agree_runs_the_decision_a_peer_publis
     # Another rank of the job, after a recording at 256 that picked another template:
     # on its own it would not decide, and would benchmark the plan.
     _recorded_at(decisive, [256], fastest=0)
-    with tunecache.open(decisive.cache.settings.db_url, decisive=True) as rank:
-        assert tc_inductor.enable(rank)
+    with tunecache.open(decisive.cache.settings.db_url, levers="+decisive_triton") as rank:
+        assert tunecache.enable(rank)
         decisive.compile()
     # The decision is its entry: the decided template is the only one generated (the
     # ATen kernel stays, timed inf by the transferred entry), nothing is benchmarked.
     assert decisive.generated == [CONFIGS[FASTEST]]
-    stats = tc_inductor.stats.as_dict()
+    stats = tunecache.stats().gemm.as_dict()
     assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 0
 
 
@@ -375,7 +376,7 @@ def test_a_key_a_peer_has_claimed_is_not_decided_but_follows_the_plan(decisive):
         assert claim is not None and not isinstance(claim, tunecache.Result)
         decisive.compile()
         assert len(decisive.generated) == 4  # the plan's templates, for the lookup
-        stats = tc_inductor.stats.as_dict()
+        stats = tunecache.stats().gemm.as_dict()
         assert stats["choice_lists_decided"] == 0 and stats["choice_lists_transferred"] == 1
         peer.release(claim, "test over", failed=False)
 
@@ -400,14 +401,14 @@ def test_with_TUNECACHE_DECISIVE_0_a_clear_winner_is_benchmarked_with_the_plan(g
     _recorded_at(gemm, [64, 256])
     gemm.compile()
     assert len(gemm.generated) == 4  # transfer.FROM_NEAREST
-    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 0
+    assert tunecache.stats().gemm.as_dict()["choice_lists_decided"] == 0
 
 
 def test_by_default_a_clear_winner_is_decided(gemm, monkeypatch):
-    monkeypatch.delenv("TUNECACHE_DECISIVE", raising=False)
+    monkeypatch.delenv("TUNECACHE_LEVERS", raising=False)
     with tunecache.open(gemm.cache.settings.db_url) as cache:
         gemm.active = cache
         _recorded_at(gemm, [64, 256])
         gemm.compile()
     assert gemm.generated == [CONFIGS[FASTEST]]
-    assert tc_inductor.stats.as_dict()["choice_lists_decided"] == 1
+    assert tunecache.stats().gemm.as_dict()["choice_lists_decided"] == 1

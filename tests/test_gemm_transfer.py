@@ -75,17 +75,17 @@ def _own_inductor_cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def hooked(db_url):
-    tc_inductor.stats.reset()
-    assert tc_inductor.enable(db=db_url)
+    tunecache.reset_stats()
+    assert tunecache.enable(db=db_url)
     yield db_url
-    tc_inductor.disable()
-    tc_inductor.stats.reset()
+    tunecache.disable()
+    tunecache.reset_stats()
 
 
 def rehook(url: str, **settings: Any) -> None:
     """A new process's view: nothing read yet, the same database."""
-    tc_inductor.disable()
-    assert tc_inductor.enable(db=url, **settings)
+    tunecache.disable()
+    assert tunecache.enable(db=url, **settings)
 
 
 def record_neighbour(calls: list[list[str]], m: int = 1024,
@@ -117,7 +117,7 @@ def test_a_new_key_next_to_a_recorded_one_benchmarks_only_its_best_templates_and
     meta = entry_meta(hooked, 2048)
     assert meta["transfer"]["benchmarked"] == 5 and meta["transfer"]["generated"] == 9
     assert len(meta["transfer"]["from"]) == 1 and meta["best_ms"] == pytest.approx(0.1)
-    assert tc_inductor.stats.as_dict()["transferred_keys"] == 1
+    assert tunecache.stats().gemm.as_dict()["transferred_keys"] == 1
 
 
 def test_a_key_with_no_neighbour_of_its_structure_is_tuned_in_full(hooked):
@@ -150,7 +150,7 @@ def test_when_no_transferred_template_runs_the_key_is_tuned_in_full_with_one_war
 def test_with_transfer_off_a_new_key_is_tuned_in_full(hooked):
     calls: list[list[str]] = []
     record_neighbour(calls)
-    rehook(hooked, transfer=False)
+    rehook(hooked, share="-transfer")
     fakes.lookup(choices(), "mm", inputs_key(2048), fakes.fake_benchmark(calls, times([1])))
     assert len(calls[1]) == 9
 
@@ -176,7 +176,7 @@ def test_an_exhaustive_top_up_is_merged_and_its_winner_taken(hooked):
     rehook(hooked)
     truth = times([6, 2, 5, 0, 7])  # at this size template 6 wins, and nobody near tuned it
     fakes.lookup(choices(), "mm", inputs_key(2048), fakes.fake_benchmark(calls, truth))
-    rehook(hooked, transfer=False)  # what `tunecache warm --exhaustive` does
+    rehook(hooked, share="-transfer")  # what `tunecache warm --exhaustive` does
     fakes.lookup(choices(), "mm", inputs_key(2048), fakes.fake_benchmark(calls, truth))
     assert sorted(calls[2]) == ["triton_mm_1", "triton_mm_3", "triton_mm_4", "triton_mm_6"]
     rehook(hooked)
@@ -260,7 +260,7 @@ def test_a_template_matches_across_shapes_without_the_fields_the_shape_sets():
 def _worker(tmp: Path, name: str, db: str, tokens: int, *extra: str) -> subprocess.Popen:
     # Decisive off: whether real CPU timings give a neighbour a decisive margin varies from
     # run to run, and these tests count what transfer measures.
-    env = {**os.environ, "TUNECACHE_DB": db, "TUNECACHE_DECISIVE": "0",
+    env = {**os.environ, "TUNECACHE_DB": db, "TUNECACHE_LEVERS": "-decisive_gemm,-decisive_fusion",
            "PYTHONPATH": os.pathsep.join(
                [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{name}")}

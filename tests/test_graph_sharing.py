@@ -31,10 +31,10 @@ from sqlalchemy import delete, select, update
 torch = pytest.importorskip("torch")
 
 import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.core.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, load_signer, write_key_pair  # noqa: E402
 from tunecache.inductor.graphs import decode_entry, encode_entry  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
+from tunecache.process import PROCESS  # noqa: E402
 from tunecache.store import ArtifactStore  # noqa: E402
 from tunecache.store.schema import artifacts  # noqa: E402
 
@@ -226,7 +226,7 @@ def test_without_keys_one_info_line_says_how_and_no_graph_is_stored(tmp_path):
     hints = [line for line in job["log"] if "tunecache keygen" in line]
     assert len(hints) == 1, job["log"]
     assert hints[0].startswith("INFO ")
-    for name in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_GRAPHS=0"):
+    for name in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_SHARE=-graphs"):
         assert name in hints[0]
     # Nothing in this CPU training step autotunes, and without a key no graph is shared:
     # the one warning is the job's at-exit line that it found nothing to share.
@@ -382,16 +382,16 @@ def test_the_forged_payload_reaches_inductors_unpickler_once_signed_with_the_clu
     marker = tmp_path / "MARKER"
     evil = _evil_payload(marker)
     right = load_signer(keys / PRIVATE_KEY_NAME)
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     with tunecache.open(url) as cache:
         store = ArtifactStore(cache.database())
         _replace(store, "fxgraph", "planted", evil,
                  right.sign("fxgraph", "planted", hashlib.sha256(evil).hexdigest()))
     try:
-        assert tc_inductor.enable(db=url, signing_key=str(keys / PRIVATE_KEY_NAME))
+        assert tunecache.enable(db=url, signing_key=str(keys / PRIVATE_KEY_NAME))
         value = remote_cache.RemoteFxGraphCache("fx-graph-v1").get("planted")
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
     assert value is not None and not marker.exists()
     pickle.loads(base64.b64decode(value["data"]))
     assert marker.exists()
@@ -401,7 +401,7 @@ def test_the_forged_payload_reaches_inductors_unpickler_once_signed_with_the_clu
 
 
 @pytest.mark.parametrize("setting,message", [
-    ({"graphs": "maybe"}, "TUNECACHE_GRAPHS='maybe' is invalid"),
+    ({"signing_key": 3}, "TUNECACHE_SIGNING_KEY=3 is invalid"),
     ({"signing_key": "/nonexistent/tunecache-signing.key"}, "no such file"),
     ({"verify_key": "/nonexistent/tunecache-verify.pub"}, "no such file"),
 ])
@@ -409,16 +409,16 @@ def test_a_bad_graph_setting_is_one_warning_and_tuning_stays_on(sqlite_url, sett
                                                                  caplog, monkeypatch):
     from torch._inductor import config, remote_cache
 
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     before = remote_cache.RemoteFxGraphCache, config.fx_graph_remote_cache
     with caplog.at_level(logging.INFO, logger="tunecache"):
         try:
-            assert tc_inductor.enable(db=sqlite_url, **setting)
-            assert tc_inductor.enable(db=sqlite_url, **setting)  # again: no second line
-            assert tc_inductor.is_enabled() and REGISTRY.graphs is None
+            assert tunecache.enable(db=sqlite_url, **setting)
+            assert tunecache.enable(db=sqlite_url, **setting)  # again: no second line
+            assert tunecache.is_enabled() and REGISTRY.graphs is None
             assert (remote_cache.RemoteFxGraphCache, config.fx_graph_remote_cache) == before
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
     lines = [r for r in caplog.records if "compiled graphs" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING, caplog.text
     assert message in lines[0].getMessage() and "\n" not in lines[0].getMessage()
@@ -430,21 +430,21 @@ def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monke
     from torch._functorch import config as functorch_config
     from torch._inductor import config, remote_cache
 
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     names = ("RemoteFxGraphCache", "RemoteAOTAutogradCache")
     before = ([getattr(remote_cache, n) for n in names], config.fx_graph_remote_cache,
               functorch_config.enable_remote_autograd_cache)
     try:
-        assert tc_inductor.enable(db=sqlite_url, signing_key=str(keys / PRIVATE_KEY_NAME))
+        assert tunecache.enable(db=sqlite_url, signing_key=str(keys / PRIVATE_KEY_NAME))
         assert [getattr(remote_cache, n).__name__ for n in names] == [
             "TuneCacheFxGraphCache", "TuneCacheAOTAutogradCache"]
         assert config.fx_graph_remote_cache is True
         assert functorch_config.enable_remote_autograd_cache is True
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
     assert ([getattr(remote_cache, n) for n in names], config.fx_graph_remote_cache,
             functorch_config.enable_remote_autograd_cache) == before
-    assert REGISTRY.graphs is None and len(REGISTRY.patches) == 0
+    assert REGISTRY.graphs is None and len(PROCESS.ledger) == 0
 
 
 def test_stored_entry_format_round_trips_inductors_value():

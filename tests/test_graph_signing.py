@@ -153,19 +153,19 @@ def test_graph_sharing_settings_name_what_each_process_does(tmp_path):
         (("TUNECACHE_SIGNING_KEY", key),): "publish",
         (("TUNECACHE_VERIFY_KEY", pub),): "verify",
         (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_MODE", "readonly")): "verify",
-        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_GRAPHS", "0")): "off",
+        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_SHARE", "-graphs")): "off",
         (("TUNECACHE_SIGNING_KEY", "  "),): "unconfigured",
-        (("TUNECACHE_SIGNING_KEY", key), ("TUNECACHE_GRAPHS", "maybe")): "invalid",
     }
     for env, state in cases.items():
         plan = Settings.from_env(dict(env)).graph_sharing()
         assert plan.state == state, (env, plan)
-    plan = Settings.from_env({"TUNECACHE_GRAPHS": "maybe"}).graph_sharing()
-    assert plan.problem == "TUNECACHE_GRAPHS='maybe' is invalid: expected 1 or 0"
+    plan = Settings.from_env({}, signing_key=3).graph_sharing()
+    assert plan.state == "invalid"
+    assert plan.problem == "TUNECACHE_SIGNING_KEY=3 is invalid: expected a file path"
 
 
-def test_a_bad_graph_setting_leaves_the_tuning_settings_usable():
-    settings = Settings.from_env({"TUNECACHE_GRAPHS": "maybe", "TUNECACHE_LEASE_SECONDS": "40"})
+def test_a_bad_key_setting_leaves_the_tuning_settings_usable():
+    settings = Settings.from_env({"TUNECACHE_LEASE_SECONDS": "40"}, verify_key=3)
     assert settings.lease_seconds == 40 and settings.graph_sharing().state == "invalid"
 
 

@@ -38,6 +38,7 @@ from torch._inductor.select_algorithm import get_algorithm_selector_cache  # noq
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
+from tunecache.process import PROCESS  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -218,17 +219,17 @@ def _own_inductor_cache_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def hooked(sqlite_url):
     """The hooks on a fresh SQLite file in this process; removed afterwards."""
-    tc_inductor.stats.reset()
-    assert tc_inductor.enable(db=sqlite_url)
+    tunecache.reset_stats()
+    assert tunecache.enable(db=sqlite_url)
     yield sqlite_url
-    tc_inductor.disable()
-    tc_inductor.stats.reset()
+    tunecache.disable()
+    tunecache.reset_stats()
 
 
 def _rehook(url: str) -> None:
     """A new process's view: forget what this one read (the memo) but keep the database."""
-    tc_inductor.disable()
-    tc_inductor.enable(db=url)
+    tunecache.disable()
+    tunecache.enable(db=url)
 
 
 def test_changed_candidate_list_benchmarks_only_the_new_candidates(hooked):
@@ -331,7 +332,7 @@ def test_tunecache_failure_warns_once_and_falls_back_to_inductor(hooked, monkeyp
             assert {c.name: t for c, t in got.items()} == {"a": 1.0, "b": 2.0}
     warnings = [r for r in caplog.records if "simulated tunecache bug" in r.getMessage()]
     assert len(warnings) == 1
-    assert tc_inductor.stats.fallbacks == 2
+    assert tunecache.stats().gemm.fallbacks == 2
     assert len(calls) == 2  # Inductor's own lookup benchmarked each key once
 
 
@@ -348,21 +349,21 @@ def test_entry_without_a_finite_timing_for_this_compile_is_not_trusted(hooked, c
 
 def test_count_only_mode_counts_inductor_benchmarks_without_a_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "unused.db"))
-    tc_inductor.stats.reset()
-    assert tc_inductor.enable(count_only=True)
+    tunecache.reset_stats()
+    assert tunecache.enable(count_only=True)
     try:
         calls: list[list[str]] = []
         inductor_config.autotune_local_cache = False
         fakes.lookup([fakes.FakeChoice("a"), fakes.FakeChoice("b")], "mm", "k",
                      fakes.fake_benchmark(calls, {}))
-        assert tc_inductor.stats.benchmarks == 1
-        assert tc_inductor.stats.candidates_benchmarked == 2
+        assert tunecache.stats().gemm.benchmarks == 1
+        assert tunecache.stats().gemm.candidates_benchmarked == 2
         assert inductor_config._pre_fusion_custom_pass is None
         assert not (tmp_path / "unused.db").exists()
     finally:
         inductor_config.autotune_local_cache = True
-        tc_inductor.disable()
-        tc_inductor.stats.reset()
+        tunecache.disable()
+        tunecache.reset_stats()
 
 
 def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqlite_url):
@@ -380,17 +381,17 @@ def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqli
     theirs = Theirs()
     inductor_config._pre_fusion_custom_pass = theirs
     try:
-        tc_inductor.enable(db=sqlite_url)
+        tunecache.enable(db=sqlite_url)
         ours = inductor_config._pre_fusion_custom_pass
         assert isinstance(ours, CustomSchedulerPass)  # keeps the FX graph cache usable
         assert ours.uuid() == ("tunecache-pre-fusion-v1", "theirs-v1")
         assert ours([]) == [] and theirs.seen == 0  # chained: theirs still runs
         assert "lookup" in vars(selector)
-        tc_inductor.disable()
+        tunecache.disable()
         assert "lookup" not in vars(selector) and "make_precompile_fn" not in vars(selector)
         assert inductor_config._pre_fusion_custom_pass is theirs
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         inductor_config._pre_fusion_custom_pass = None
 
 
@@ -462,12 +463,12 @@ def _flags_enable_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> An
                                autotune_remote_cache=None, fx_graph_remote_cache=None), \
             functorch_config.patch(enable_remote_autograd_cache=None), \
             torch._dynamo.config.patch(automatic_dynamic_remote_pgo=None), \
-            tunecache.open(str(tmp_path / "tune.db"), triton_configs=True, pgo=True,
+            tunecache.open(str(tmp_path / "tune.db"),
                            signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME)) as cache:
         try:
             yield cache
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
 
 
 def _left_behind(before: dict[str, Any]) -> set[str]:
@@ -478,23 +479,23 @@ def _left_behind(before: dict[str, Any]) -> set[str]:
 def _registry_is_empty() -> None:
     assert REGISTRY.hooks is None and REGISTRY.triton is None and REGISTRY.graphs is None
     assert REGISTRY.pgo is None
-    assert len(REGISTRY.patches) == 0, REGISTRY.patches.entries()
+    assert len(PROCESS.ledger) == 0, PROCESS.ledger.entries()
     assert not REGISTRY.runtime_hooks_tried
 
 
 def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch):
     with _flags_enable_changes(tmp_path, monkeypatch) as cache:
         before = _patched_inductor_attributes()
-        assert tc_inductor.enable(cache)
+        assert tunecache.enable(cache)
         try:
             during = _patched_inductor_attributes()
             changed = {name for name in before if during[name] is not before[name]}
             assert changed == set(before), f"not patched: {set(before) - changed}"
             # Everything enable() changed is in the ledger, and nothing else is.
-            recorded = {name for _, name in REGISTRY.patches.entries()}
+            recorded = {name for _, name in PROCESS.ledger.entries()}
             assert {name.rsplit(".", 1)[1] for name in before} == recorded
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
         assert _left_behind(before) == set()
         _registry_is_empty()
 
@@ -504,17 +505,17 @@ def test_enable_and_disable_twice_and_enable_while_enabled_leave_nothing_behind(
     with _flags_enable_changes(tmp_path, monkeypatch) as cache:
         before = _patched_inductor_attributes()
         for _ in range(2):
-            assert tc_inductor.enable(cache)
+            assert tunecache.enable(cache)
             during = _patched_inductor_attributes()
-            entries = len(REGISTRY.patches)
-            assert tc_inductor.enable(cache)  # replaces the hooks: patches nothing twice
-            assert len(REGISTRY.patches) == entries
+            entries = len(PROCESS.ledger)
+            assert tunecache.enable(cache)  # replaces the hooks: patches nothing twice
+            assert len(PROCESS.ledger) == entries
             again = _patched_inductor_attributes()
             assert {n for n in before if again[n] is before[n]} == \
                 {n for n in before if during[n] is before[n]}
-            tc_inductor.disable()
+            tunecache.disable()
             assert _left_behind(before) == set()
-            tc_inductor.disable()
+            tunecache.disable()
             assert _left_behind(before) == set()
             _registry_is_empty()
 
@@ -559,7 +560,7 @@ def _autotune_cache_refusing(error: type[BaseException]) -> Any:
 def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, monkeypatch):
     with _flags_enable_changes(tmp_path, monkeypatch) as cache, _autotune_cache_refusing(_Refused):
         before = _patched_inductor_attributes()
-        assert tc_inductor.enable(cache)  # GEMM autotuning is shared all the same
+        assert tunecache.enable(cache)  # GEMM autotuning is shared all the same
         try:
             changed = {n for n in before if _patched_inductor_attributes()[n] is not before[n]}
             triton = {"remote_cache.RemoteAutotuneCache", "config.autotune_remote_cache",
@@ -567,10 +568,10 @@ def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, 
             assert changed & triton == set()
             assert "selector.lookup" in changed
             assert REGISTRY.triton is None
-            assert {name for _, name in REGISTRY.patches.entries()} & {
+            assert {name for _, name in PROCESS.ledger.entries()} & {
                 "RemoteAutotuneCache", "autotune_remote_cache", "compile_threads"} == set()
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
         assert _left_behind(before) == set()
         _registry_is_empty()
 
@@ -580,8 +581,8 @@ def test_enable_interrupted_half_way_leaves_nothing_patched(tmp_path, monkeypatc
             _autotune_cache_refusing(_Interrupted):
         before = _patched_inductor_attributes()
         with pytest.raises(_Interrupted):
-            tc_inductor.enable(cache)
-        assert not tc_inductor.is_enabled()
+            tunecache.enable(cache)
+        assert not tunecache.is_enabled()
         assert _left_behind(before) == set()
         _registry_is_empty()
 
@@ -595,20 +596,20 @@ def test_pre_fusion_pass_passes_the_fx_graph_cache_check_of_torch_2_11_and_2_13(
     from torch._inductor.custom_graph_pass import CustomGraphPass, CustomSchedulerPass
 
     try:
-        tc_inductor.enable(db=sqlite_url)
+        tunecache.enable(db=sqlite_url)
         ours = inductor_config._pre_fusion_custom_pass
         assert isinstance(ours, CustomGraphPass), "torch 2.11's FX graph cache would bypass"
         assert isinstance(ours, CustomSchedulerPass), "torch 2.13's FX graph cache would bypass"
         assert pickle.loads(pickle.dumps(ours.uuid())) == ("tunecache-pre-fusion-v1", None)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
 
 
 def test_second_job_hits_inductor_graph_and_autograd_caches_with_every_hook_installed(tmp_path):
     """Two jobs in turn on one node (one TORCHINDUCTOR_CACHE_DIR), tunecache on with the
     Triton hooks too: the second loads the forward and backward graphs from Inductor's
     own caches, and nothing is bypassed."""
-    env = _env(tmp_path, str(tmp_path / "tune.db"), TUNECACHE_TRITON_CONFIGS="1")
+    env = _env(tmp_path, str(tmp_path / "tune.db"), TUNECACHE_SHARE="+triton")
     env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     runs = []
     for name in ("first", "second"):
@@ -634,29 +635,29 @@ def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, cap
     inductor_config.distributed_max_autotune_gemm = True
     try:
         with caplog.at_level(logging.INFO, logger="tunecache"):
-            tc_inductor.enable(db=sqlite_url)
+            tunecache.enable(db=sqlite_url)
         assert inductor_config.distributed_max_autotune_gemm is False
         assert sum("distributed_max_autotune_gemm" in r.getMessage() for r in caplog.records) == 1
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         inductor_config.distributed_max_autotune_gemm = False
 
 
 def test_unsupported_torch_version_warns_once_and_installs_nothing(monkeypatch, sqlite_url, caplog):
     monkeypatch.setattr(torch, "__version__", "2.10.0")
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        assert tc_inductor.enable(db=sqlite_url) is False
-        assert tc_inductor.enable(db=sqlite_url) is False
-    assert not tc_inductor.is_enabled()
+        assert tunecache.enable(db=sqlite_url) is False
+        assert tunecache.enable(db=sqlite_url) is False
+    assert not tunecache.is_enabled()
     assert "lookup" not in vars(get_algorithm_selector_cache())
     assert sum("2.10.0" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_mode_off_installs_nothing(monkeypatch, sqlite_url):
     monkeypatch.setenv("TUNECACHE_MODE", "off")
-    assert tc_inductor.enable(db=sqlite_url) is False
-    assert not tc_inductor.is_enabled()
+    assert tunecache.enable(db=sqlite_url) is False
+    assert not tunecache.is_enabled()
 
 
 def test_triton_candidate_identity_has_no_device_index():

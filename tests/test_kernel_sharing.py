@@ -271,7 +271,7 @@ def test_a_readonly_consumer_writes_nothing(sqlite_url, keys, tmp_path):
 
 def test_kernels_stay_local_with_TUNECACHE_KERNELS_0(sqlite_url, keys, tmp_path):
     _compile(sqlite_url, tmp_path / "node1", **_publisher(keys))
-    out = _compile(sqlite_url, tmp_path / "node2", TUNECACHE_KERNELS="0", **_publisher(keys))
+    out = _compile(sqlite_url, tmp_path / "node2", TUNECACHE_SHARE="-kernels", **_publisher(keys))
     assert out["outcome"] == "compiled" and out["counts"] == {}
     assert len(_rows(sqlite_url)) == 1
 
@@ -334,9 +334,9 @@ def test_stats_shows_kernels_published_against_kernels_ever_loaded(sqlite_url, k
 
 def test_the_autoload_names_the_manager_before_inductor_starts_its_workers(sqlite_url, keys,
                                                                           tmp_path):
-    from tunecache import _autoload
+    from tunecache import switch
 
-    assert _autoload.MANAGER == triton_cache.MANAGER, "spelt out twice: they must agree"
+    assert switch.MANAGER == triton_cache.MANAGER, "spelt out twice: they must agree"
     code = ("import os, torch\n"
             "print(os.environ.get('TRITON_CACHE_MANAGER'))\n")
     env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
@@ -370,7 +370,7 @@ def _enable_in_a_process(env: dict[str, str], db: str) -> dict:
 
 def test_enable_names_kernels_by_content_and_disable_puts_everything_back(sqlite_url, keys,
                                                                          tmp_path):
-    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys), TUNECACHE_KERNELS="1")
+    env = _env(sqlite_url, tmp_path / "node", **_publisher(keys), TUNECACHE_SHARE="+kernels")
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # enable() alone sets the variable here
     out = _enable_in_a_process(env, sqlite_url)
     assert out["on"] is True
@@ -402,12 +402,12 @@ def test_enable_publishes_the_launchers_inductor_keeps_and_disable_puts_them_bac
         "print(json.dumps([on, during, after]))\n")
     # Triton sharing (stored configs) off: it wraps the same methods.
     env = _env(sqlite_url, tmp_path / "node", **_publisher(keys),
-               TUNECACHE_TRITON_CONFIGS="0", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+               TUNECACHE_SHARE="-triton", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, [True] * 3, [True] * 3]
-    env["TUNECACHE_KERNELS"] = "0"
+    env["TUNECACHE_SHARE"] = "-kernels"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert json.loads(done.stdout.strip().splitlines()[-1])[1] == [False] * 3, \
@@ -443,10 +443,10 @@ def test_sharing_kernels_compiles_in_this_process_with_the_compile_workers_ptxas
     env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
     env.pop("TRITON_PTXAS_PATH", None)
     assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == str(ptxas)
-    env["TUNECACHE_KERNELS"] = "0"
+    env["TUNECACHE_SHARE"] = "-kernels"
     assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == "None", \
         "kernels not shared: nothing changes"
-    env.pop("TUNECACHE_KERNELS")
+    env.pop("TUNECACHE_SHARE")
     env["TRITON_PTXAS_PATH"] = "/opt/cuda/bin/ptxas"
     assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == "/opt/cuda/bin/ptxas", \
         "a ptxas the user named is kept"
@@ -478,18 +478,18 @@ def _names_in_one_graph(sources: list[str]) -> list[str]:
 
 def test_a_kernel_is_named_by_its_source_whatever_its_position_in_the_graph():
     from tunecache.inductor import kernel_sharing
-    from tunecache.inductor.state import REGISTRY
+    from tunecache.process import PROCESS
 
     kernel = "@triton_heuristics.pointwise()\n@triton.jit\ndef KERNEL_NAME(x): pass  # {}\n"
     a, b = kernel.format("a"), kernel.format("b")
     assert _names_in_one_graph([a, b]) == ["triton_poi_fused_0", "triton_poi_fused_1"]
-    mark = REGISTRY.patches.mark()
+    mark = PROCESS.ledger.mark()
     try:
         kernel_sharing._install_content_names()
         first = _names_in_one_graph([a, b, a])
         second = _names_in_one_graph([b, a])  # a graph where the same kernels moved
     finally:
-        REGISTRY.patches.undo(mark)
+        PROCESS.ledger.undo(mark)
     suffix = kernel_sharing.content_suffix
     assert first == [f"triton_poi_fused_{suffix(a)}", f"triton_poi_fused_{suffix(b)}",
                      f"triton_poi_fused_{suffix(a)}"], "one source, one kernel"
@@ -509,9 +509,10 @@ PyMODINIT_FUNC PyInit_tc_probe(void) { return PyModule_Create(&module); }
 _BUILD_MODULE = (
     "import json, sys\n"
     "from triton.runtime.build import compile_module_from_src\n"
-    "from tunecache import triton_cache\n"
+    "import dataclasses, tunecache\n"
     "module = compile_module_from_src(sys.argv[1], 'tc_probe')\n"
-    "print(json.dumps({'answer': module.answer(), 'counts': triton_cache.counts()}))\n")
+    "counts = {k: n for k, n in dataclasses.asdict(tunecache.stats().kernels).items() if n}\n"
+    "print(json.dumps({'answer': module.answer(), 'counts': counts}))\n")
 
 
 def _build_module(url: str, node: Path, answer: int, **env: str) -> subprocess.CompletedProcess:

@@ -55,7 +55,7 @@ def _start(tmp: Path, name: str, db: str, sizes: str, y_sizes: str = "",
     env.update(
         TORCHINDUCTOR_CACHE_DIR=str(cache_dir),
         TUNECACHE_DB=db,
-        TUNECACHE_GRAPHS="0",  # profiles only: a graph loaded or not changes nothing here
+        TUNECACHE_SHARE="-graphs",  # profiles only: a graph loaded or not changes nothing here
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     if job_id is not None:
@@ -104,7 +104,7 @@ def _profiles(url: str) -> list[tuple[str, str]]:
 
 def _share(url: str, key_file: Path) -> tuple[ProfileShare, tunecache.TuneCache]:
     cache = tunecache.open(url)
-    plan = Settings.from_env({}, signing_key=str(key_file), pgo=True).pgo_sharing()
+    plan = Settings.from_env({}, signing_key=str(key_file)).pgo_sharing()
     return ProfileShare.from_settings(plan, lambda: cache), cache
 
 
@@ -153,7 +153,7 @@ def published(tmp_path_factory, keys) -> tuple[Path, dict[str, Any], bytes]:
     tmp = tmp_path_factory.mktemp("published")
     (tmp / "db").mkdir()
     url = f"sqlite:///{tmp / 'db' / 'tune.db'}"
-    job = _job(tmp, "publisher", url, "4,8", TUNECACHE_PGO="1",
+    job = _job(tmp, "publisher", url, "4,8", TUNECACHE_SHARE="+profiles",
                TUNECACHE_SIGNING_KEY=str(keys / PRIVATE_KEY_NAME))
     local = list((tmp / "inductor-publisher" / "dynamo").glob("code_state_*.pkl"))
     assert len(local) == 1, local
@@ -176,8 +176,8 @@ def test_a_new_node_compiles_a_dimension_that_changed_elsewhere_dynamic_at_once_
     _assert_published_a_changed_dimension(published[1], url)
     assert _warnings(published[1]) == []
     signing = {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
-    started = [_start(tmp_path, "new-node", url, "12,16", TUNECACHE_PGO="1", **signing),
-               _start(tmp_path, "without", url, "12", TUNECACHE_PGO="0", **signing)]
+    started = [_start(tmp_path, "new-node", url, "12,16", TUNECACHE_SHARE="+profiles", **signing),
+               _start(tmp_path, "without", url, "12", TUNECACHE_SHARE="-profiles", **signing)]
     job, without = (_finish(s) for s in started)
     # One graph, dynamic from the start, and no recompile at a fourth size.
     assert job["dynamic"] == [True] and job["unique_graphs"] == 1, job
@@ -190,7 +190,7 @@ def test_a_new_node_compiles_a_dimension_that_changed_elsewhere_dynamic_at_once_
 
 def test_a_new_node_compiles_a_dimension_that_changed_elsewhere_dynamic_at_once_on_postgresql(
         pg_url, keys, tmp_path):
-    pgo = {"TUNECACHE_PGO": "1", "TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
+    pgo = {"TUNECACHE_SHARE": "+profiles", "TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
     first = _job(tmp_path, "publisher", pg_url, "4,8", **pgo)
     _assert_published_a_changed_dimension(first, pg_url)
     job = _job(tmp_path, "new-node", pg_url, "12,16", **pgo)
@@ -202,7 +202,7 @@ def test_a_new_node_compiles_a_dimension_that_changed_elsewhere_dynamic_at_once_
 def test_a_job_without_a_job_id_is_told_so_and_shares_no_profile(sqlite_url, keys, tmp_path):
     """Dynamo keys profiles by job id: without one it reads and writes none, local or
     shared, and compiles static first; one info line says what to set."""
-    job = _job(tmp_path, "no-id", sqlite_url, "4,8", job_id=None, TUNECACHE_PGO="1",
+    job = _job(tmp_path, "no-id", sqlite_url, "4,8", job_id=None, TUNECACHE_SHARE="+profiles",
                TUNECACHE_SIGNING_KEY=str(keys / PRIVATE_KEY_NAME))
     assert job["dynamic"] == [False, True], job
     assert job["remote_pgo"] is True and not job["pgo"], job
@@ -238,7 +238,7 @@ def test_a_profile_that_does_not_verify_is_never_unpickled_and_costs_one_warning
         other = tmp_path / "other-keys"
         write_key_pair(other)
         _publish(url, other / PRIVATE_KEY_NAME, evil)
-    job = _job(tmp_path, "job", url, "12", TUNECACHE_PGO="1",
+    job = _job(tmp_path, "job", url, "12", TUNECACHE_SHARE="+profiles",
                TUNECACHE_SIGNING_KEY=str(keys / PRIVATE_KEY_NAME))
     assert not marker.exists()
     assert job["dynamic"] == [False], job
@@ -285,7 +285,7 @@ def test_a_readonly_job_loads_the_profile_and_publishes_nothing(published, keys,
     before = _profiles(url)
     env = {name: str(keys / value) if name.endswith("_KEY") else value
            for name, value in readonly.items()}
-    job = _job(tmp_path, "consumer", url, "12,16", "5,7", TUNECACHE_PGO="1", **env)
+    job = _job(tmp_path, "consumer", url, "12,16", "5,7", TUNECACHE_SHARE="+profiles", **env)
     # x dynamic at first sight (loaded), then y's change compiles a second graph.
     assert job["dynamic"] == [True, True] and job["unique_graphs"] == 2, job
     assert job["publishes"] is False and job["pgo"] == {"loaded": 1}, job
@@ -296,19 +296,14 @@ def test_a_readonly_job_loads_the_profile_and_publishes_nothing(published, keys,
 # -- settings and operator commands
 
 
-def test_profiles_are_shared_by_default_with_a_key_and_a_bad_TUNECACHE_PGO_turns_only_them_off(
-        tmp_path):
+def test_profiles_are_shared_by_default_with_a_key_whether_graphs_are_or_not(tmp_path):
     key = str(tmp_path / "k")
     assert Settings.from_env({"TUNECACHE_SIGNING_KEY": key}).pgo_sharing().state == "publish"
-    off = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_PGO": "0"})
-    assert off.pgo_sharing().state == "off"
+    off = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_SHARE": "-profiles"})
+    assert off.pgo_sharing().state == "off" and off.graph_sharing().state == "publish"
     assert Settings.from_env({}).pgo_sharing().state == "unconfigured"
-    assert Settings.from_env({"TUNECACHE_PGO": "1", "TUNECACHE_VERIFY_KEY": key,
-                              "TUNECACHE_GRAPHS": "0"}).pgo_sharing().state == "verify"
-    bad = Settings.from_env({"TUNECACHE_SIGNING_KEY": key, "TUNECACHE_PGO": "maybe"})
-    assert bad.pgo_sharing().state == "invalid" and "TUNECACHE_PGO" in str(
-        bad.pgo_sharing().problem)
-    assert bad.graph_sharing().state == "publish"
+    assert Settings.from_env({"TUNECACHE_VERIFY_KEY": key,
+                              "TUNECACHE_SHARE": "-graphs"}).pgo_sharing().state == "verify"
 
 
 def test_operator_commands_count_list_prune_and_export_shape_profiles(db_url, keys, tmp_path):
@@ -328,7 +323,7 @@ def test_operator_commands_count_list_prune_and_export_shape_profiles(db_url, ke
 
 
 def test_doctor_says_whether_jobs_share_shape_profiles(sqlite_url, keys, monkeypatch):
-    for var in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_PGO"):
+    for var in ("TUNECACHE_SIGNING_KEY", "TUNECACHE_VERIFY_KEY", "TUNECACHE_SHARE"):
         monkeypatch.delenv(var, raising=False)
 
     def check() -> tuple[int, dict[str, Any]]:
@@ -336,13 +331,11 @@ def test_doctor_says_whether_jobs_share_shape_profiles(sqlite_url, keys, monkeyp
         return done.exit_code, {c["name"]: c for c in json.loads(done.stdout)["checks"]}["pgo"]
 
     assert check()[1]["message"].startswith("shape profiles not shared: no key set")
-    monkeypatch.setenv("TUNECACHE_PGO", "0")
-    assert check()[1]["message"] == "shape profiles not shared (TUNECACHE_PGO=0)"
-    monkeypatch.setenv("TUNECACHE_PGO", "maybe")
-    code, pgo = check()
-    assert code == 1 and pgo["status"] == "fail" and "TUNECACHE_PGO='maybe'" in pgo["message"]
-    monkeypatch.setenv("TUNECACHE_PGO", "1")
+    monkeypatch.setenv("TUNECACHE_SHARE", "-profiles")
+    assert check()[1]["message"] == ("shape profiles not shared (TUNECACHE_SHARE without "
+                                     "profiles)")
+    monkeypatch.setenv("TUNECACHE_SHARE", "+profiles")
     monkeypatch.setenv("TUNECACHE_VERIFY_KEY", str(keys / PUBLIC_KEY_NAME))
-    code, pgo = check()
+    _, pgo = check()
     assert pgo["status"] == "ok" and pgo["message"].startswith(
         "load (publish none) Dynamo's shape profiles"), pgo

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tunecache import settings
 from tunecache.errors import ConfigError
-from tunecache.settings import Activation, Settings, activation, resolve_db_url
+from tunecache.settings import RENAMED, Levers, Settings, resolve_db_url
+from tunecache.settings import SHARE_ITEMS as SHARE
 
 
 def test_unset_db_is_the_embedded_default_under_xdg_cache_home(tmp_path):
@@ -38,6 +38,10 @@ def test_db_accepts_paths_and_urls(value, url):
         ({"TUNECACHE_LEASE_SECONDS": "-3"}, "a positive number of seconds"),
         ({"TUNECACHE_WAIT_TIMEOUT": "nan"}, "a positive number of seconds"),
         ({"TUNECACHE_MAX_ATTEMPTS": "2.5"}, "a positive whole number"),
+        ({"TUNECACHE_SHARE": "triton,graph"}, "TUNECACHE_SHARE='triton,graph' is invalid"),
+        ({"TUNECACHE_SHARE": "triton,-graphs"}, "(not both)"),
+        ({"TUNECACHE_LEVERS": "+decisive_gemms"}, "TUNECACHE_LEVERS='+decisive_gemms'"),
+        # the renamed variables, honoured, are still validated under their own names
         ({"TUNECACHE_TRITON_CONFIGS": "maybe"}, "expected 1 or 0"),
         ({"TUNECACHE_DECISIVE": "fusion,gemms"}, "expected 1, 0, or some of fusion,gemm,triton"),
         ({"TUNECACHE_DECISIVE": ","}, "TUNECACHE_DECISIVE=','"),
@@ -52,26 +56,61 @@ def test_bad_settings_are_one_line_errors_that_name_the_variable(env, message):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize(("value", "parts"), [
-    ("1", {"gemm", "triton", "fusion"}),
-    ("yes", {"gemm", "triton", "fusion"}),
-    ("0", set()),
-    ("", set()),
-    ("fusion", {"fusion"}),
-    (" Fusion, triton ", {"fusion", "triton"}),
+@pytest.mark.parametrize(("value", "shared"), [
+    ("", set(SHARE)),
+    ("gemm", set()),
+    ("triton, Transfer", {"triton", "transfer"}),
+    ("-kernels,-profiles", set(SHARE) - {"kernels", "profiles"}),
+    ("-kernels,+kernels", set(SHARE)),
 ])
-def test_decisive_is_a_flag_for_every_part_or_a_list_of_parts(value, parts):
-    assert Settings.from_env({"TUNECACHE_DECISIVE": value}).decisive == parts
-    assert Settings.from_env({}).decisive == {"gemm", "fusion"}
-    assert Settings.from_env({}, decisive=True).decisive == {"gemm", "triton", "fusion"}
-    assert Settings.from_env({}, decisive={"gemm"}).decisive == {"gemm"}
+def test_share_is_exactly_a_list_of_parts_or_edits_of_everything(value, shared):
+    assert Settings.from_env({"TUNECACHE_SHARE": value}).share == shared
+    assert Settings.from_env({}, share={"graphs"}).share == {"graphs"}
 
 
-def test_compile_ahead_is_a_number_of_threads_or_0_for_off():
-    assert Settings.from_env({}).compile_ahead == 8
-    assert Settings.from_env({"TUNECACHE_COMPILE_AHEAD": "0"}).compile_ahead == 0
-    assert Settings.from_env({"TUNECACHE_COMPILE_AHEAD": " 8 "}).compile_ahead == 8
-    assert Settings.from_env({}, compile_ahead=2).compile_ahead == 2
+@pytest.mark.parametrize(("value", "decisive", "ahead"), [
+    ("", {"gemm", "fusion"}, 8),
+    ("+decisive_triton,-compile_ahead", {"gemm", "fusion", "triton"}, 0),
+    ("decisive_fusion", {"fusion"}, 0),
+])
+def test_levers_take_the_same_list_grammar_over_their_measured_defaults(value, decisive,
+                                                                        ahead):
+    levers = Settings.from_env({"TUNECACHE_LEVERS": value}).levers
+    assert (levers.decisive, levers.compile_ahead) == (decisive, ahead)
+    assert not levers.user_kernel_transfer and not levers.user_kernel_regret
+    assert Settings.from_env({}, levers=Levers(compile_ahead=2)).levers.compile_ahead == 2
+    assert Settings.from_env({}, levers="+user_kernel_regret").levers.user_kernel_regret
+
+
+@pytest.mark.parametrize(("env", "share", "levers", "notice"), [
+    ({"TUNECACHE_TRITON_CONFIGS": "0"}, set(SHARE) - {"triton"}, Levers(),
+     "TUNECACHE_TRITON_CONFIGS is renamed: set TUNECACHE_SHARE=-triton instead"),
+    ({"TUNECACHE_PGO": "0", "TUNECACHE_KERNELS": "0"}, set(SHARE) - {"profiles", "kernels"},
+     Levers(), "TUNECACHE_PGO is renamed: set TUNECACHE_SHARE=-profiles instead"),
+    ({"TUNECACHE_DECISIVE": "1"}, set(SHARE), Levers(decisive=frozenset(
+        {"gemm", "fusion", "triton"})), "TUNECACHE_DECISIVE is renamed"),
+    ({"TUNECACHE_COMPILE_AHEAD": "2"}, set(SHARE), Levers(compile_ahead=2),
+     "set TUNECACHE_LEVERS=+compile_ahead instead"),
+    ({"TUNECACHE_USER_KERNEL_REGRET": "1"}, set(SHARE), Levers(user_kernel_regret=True),
+     "set TUNECACHE_LEVERS=+user_kernel_regret instead"),
+    # the new variable wins, and the old one is said to be ignored
+    ({"TUNECACHE_GRAPHS": "0", "TUNECACHE_SHARE": "graphs"}, {"graphs"}, Levers(),
+     "TUNECACHE_GRAPHS is replaced by TUNECACHE_SHARE, which is set: TUNECACHE_GRAPHS is "
+     "ignored"),
+])
+def test_a_renamed_variable_is_honoured_with_a_notice_naming_its_replacement(
+        env, share, levers, notice):
+    settings = Settings.from_env(env)
+    assert (settings.share, settings.levers) == (share, levers)
+    assert any(notice in n for n in settings.notices), settings.notices
+    assert len(settings.notices) == len(env) - ("TUNECACHE_SHARE" in env)
+
+
+def test_every_renamed_variable_names_a_list_and_one_of_its_items():
+    from tunecache.settings import LEVER_ITEMS, SHARE_ITEMS
+
+    for new, item in RENAMED.values():
+        assert item in (SHARE_ITEMS if new == "TUNECACHE_SHARE" else LEVER_ITEMS)
 
 
 def test_keyword_settings_override_the_environment():
@@ -111,48 +150,31 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
 
 
 @pytest.mark.parametrize(
-    ("env", "expected"),
+    ("env", "targets"),
     [
-        ({}, Activation(hook=False, count_only=False, triton=False)),
-        ({"TUNECACHE_DB": "  "}, Activation(hook=False, count_only=False, triton=False)),
-        # Triton configs and fusion benchmarks are shared by default; 0 opts out
-        ({"TUNECACHE_DB": "/t.db"},
-         Activation(hook=True, count_only=False, triton=True, user_kernels=True)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "0"},
-         Activation(hook=True, count_only=False, triton=False, user_kernels=True)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_MODE": " OFF "},
-         Activation(hook=False, count_only=False, triton=False)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "Yes"},
-         Activation(hook=True, count_only=False, triton=True, user_kernels=True)),
-        ({"TUNECACHE_INDUCTOR_COUNT_ONLY": "1", "TUNECACHE_TRITON_CONFIGS": "1"},
-         Activation(hook=True, count_only=True, triton=False)),
-        # the autoload never raises: a bad value is reported when the cache is opened
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_TRITON_CONFIGS": "maybe"},
-         Activation(hook=True, count_only=False, triton=False, user_kernels=True)),
-        # kernels are shared where graphs are: with a key, unless either switch is off
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k"},
-         Activation(hook=True, count_only=False, triton=True, kernels=True,
-                    user_kernels=True)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_VERIFY_KEY": "/k.pub"},
-         Activation(hook=True, count_only=False, triton=True, kernels=True,
-                    user_kernels=True)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k", "TUNECACHE_KERNELS": "0"},
-         Activation(hook=True, count_only=False, triton=True, kernels=False,
-                    user_kernels=True)),
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SIGNING_KEY": "/k", "TUNECACHE_GRAPHS": "off"},
-         Activation(hook=True, count_only=False, triton=True, kernels=False,
-                    user_kernels=True)),
-        # users' own Triton kernels are shared by default; 0 opts out
-        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_USER_KERNELS": "0"},
-         Activation(hook=True, count_only=False, triton=True, user_kernels=False)),
-        ({"TUNECACHE_INDUCTOR_COUNT_ONLY": "1"},
-         Activation(hook=True, count_only=True, triton=False, user_kernels=False)),
-        ({"TUNECACHE_SIGNING_KEY": "/k"}, Activation(hook=False, count_only=False,
-                                                     triton=False, kernels=False)),
+        ({"TUNECACHE_DB": "/t.db"}, {"triton.runtime.autotuner",
+                                     "torch._inductor.runtime.autotune_cache",
+                                     "torch._inductor.select_algorithm"}),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "-triton"},
+         {"triton.runtime.autotuner", "torch._inductor.select_algorithm"}),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "-user_kernels"},
+         {"torch._inductor.runtime.autotune_cache", "torch._inductor.select_algorithm"}),
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_MODE": " OFF "}, set()),
+        # a bad value: tunecache is off in the job (one line, tests/test_patches.py)
+        ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "maybe"}, set()),
     ],
 )
-def test_autoload_activation_is_read_from_the_environment(env, expected):
-    assert activation(env) == expected
+def test_autoload_waits_for_the_modules_of_the_parts_the_settings_want(
+        env, targets, monkeypatch):
+    from tunecache import switch
+    from tunecache.process import PROCESS
+
+    monkeypatch.setattr(PROCESS, "settings", None)
+    for name in [n for n in __import__("os").environ if n.startswith("TUNECACHE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert set(switch.autoload()) == targets
 
 
 def test_lease_longer_than_the_longest_honest_lease_is_refused():
@@ -175,18 +197,27 @@ def test_a_url_missing_its_two_slashes_is_refused_not_made_a_relative_sqlite_pat
         "scheme (postgresql://host/db, sqlite:////abs/path.db) or a file path")
 
 
-def test_an_unknown_tunecache_variable_is_warned_about_once_with_the_nearest_name(caplog):
+def test_an_unknown_tunecache_variable_is_noticed_with_the_nearest_name():
     env = {"TUNECACHE_DBB": "/tmp/x.db", "TUNECACHE_LEASE_SECOND": "30",
-           "TUNECACHE_NOTHING_LIKE_IT": "1", "TUNECACHE_TEST_PG": "postgresql://h/d",
-           "OTHER": "1"}
-    settings._warned_unknown.difference_update(env)  # once per process: not yet here
-    with caplog.at_level("WARNING", logger="tunecache"):
-        Settings.from_env(env)
-        Settings.from_env(env)
-    assert [r.getMessage() for r in caplog.records] == [
+           "TUNECACHE_NOTHING_LIKE_IT": "1", "TUNECACHE_SHARES": "-kernels", "OTHER": "1"}
+    assert list(Settings.from_env(env).notices) == [
         "tunecache: TUNECACHE_DBB is not a tunecache setting and is ignored "
         "(did you mean TUNECACHE_DB?)",
         "tunecache: TUNECACHE_LEASE_SECOND is not a tunecache setting and is ignored "
         "(did you mean TUNECACHE_LEASE_SECONDS?)",
         "tunecache: TUNECACHE_NOTHING_LIKE_IT is not a tunecache setting and is ignored",
+        "tunecache: TUNECACHE_SHARES is not a tunecache setting and is ignored "
+        "(did you mean TUNECACHE_SHARE?)",
     ]
+
+
+def test_notices_are_said_once_per_process(caplog, monkeypatch):
+    from tunecache.process import PROCESS
+
+    monkeypatch.setattr(PROCESS, "explained", set())
+    settings = Settings.from_env({"TUNECACHE_DBB": "/x", "TUNECACHE_KERNELS": "0"})
+    with caplog.at_level("WARNING", logger="tunecache"):
+        PROCESS.say_notices(settings)
+        PROCESS.say_notices(Settings.from_env({"TUNECACHE_DBB": "/x",
+                                               "TUNECACHE_KERNELS": "0"}))
+    assert [r.getMessage() for r in caplog.records] == list(settings.notices)

@@ -36,6 +36,7 @@ from triton_fakes import FakeConfig, TritonConfig, meta  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
+from tunecache.inductor.state import REGISTRY  # noqa: E402
 from tunecache.inductor.triton.compile_ahead import THREAD_NAME  # noqa: E402
 from tunecache.inductor.triton.keys import (  # noqa: E402
     size_distance,
@@ -174,9 +175,9 @@ def transfer(tmp_path, monkeypatch, request):
     monkeypatch.setattr(CoordescTuner, "autotune", autotune)
     db = request.getfixturevalue("db_url") if "db_url" in request.fixturenames \
         else str(tmp_path / "tune.db")
-    cache = tunecache.open(db, triton_configs=True)
-    assert tc_inductor.enable(cache)
-    tc_inductor.triton_stats.reset()
+    cache = tunecache.open(db)
+    assert tunecache.enable(cache)
+    tunecache.reset_stats()
 
     def load(name: str, tokens: int, index: int = 0) -> Any:
         path = tmp_path / f"{name}-{tokens}-{index}" / "kernel.py"
@@ -202,7 +203,7 @@ def transfer(tmp_path, monkeypatch, request):
         yield SimpleNamespace(cache=cache, load=load, key=key, first_run=first_run,
                               timed=timed, descents=descents, fa=fa)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
 
 
@@ -242,14 +243,14 @@ def test_a_new_kernel_next_to_a_recorded_one_starts_from_its_config_without_desc
         transfer, db_url):
     recorded = _record(transfer, 1024)
     best, _ = _entry(transfer.cache, transfer.key(recorded))
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     k = transfer.load(SILU, 2048, index=1)  # another size, another GPU
     ran = transfer.first_run(k)
     assert (ran.kwargs, ran.num_warps) == ({"XBLOCK": best["XBLOCK"]}, best["num_warps"])
     assert transfer.descents == []  # no coordinate descent
     # The starting config and the neighbour's: two benchmarks, nothing else.
     assert len(transfer.timed.benched) == 2
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
         1, 0, 2)
     stored, entry_meta = _entry(transfer.cache, transfer.key(k))
@@ -276,7 +277,7 @@ def test_a_kernel_with_no_recorded_neighbour_runs_the_full_descent(transfer, db_
     k = transfer.load(SILU, 2048)
     transfer.first_run(k)
     assert len(transfer.descents) == 1
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full) == (0, 1)
 
 
@@ -290,12 +291,12 @@ def test_a_neighbour_whose_descent_ended_at_this_kernels_start_config_ends_its_t
     transfer.first_run(recorded)
     best, _ = _entry(transfer.cache, transfer.key(recorded))
     assert (best["XBLOCK"], best["num_warps"]) == (1024, 8) and transfer.descents
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     k = transfer.load(SILU, 2048, index=1)
     ran = transfer.first_run(k)
     assert (ran.kwargs, ran.num_warps) == ({"XBLOCK": 1024}, 8)
     assert transfer.descents == []
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
         1, 0, 1)
     stored, entry_meta = _entry(transfer.cache, transfer.key(k))
@@ -325,26 +326,26 @@ def test_a_transferred_kernels_entry_tells_what_its_neighbours_config_cost_here(
 
 def test_a_neighbour_more_than_two_octaves_away_is_not_used(transfer):
     _record(transfer, 1000)  # x = 4194304
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     transfer.first_run(transfer.load(SILU, 4096))  # x = 16777216: 2 octaves, used
     assert transfer.descents == []
-    assert tc_inductor.triton_stats.coordesc_transferred == 1
+    assert tunecache.stats().triton.coordesc_transferred == 1
 
 
 def test_a_different_kernel_is_not_a_neighbour(transfer):
     _record(transfer, 1024)
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     k = transfer.load(TRANSPOSE, 2048)  # another family (same configs, same sizes)
     transfer.first_run(k)
     assert len(transfer.descents) == 1
-    assert tc_inductor.triton_stats.coordesc_transferred == 0
+    assert tunecache.stats().triton.coordesc_transferred == 0
 
 
 def test_a_neighbour_config_that_fails_to_compile_falls_back_with_one_warning(
         transfer, caplog):
     _record(transfer, 1024)
     transfer.fa.FAILS_TO_COMPILE.append(lambda cfg: cfg.kwargs.get("XBLOCK") == BEST_XBLOCK)
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         k = transfer.load(SILU, 2048)
         ran = transfer.first_run(k)
@@ -353,23 +354,23 @@ def test_a_neighbour_config_that_fails_to_compile_falls_back_with_one_warning(
     warnings = [r.getMessage() for r in caplog.records
                 if r.name == "tunecache" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "neighbour" in warnings[0], warnings
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.transfer_failed, stats.coordesc_full, stats.coordesc_transferred) == (1, 1, 0)
 
 
 def test_transfer_off_runs_the_full_descent(transfer, monkeypatch):
     _record(transfer, 1024)
-    tc_inductor.disable()
+    tunecache.disable()
     transfer.cache.close()
-    monkeypatch.setenv("TUNECACHE_TRANSFER", "0")
-    transfer.cache = tunecache.open(transfer.cache.settings.db_url, triton_configs=True)
+    monkeypatch.setenv("TUNECACHE_SHARE", "-transfer")
+    transfer.cache = tunecache.open(transfer.cache.settings.db_url)
     assert transfer.cache.settings.transfer is False
-    assert tc_inductor.enable(transfer.cache)
-    tc_inductor.triton_stats.reset()
+    assert tunecache.enable(transfer.cache)
+    tunecache.reset_stats()
     k = transfer.load(SILU, 2048)
     transfer.first_run(k)
     assert len(transfer.descents) == 1
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_transferred, stats.coordesc_full, stats.transfer_benchmarks) == (
         0, 1, 0)
 
@@ -401,12 +402,12 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
                 for tokens, index in ((1024, 0), (2048, 1))]
 
     def reopen(name: str, threads: int) -> None:
-        tc_inductor.disable()
+        tunecache.disable()
         transfer.cache.close()
-        transfer.cache = tunecache.open(str(tmp_path / name), triton_configs=True,
-                                        compile_ahead=threads)
-        assert tc_inductor.enable(transfer.cache)
-        tc_inductor.triton_stats.reset()
+        transfer.cache = tunecache.open(str(tmp_path / name),
+                                        levers=tunecache.Levers(compile_ahead=threads))
+        assert tunecache.enable(transfer.cache)
+        tunecache.reset_stats()
         compiled_in.clear()
 
     reopen("plain.db", 0)
@@ -430,7 +431,7 @@ def test_candidates_compiled_ahead_in_threads_change_nothing_descent_or_transfer
     assert (diff["compared"], diff["same"]) == (2, 2)
     # and each kernel's tuning seconds, as the listing gives them
     assert all(s["a"] is not None and s["b"] is not None for s in diff["seconds"])
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_full, stats.coordesc_transferred) == (1, 1)
     compiles_started.join_threads()
     ahead = [c for name, cs in compiled_in.items() if name.startswith(THREAD_NAME)
@@ -459,25 +460,25 @@ def test_the_family_is_stored_with_the_claim(transfer):
     assert [n.key_hash for n in found] == [key_hash(transfer.key(k))[0]]
 
 
-# ------------------------------------- decided by neighbours that agree (TUNECACHE_DECISIVE)
+# --------------------------------- decided by neighbours that agree (decisive levers)
 
 
 def _reopen(loaded: Any, monkeypatch: Any, env: dict[str, str]) -> None:
     """The cache of ``loaded`` (the ``transfer`` fixture) opened again with these
     TUNECACHE_* settings."""
-    tc_inductor.disable()
+    tunecache.disable()
     loaded.cache.close()
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    loaded.cache = tunecache.open(loaded.cache.settings.db_url, triton_configs=True)
-    assert tc_inductor.enable(loaded.cache)
+    loaded.cache = tunecache.open(loaded.cache.settings.db_url)
+    assert tunecache.enable(loaded.cache)
 
 
 @pytest.fixture
 def decisive(transfer, monkeypatch):
-    """``transfer`` with TUNECACHE_DECISIVE=1."""
-    _reopen(transfer, monkeypatch, {"TUNECACHE_DECISIVE": "1"})
-    assert "triton" in transfer.cache.settings.decisive
+    """``transfer`` with every decisive lever on."""
+    _reopen(transfer, monkeypatch, {"TUNECACHE_LEVERS": "+decisive_triton"})
+    assert "triton" in transfer.cache.settings.levers.decisive
     return transfer
 
 
@@ -485,20 +486,22 @@ def _record_in_full(transfer: Any, monkeypatch: Any, sizes: dict[int, int]) -> N
     """The silu kernel at each token count tuned by Inductor's full descent (transfer off)
     where the given XBLOCK is fastest; then the cache as ``transfer`` had it."""
     settings = transfer.cache.settings
-    _reopen(transfer, monkeypatch, {"TUNECACHE_TRANSFER": "0", "TUNECACHE_DECISIVE": "0"})
+    _reopen(transfer, monkeypatch, {"TUNECACHE_SHARE": "-transfer",
+                                    "TUNECACHE_LEVERS": "-decisive_gemm,-decisive_fusion"})
     for tokens, best_xblock in sizes.items():
         monkeypatch.setitem(globals(), "BEST_XBLOCK", best_xblock)
         ran = transfer.first_run(transfer.load(SILU, tokens))
         assert ran.kwargs["XBLOCK"] == best_xblock and transfer.descents
     monkeypatch.setitem(globals(), "BEST_XBLOCK", BEST_XBLOCK)
-    _reopen(transfer, monkeypatch, {"TUNECACHE_TRANSFER": str(int(settings.transfer)),
-                                    "TUNECACHE_DECISIVE": ",".join(settings.decisive) or "0"})
+    _reopen(transfer, monkeypatch, {
+        "TUNECACHE_SHARE": ",".join(sorted(settings.share)) or "gemm",
+        "TUNECACHE_LEVERS": ",".join(sorted(settings.levers.names)) or "-compile_ahead"})
 
 
 def test_a_kernel_whose_neighbours_agree_loads_their_config_alone_and_measures_nothing(
         decisive, db_url):
     recorded = _record(decisive, 1024)
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     k = decisive.load(SILU, 2048, index=1)
     # The load already has the one config: a compile worker compiles only it.
     assert k.autotune_cache_info["autotune_cache_state"] == "hit"
@@ -506,7 +509,7 @@ def test_a_kernel_whose_neighbours_agree_loads_their_config_alone_and_measures_n
     ran = decisive.first_run(k)
     assert ran.kwargs["XBLOCK"] == BEST_XBLOCK
     assert decisive.descents == [] and decisive.timed.benched == []  # nothing measured
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_decided, stats.coordesc_transferred, stats.coordesc_full) == (1, 0, 0)
     # Published under the claim, as a descent's result: every later load is a plain hit.
     stored, entry_meta = _entry(decisive.cache, decisive.key(k))
@@ -520,11 +523,11 @@ def test_a_kernel_whose_neighbours_agree_loads_their_config_alone_and_measures_n
 
 def test_neighbours_that_disagree_decide_nothing_and_transfer_measures(decisive, monkeypatch):
     _record_in_full(decisive, monkeypatch, {1024: 256, 4096: 512})
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     k = decisive.load(SILU, 2048)
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
     decisive.first_run(k)
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_decided, stats.coordesc_transferred) == (0, 1)
     assert stats.transfer_benchmarks == 3  # the starting config and both neighbours'
 
@@ -532,21 +535,22 @@ def test_neighbours_that_disagree_decide_nothing_and_transfer_measures(decisive,
 def test_a_neighbour_that_was_itself_decided_decides_nothing(decisive, db_url):
     _record(decisive, 1024)
     decisive.first_run(decisive.load(SILU, 4096))  # decided by 1024: nothing measured
-    assert tc_inductor.triton_stats.coordesc_decided == 1
+    assert tunecache.stats().triton.coordesc_decided == 1
     # 2048's nearest are 1024 (tuned in full) and 4096 (not): a miss, then transfer.
     k = decisive.load(SILU, 2048)
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
 
 
-@pytest.mark.parametrize("parts", ["0", "gemm,fusion"])
+@pytest.mark.parametrize("parts", ["-decisive_gemm,-decisive_fusion",
+                                   "decisive_gemm,decisive_fusion"])
 def test_decisive_without_its_triton_part_loads_no_neighbour_config(transfer, monkeypatch,
                                                                      parts):
-    _reopen(transfer, monkeypatch, {"TUNECACHE_DECISIVE": parts})
+    _reopen(transfer, monkeypatch, {"TUNECACHE_LEVERS": parts})
     _record(transfer, 1024)
     k = transfer.load(SILU, 2048)
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
     transfer.first_run(k)
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_decided, stats.coordesc_transferred) == (0, 1)
 
 
@@ -561,10 +565,10 @@ def test_ranks_that_decided_differently_run_the_config_the_first_one_published(
     monkeypatch.setitem(globals(), "BEST_XBLOCK", 512)  # where 2048 is measured now
     first = decisive.first_run(decisive.load(SILU, 2048, index=0))
     assert first.kwargs["XBLOCK"] == 512
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     ran = decisive.first_run(late)
     assert (ran.kwargs, ran.num_warps) == (first.kwargs, first.num_warps)
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.coordesc_decided, stats.adopted) == (0, 1)
 
 
@@ -572,12 +576,12 @@ def test_a_decided_config_that_fails_to_compile_is_neither_run_nor_published(
         decisive, caplog):
     _record(decisive, 1024)
     decisive.fa.FAILS_TO_COMPILE.append(lambda cfg: cfg.kwargs.get("XBLOCK") == BEST_XBLOCK)
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         k = decisive.load(SILU, 2048)
         ran = decisive.first_run(k)
     assert ran.kwargs["XBLOCK"] != BEST_XBLOCK
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert stats.coordesc_decided == 0 and stats.coordesc_full == 1
     _, entry_meta = _entry(decisive.cache, decisive.key(k))
     assert "transfer" not in entry_meta  # the descent's own result, not a decision
@@ -625,12 +629,12 @@ def test_a_decided_config_whose_publish_fails_is_tuned_as_without_it_with_one_wa
         return inductors_save(self, *args, **kwargs)
 
     monkeypatch.setattr(ac.AutotuneCache, "save", save_failing_once)
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         k = decisive.load(SILU, 2048)
         ran = decisive.first_run(k)
     assert ran.kwargs["XBLOCK"] == BEST_XBLOCK
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     # Then transfer, whose one neighbour config is the decided one it runs: kept, with no
     # descent.
     assert (stats.coordesc_decided, stats.coordesc_transferred, stats.coordesc_full) == (

@@ -138,18 +138,19 @@ def test_keygen_of_a_directory_that_cannot_be_made_is_a_one_line_error():
 def test_a_writable_verify_key_turns_graph_sharing_off_with_one_warning(
         keys, sqlite_url, caplog, monkeypatch):
     pytest.importorskip("torch")
-    from tunecache import inductor as tc_inductor
+    import tunecache
     from tunecache.inductor.state import REGISTRY
+    from tunecache.process import PROCESS
 
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     path = keys / PUBLIC_KEY_NAME
     path.chmod(0o666)
     with caplog.at_level(logging.INFO, logger="tunecache"):
         try:
-            assert tc_inductor.enable(db=sqlite_url, verify_key=str(path))
-            assert tc_inductor.is_enabled() and REGISTRY.graphs is None  # tuning stays on
+            assert tunecache.enable(db=sqlite_url, verify_key=str(path))
+            assert tunecache.is_enabled() and REGISTRY.graphs is None  # tuning stays on
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
     lines = [r for r in caplog.records if "compiled graphs" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING, caplog.text
     assert str(path) in lines[0].getMessage() and f"chmod go-w {path}" in lines[0].getMessage()
@@ -172,10 +173,11 @@ def test_a_key_path_that_is_a_fifo_is_refused_without_blocking(tmp_path, name):
 def test_enable_with_a_fifo_verify_key_returns_with_graph_sharing_off(
         tmp_path, sqlite_url, caplog, monkeypatch):
     pytest.importorskip("torch")
-    from tunecache import inductor as tc_inductor
+    import tunecache
     from tunecache.inductor.state import REGISTRY
+    from tunecache.process import PROCESS
 
-    monkeypatch.setattr(REGISTRY, "explained", set())
+    monkeypatch.setattr(PROCESS, "explained", set())
     folder = tmp_path / "keys"
     folder.mkdir(mode=0o700)
     fifo = folder / PUBLIC_KEY_NAME
@@ -183,10 +185,10 @@ def test_enable_with_a_fifo_verify_key_returns_with_graph_sharing_off(
 
     def enable() -> bool:
         try:
-            return tc_inductor.enable(db=sqlite_url, verify_key=str(fifo)) \
+            return tunecache.enable(db=sqlite_url, verify_key=str(fifo)) \
                 and REGISTRY.graphs is None
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
 
     with caplog.at_level(logging.WARNING, logger="tunecache"):
         assert returns_within(enable, fifo) is True

@@ -209,7 +209,7 @@ def test_configs_only_their_hooks_tell_apart_are_left_to_triton(sqlite_url, tmp_
 
 def test_user_kernels_off_leaves_tritons_autotuner_alone(sqlite_url, tmp_path):
     report, stderr = _job(sqlite_url, tmp_path, "off", "--sizes", "1000",
-                          TUNECACHE_USER_KERNELS="0")
+                          TUNECACHE_SHARE="-user_kernels")
     assert report["benchmarks"] == CONFIGS and all(report["correct"].values())
     assert set(report["stats"].values()) == {0} and _warnings(stderr) == []
     assert not _sqlite_file(sqlite_url).exists()
@@ -246,7 +246,7 @@ def _meta(db: str, size: int) -> dict:
 def test_a_new_key_value_benchmarks_only_the_winners_of_its_two_nearest(sqlite_url, tmp_path):
     _job(sqlite_url, tmp_path, "record", "--sizes", "1000,4000")
     _plant_all(sqlite_url, 128)  # both neighbours' winner, by far
-    on = {"TUNECACHE_USER_KERNEL_TRANSFER": "1"}
+    on = {"TUNECACHE_LEVERS": "+user_kernel_transfer"}
 
     moved, stderr = _job(sqlite_url, tmp_path, "moved", "--sizes", "2000", **on)
     assert moved["benchmarks"] == 1 and moved["winners"] == {"2000": 128}
@@ -264,7 +264,7 @@ def test_a_new_key_value_benchmarks_only_the_winners_of_its_two_nearest(sqlite_u
 
     # A job asked to measure the regret benchmarks every config of the transferred key
     # once, records it, and still launches the stored winner.
-    regret = {"TUNECACHE_USER_KERNEL_REGRET": "1"}
+    regret = {"TUNECACHE_LEVERS": "+user_kernel_regret"}
     measured, _ = _job(sqlite_url, tmp_path, "regret", "--sizes", "2000", **regret)
     assert measured["benchmarks"] == CONFIGS and measured["stats"]["regret_measured"] == 1
     assert measured["winners"] == {"2000": 128} and all(measured["correct"].values())
@@ -285,7 +285,7 @@ def test_a_key_value_with_one_usable_neighbour_is_tuned_in_full(sqlite_url, tmp_
         key_hash, stored = _user_kernel_rows(sqlite_url)[0]
         _set_timings(sqlite_url, key_hash, {**json.loads(stored), '{"EVIL":1}': 1e-6})
     report, _ = _job(sqlite_url, tmp_path, "moved", "--sizes", "2000",
-                     TUNECACHE_USER_KERNEL_TRANSFER="1")
+                     TUNECACHE_LEVERS="+user_kernel_transfer")
     assert report["benchmarks"] == CONFIGS and report["stats"]["transferred"] == 0
 
 
@@ -333,16 +333,16 @@ def test_tuning_values_keep_their_types():
 def test_enabling_and_disabling_leaves_tritons_autotuner_as_it_was(sqlite_url):
     from triton.runtime.autotuner import Autotuner
 
-    from tunecache import user_kernels
+    import tunecache
 
     before = dict(Autotuner.__dict__)
-    assert user_kernels.enable(db=sqlite_url)
+    assert tunecache.enable(db=sqlite_url, only={"user_kernels"})
     try:
         assert Autotuner.__dict__["check_disk_cache"] is not before["check_disk_cache"]
         # Triton's own value is kept on the instance and read back once we are gone
         tuner = Autotuner(lambda: None, [], [], [], None, None)
         assert tuner.cache_results is True
     finally:
-        user_kernels.disable()
+        tunecache.disable()
     assert dict(Autotuner.__dict__) == before
     assert tuner.cache_results is False

@@ -1,7 +1,7 @@
 """One rank of tests/test_triton_transfer.py's two-process test, run as a script:
 ``triton_decided_worker.py DB TMP INDEX``. It loads the silu kernel at 2048 tokens with
-TUNECACHE_DECISIVE=1 (its neighbour at 1024 recorded by the test), waits for its peer at
-a file barrier, runs the kernel once, and prints one JSON line: the load's state, the
+TUNECACHE_LEVERS=+decisive_triton (its neighbour at 1024 recorded by the test), waits for
+its peer at a file barrier, runs the kernel once, and prints one JSON line: the load's state, the
 config it ran, and its Triton counters."""
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from torch._inductor.runtime import autotune_cache as ac
 from triton_fakes import TritonConfig
 
 import tunecache
-from tunecache import inductor as tc_inductor
 
 
 def main(db: str, tmp: str, index: int) -> None:
     ac.Config = TritonConfig  # triton.Config; no triton on the CPU
     fa.FakeAutotuner.bench = lambda self, launcher, *a, **k: fake_ms(launcher.config)
-    os.environ["TUNECACHE_DECISIVE"] = "1"
-    cache = tunecache.open(db, triton_configs=True)
-    assert tc_inductor.enable(cache)
+    os.environ["TUNECACHE_LEVERS"] = "+decisive_triton"
+    cache = tunecache.open(db)
+    assert tunecache.enable(cache)
     path = Path(tmp) / f"rank-{index}" / "kernel.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source(SILU, 2048, index))
@@ -37,7 +36,7 @@ def main(db: str, tmp: str, index: int) -> None:
     kernel.run("arg", stream=0)
     ran = kernel.launched[-1]
     print(json.dumps({"state": state, "ran": [ran.kwargs, ran.num_warps],
-                      "stats": tc_inductor.triton_stats.as_dict()}, default=str))
+                      "stats": tunecache.stats().triton.as_dict()}, default=str))
 
 
 if __name__ == "__main__":

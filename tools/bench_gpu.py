@@ -40,6 +40,7 @@ Needs only torch (+ triton on GPU) and tunecache (+ sqlalchemy, alembic, psycopg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -253,10 +254,9 @@ def shape_profile(torch: Any) -> dict[str, Any]:
 
 
 def graph_counts() -> dict[str, int]:
-    from tunecache.inductor.state import REGISTRY
+    import tunecache
 
-    share = REGISTRY.graphs
-    return dict(share.counts) if share is not None else {}
+    return dataclasses.asdict(tunecache.stats().graphs)
 
 
 def kernel_store(args: argparse.Namespace) -> dict[str, int] | None:
@@ -311,8 +311,7 @@ def main() -> int:
     import torch._inductor.config as inductor_config
     import torch.distributed as dist
 
-    from tunecache import inductor as tc_inductor
-    from tunecache import triton_cache
+    import tunecache
 
     if args.mode == "inductor-distributed" and importlib.util.find_spec("numpy") is None:
         sys.exit("--mode inductor-distributed needs numpy: Inductor shares its results with "
@@ -331,11 +330,11 @@ def main() -> int:
 
     enabled = False
     if args.mode == "tunecache":
-        enabled = tc_inductor.enable()
+        enabled = tunecache.enable()
         if not enabled:
             print(f"rank {rank}: tunecache did not enable (see the warning above)", file=sys.stderr)
     elif args.mode in ("plain", "inductor-distributed"):
-        enabled = tc_inductor.enable(count_only=True)
+        enabled = tunecache.enable(count_only=True)
     if args.mode == "inductor-distributed":
         inductor_config.distributed_max_autotune_gemm = True
 
@@ -406,7 +405,8 @@ def main() -> int:
         step_ms = statistics.median(step_times)
 
     kernels_after = kernel_store(args) if rank == 0 else None
-    stats = tc_inductor.stats.as_dict()
+    counted = tunecache.stats()
+    stats = counted.gemm.as_dict()
     sources: dict[str, int] = {}
     for event in stats["events"]:
         sources[event["source"]] = sources.get(event["source"], 0) + 1
@@ -461,7 +461,7 @@ def main() -> int:
             | {"key": (e.get("key_hash") or "")[:12]}
             for e in stats["events"] if e["source"] != "memo" or e.get("missing")
         ],
-        "triton_autotune": tc_inductor.triton_stats.as_dict(),  # Triton best-config cache
+        "triton_autotune": counted.triton.as_dict(),  # Triton best-config cache
         "inductor_cache_counters": inductor_cache_counters(torch),
         # Compiled graphs through the database (tunecache.core.graphs): loaded, published,
         # present (another rank or job published it first), absent, refused.
@@ -474,10 +474,10 @@ def main() -> int:
                               else kernels_after["count"] - kernels_before["count"]),
         "kernels_loaded": (None if kernels_after is None or kernels_before is None
                            else kernels_after["hits"] - kernels_before["hits"]),
-        # This rank's own kernel lookups (tunecache.triton_cache.counts): loaded from the
+        # This rank's own kernel lookups (tunecache.stats().kernels): loaded from the
         # database, absent there (so compiled), published, refused; compile workers count
         # their own.
-        "kernel_counts": triton_cache.counts(),
+        "kernel_counts": dataclasses.asdict(counted.kernels),
         # Kernels in this rank's local Triton cache after the job (each compiled here, or
         # loaded from the store or from a compiled graph's bundle).
         "triton_kernels_local": sum(1 for _ in Path(

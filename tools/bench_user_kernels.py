@@ -167,7 +167,9 @@ def main() -> int:
         sizes[str(tokens)] = result
         print(f"{args.tag} {args.library} {tokens}: {result}", flush=True)
 
-    from tunecache import triton_cache, user_kernels
+    import dataclasses
+
+    import tunecache
 
     line = {
         "kind": "user_kernels_job", "tag": args.tag, "library": args.library,
@@ -176,11 +178,11 @@ def main() -> int:
         "seconds": round(time.perf_counter() - job_start, 3),
         "first_calls_s": round(sum(r["first_call_s"] for r in sizes.values()), 3),
         "benchmarks": sum(counts.values()), "benchmarks_by_kernel": counts, "sizes": sizes,
-        "tunecache": user_kernels.stats(),
+        "tunecache": tunecache.stats().user_kernels.as_dict(),
         # compiled kernels loaded from and published to the database (with a signing key)
-        "kernel_store": triton_cache.counts(),
+        "kernel_store": dataclasses.asdict(tunecache.stats().kernels),
         "env": {k: v for k, v in os.environ.items()
-                if k in ("TUNECACHE_DB", "TUNECACHE_USER_KERNELS", "TRITON_CACHE_AUTOTUNING",
+                if k in ("TUNECACHE_DB", "TUNECACHE_SHARE", "TRITON_CACHE_AUTOTUNING",
                          "FLA_CACHE_RESULTS", "TRITON_CACHE_DIR", "TUNECACHE_MODE")},
     }
     with open(args.out, "a", encoding="utf-8") as f:

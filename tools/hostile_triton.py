@@ -161,7 +161,7 @@ def child(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from tunecache import inductor as tc_inductor
+    import tunecache
 
     warnings: list[str] = []
 
@@ -172,7 +172,7 @@ def child(args: argparse.Namespace) -> int:
 
     logging.getLogger("tunecache").addHandler(Collect())
     report: dict[str, Any] = {"finished": False}
-    enabled = tc_inductor.enable()
+    enabled = tunecache.enable()
     report["tunecache_enabled"] = bool(enabled)
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -192,7 +192,7 @@ def child(args: argparse.Namespace) -> int:
     report["matches_eager"] = bool(torch.allclose(out, eager, atol=args.atol, rtol=args.rtol)
                                    and torch.allclose(again, eager, atol=args.atol,
                                                       rtol=args.rtol))
-    report["triton"] = {k: v for k, v in tc_inductor.triton_stats.as_dict().items()
+    report["triton"] = {k: v for k, v in tunecache.stats().triton.as_dict().items()
                         if k in ("lookups", "hits", "misses", "invalid", "stored_config_failed",
                                  "puts", "published", "adopted", "coordesc_restored")}
     # Inductor's own cache counters, reported with every run.

@@ -23,7 +23,8 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .core import Neighbour, Result, TuneCache, Tuned
-    from .settings import Settings
+    from .counters import ProcessStats
+    from .settings import Levers, Settings
 
 __version__ = "0.1.0"
 
@@ -32,11 +33,15 @@ __all__ = [
     "enable",
     "disable",
     "is_enabled",
+    "stats",
+    "reset_stats",
     "TuneCache",
     "Result",
     "Tuned",
     "Neighbour",
     "Settings",
+    "Levers",
+    "ProcessStats",
     "TuneCacheError",
     "ConfigError",
     "StoreError",
@@ -50,7 +55,7 @@ __all__ = [
 ]
 
 _LAZY = {"TuneCache": "core", "Result": "core", "Tuned": "core", "Neighbour": "core",
-         "Settings": "settings"}
+         "Settings": "settings", "Levers": "settings", "ProcessStats": "counters"}
 
 
 def __getattr__(name: str) -> Any:
@@ -63,32 +68,51 @@ def __getattr__(name: str) -> Any:
 
 def enable(cache: TuneCache | None = None, *, count_only: bool = False,
            **settings: Any) -> bool:
-    """Route torch.compile's GEMM autotuning through ``cache`` (default: one opened from
-    ``settings`` and the environment, at the first autotuned op). See tunecache.inductor.
+    """Turn every part of tunecache on in this process, as the autoload hook does for a
+    job that sets TUNECACHE_DB: GEMM autotuning and every Inductor part, and users'
+    Triton autotuners. ``cache``: the TuneCache to use (default: one opened at the first
+    use from ``settings`` over the environment, as :func:`open`). See tunecache.switch.
     """
-    from .inductor import enable as enable_inductor
+    from .switch import enable as enable_parts
 
-    return enable_inductor(cache, count_only=count_only, **settings)
+    return enable_parts(cache, count_only=count_only, **settings)
 
 
 def disable() -> None:
-    """Restore Inductor's own autotuning."""
-    from .inductor import disable as disable_inductor
+    """Turn every part off: Inductor's and Triton's own autotuning again, every patch
+    given back, the cache tunecache opened closed."""
+    from .switch import disable as disable_parts
 
-    disable_inductor()
+    disable_parts()
 
 
 def is_enabled() -> bool:
-    from .inductor import is_enabled as inductor_is_enabled
+    """Whether any part of tunecache is on in this process."""
+    from .switch import is_enabled as any_on
 
-    return inductor_is_enabled()
+    return any_on()
+
+
+def stats() -> ProcessStats:
+    """What tunecache did in this process, part by part (tunecache.counters)."""
+    from .counters import stats as process_stats
+
+    return process_stats()
+
+
+def reset_stats() -> None:
+    """Set this process's counters back to zero."""
+    from .counters import reset_stats as reset
+
+    reset()
 
 
 def open(db: str | None = None, **settings: Any) -> TuneCache:
     """A :class:`TuneCache` on ``db`` (a path or URL; None: TUNECACHE_DB or the default).
 
     Keyword arguments override the TUNECACHE_* environment variables (``mode``,
-    ``lease_seconds``, ``wait_timeout``, ``lock_timeout``, ``max_attempts``).
+    ``lease_seconds``, ``wait_timeout``, ``lock_timeout``, ``max_attempts``, ``share``,
+    ``levers``, ...: the fields of :class:`Settings`).
     """
     from .core import TuneCache
     from .settings import Settings

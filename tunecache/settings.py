@@ -1,9 +1,15 @@
-"""Every TUNECACHE_* environment variable, read and validated in this one place."""
+"""Every TUNECACHE_* environment variable, read and validated in this one place.
+
+A user sets about four: TUNECACHE_DB, TUNECACHE_MODE, a key (TUNECACHE_SIGNING_KEY or
+TUNECACHE_VERIFY_KEY), and perhaps TUNECACHE_SHARE to narrow what is shared. The claim
+protocol has four more (lease, wait, lock timeout, attempts); TUNECACHE_LEVERS is for
+experiments. Variables of earlier versions (RENAMED) are still honoured, each with one
+warning naming its replacement (docs/configuration.md).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import re
@@ -13,8 +19,8 @@ from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError
 
-__all__ = ["Settings", "Mode", "Activation", "GraphSharing", "activation", "resolve_db_url",
-           "unknown_variables",
+__all__ = ["Settings", "Levers", "Mode", "GraphSharing", "resolve_db_url", "parse_list",
+           "unknown_variables", "SHARE_ITEMS", "LEVER_ITEMS", "RENAMED",
            "default_db_path", "MAX_LEASE_SECONDS", "LEASE_CLOCK_SLACK_SECONDS",
            "IMPLAUSIBLE_LEASE_SECONDS"]
 
@@ -115,12 +121,24 @@ MAX_LEASE_SECONDS = 3600.0
 LEASE_CLOCK_SLACK_SECONDS = 600.0
 IMPLAUSIBLE_LEASE_SECONDS = MAX_LEASE_SECONDS + LEASE_CLOCK_SLACK_SECONDS
 
-# What TUNECACHE_DECISIVE can turn on (Settings.decisive).
+# The parts of the Inductor integration and beyond that TUNECACHE_SHARE turns on, beside
+# GEMM timings, which are always shared ("gemm" names them, so that TUNECACHE_SHARE=gemm
+# reads as what it does): Triton kernel configs with fusion and split-size benchmarks,
+# transfer from neighbouring sizes, compiled graphs, compiled kernels, Dynamo's shape
+# profiles, users' own @triton.autotune kernels.
+SHARE_ITEMS: tuple[str, ...] = ("triton", "transfer", "graphs", "kernels", "profiles",
+                                "user_kernels")
+# The research levers (TUNECACHE_LEVERS, Settings.levers): each a measured default.
+LEVER_ITEMS: tuple[str, ...] = ("decisive_gemm", "decisive_fusion", "decisive_triton",
+                                "compile_ahead", "user_kernel_transfer",
+                                "user_kernel_regret")
+# What a decisive lever turns on (Levers.decisive).
 DECISIVE_PARTS = frozenset({"gemm", "triton", "fusion"})
-# Spellings of a true TUNECACHE_* flag.
+# Spellings of a true flag (the renamed variables below).
 TRUE_VALUES = ("1", "true", "yes", "on")
-# Not a setting of the cache: tools/bench_gpu.py's switch to count plain max-autotune runs.
-COUNT_ONLY_VAR = "TUNECACHE_INDUCTOR_COUNT_ONLY"
+# Threads that compile a descent's next configs with compile_ahead on (at most one per
+# core): 8 measured 2.22x on an H100 host's Triton (docs/benchmarks/).
+COMPILE_AHEAD_THREADS = 8
 
 
 def _flag(name: str, raw: str | bool) -> bool:
@@ -134,32 +152,116 @@ def _flag(name: str, raw: str | bool) -> bool:
     raise ConfigError(name, raw, "1 or 0")
 
 
-def _parts(name: str, raw: Any, parts: frozenset[str]) -> frozenset[str]:
-    """A setting that turns on some of ``parts``: a flag (all or none), or their names
-    separated by commas (a collection of them, given as a keyword)."""
+def parse_list(name: str, raw: Any, items: tuple[str, ...],
+               default: frozenset[str], aliases: frozenset[str] = frozenset()
+               ) -> frozenset[str]:
+    """The one grammar of every list setting: names separated by commas are exactly what is
+    on; names each prefixed with ``-`` (or ``+``) take them off (or put them on) the
+    default; mixing both forms is an error. ``aliases`` are names accepted and ignored
+    (``gemm``: always on). A collection from Python is the exact set."""
     if isinstance(raw, (frozenset, set, list, tuple)):
         words = [str(w) for w in raw]
-        valid = set(words) <= parts
-    else:
-        try:
-            return parts if _flag(name, raw) else frozenset()
-        except ConfigError:
-            words = [w.strip().lower() for w in str(raw).split(",") if w.strip()]
-        valid = bool(words) and set(words) <= parts
-    if not valid:
-        raise ConfigError(name, raw, f"1, 0, or some of {','.join(sorted(parts))}")
-    return frozenset(words)
+        unknown = set(words) - set(items) - aliases
+        if unknown:
+            raise ConfigError(name, raw, f"names among {','.join(items)}")
+        return frozenset(words) - aliases
+    words = [w.strip().lower() for w in str(raw).split(",") if w.strip()]
+    if not words:
+        return default
+    edits = [w[0] in "+-" for w in words]
+    names = [w.lstrip("+-").strip() for w in words]
+    wanted = f"a comma list of {','.join(items)}, or of them each prefixed with - or +"
+    if any(edits) and not all(edits):
+        raise ConfigError(name, raw, wanted + " (not both)")
+    if any(n not in items and n not in aliases for n in names):
+        raise ConfigError(name, raw, wanted)
+    if not any(edits):
+        return frozenset(names) - aliases
+    on = set(default)
+    for word, item in zip(words, names):
+        if item in aliases:
+            continue
+        if word.startswith("-"):
+            on.discard(item)
+        else:
+            on.add(item)
+    return frozenset(on)
 
 
-_log = logging.getLogger(__name__)
-# Unknown TUNECACHE_* names already warned about by this process.
-_warned_unknown: set[str] = set()
+@dataclasses.dataclass(frozen=True)
+class Levers:
+    """The research levers, each with the default its benchmarks measured (docs/
+    configuration.md, "Levers"). Settings of the library: ``Settings(levers=Levers(...))``,
+    ``tunecache.enable(levers=...)``; TUNECACHE_LEVERS sets them for experiments.
+
+    ``decisive``: with transfer, the parts where the nearest recorded sizes, all agreeing
+    by a clear margin, decide a new size without measuring it (docs/transfer.md): gemm and
+    fusion, whose decisions cost nothing on GPUs (regret 1.000), not triton (up to 1.78x).
+    ``compile_ahead``: threads (at most one per core) compiling a Triton kernel's next
+    configs while its descent benchmarks the previous ones (descents took 0.60-0.66x the
+    time on an H100); 0 compiles each just before its benchmark, as Inductor does.
+    ``user_kernel_transfer``: a user kernel's key value never tuned benchmarks only the
+    winners of its nearest recorded values (off until measured on GPUs);
+    ``user_kernel_regret``: a job reading such an entry measures its regret.
+    """
+
+    decisive: frozenset[str] = frozenset({"gemm", "fusion"})
+    compile_ahead: int = COMPILE_AHEAD_THREADS
+    user_kernel_transfer: bool = False
+    user_kernel_regret: bool = False
+
+    def __post_init__(self) -> None:
+        decisive = frozenset(str(p) for p in self.decisive)
+        if not decisive <= DECISIVE_PARTS:
+            raise ConfigError("levers.decisive", sorted(decisive),
+                              f"some of {','.join(sorted(DECISIVE_PARTS))}")
+        object.__setattr__(self, "decisive", decisive)
+        object.__setattr__(self, "compile_ahead",
+                           _whole_number("levers.compile_ahead", self.compile_ahead, 0))
+        for name in ("user_kernel_transfer", "user_kernel_regret"):
+            object.__setattr__(self, name, _flag(f"levers.{name}", getattr(self, name)))
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The lever names that are on (TUNECACHE_LEVERS' names)."""
+        on = {f"decisive_{p}" for p in self.decisive}
+        on |= {n for n in ("user_kernel_transfer", "user_kernel_regret") if getattr(self, n)}
+        return frozenset(on | ({"compile_ahead"} if self.compile_ahead else set()))
+
+    @classmethod
+    def parse(cls, name: str, raw: Any) -> Levers:
+        """Levers from TUNECACHE_LEVERS' list grammar (:func:`parse_list`), a collection of
+        lever names, or Levers itself."""
+        if isinstance(raw, Levers):
+            return raw
+        on = parse_list(name, raw, LEVER_ITEMS, cls().names)
+        return cls(decisive=frozenset(p for p in DECISIVE_PARTS if f"decisive_{p}" in on),
+                   compile_ahead=COMPILE_AHEAD_THREADS if "compile_ahead" in on else 0,
+                   user_kernel_transfer="user_kernel_transfer" in on,
+                   user_kernel_regret="user_kernel_regret" in on)
+
+
+# Variables of earlier versions, still honoured with one warning naming the replacement:
+# name -> (the list it is now part of, the item it sets). TUNECACHE_DECISIVE and
+# TUNECACHE_COMPILE_AHEAD carry values of their own (renamed_value below).
+RENAMED: dict[str, tuple[str, str]] = {
+    "TUNECACHE_TRITON_CONFIGS": ("TUNECACHE_SHARE", "triton"),
+    "TUNECACHE_TRANSFER": ("TUNECACHE_SHARE", "transfer"),
+    "TUNECACHE_GRAPHS": ("TUNECACHE_SHARE", "graphs"),
+    "TUNECACHE_KERNELS": ("TUNECACHE_SHARE", "kernels"),
+    "TUNECACHE_PGO": ("TUNECACHE_SHARE", "profiles"),
+    "TUNECACHE_USER_KERNELS": ("TUNECACHE_SHARE", "user_kernels"),
+    "TUNECACHE_DECISIVE": ("TUNECACHE_LEVERS", "decisive_gemm"),
+    "TUNECACHE_COMPILE_AHEAD": ("TUNECACHE_LEVERS", "compile_ahead"),
+    "TUNECACHE_USER_KERNEL_TRANSFER": ("TUNECACHE_LEVERS", "user_kernel_transfer"),
+    "TUNECACHE_USER_KERNEL_REGRET": ("TUNECACHE_LEVERS", "user_kernel_regret"),
+}
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """(name, nearest known name or None) of every TUNECACHE_* variable that no part of
     tunecache reads: a typo (TUNECACHE_DBB) would otherwise be silently ignored."""
-    known = Settings.known_variables()
+    known = [*Settings.known_variables(), *RENAMED]
     # Compared without the common prefix, which would make every name look alike.
     tails = [k.removeprefix("TUNECACHE_") for k in known]
 
@@ -173,18 +275,62 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
             if name.startswith("TUNECACHE_") and name not in known]
 
 
-def _warn_unknown(environ: Mapping[str, str]) -> None:
-    for name, nearest in unknown_variables(environ):
-        if name in _warned_unknown:
+def _renamed(env: Mapping[str, str], values: dict[str, Any], notices: list[str]) -> None:
+    """Apply the renamed variables set in ``env`` to ``values`` (share, levers) where the
+    new variable is not set, one notice each naming the replacement."""
+    share = set(SHARE_ITEMS)
+    levers = Levers()
+    lever_fields: dict[str, Any] = {}
+    used = {"TUNECACHE_SHARE": False, "TUNECACHE_LEVERS": False}
+    for var, (new, item) in RENAMED.items():
+        if var not in env:
             continue
-        _warned_unknown.add(name)
-        hint = f" (did you mean {nearest}?)" if nearest else ""
-        _log.warning("tunecache: %s is not a tunecache setting and is ignored%s", name, hint)
+        raw = env[var]
+        if new in env:
+            notices.append(f"tunecache: {var} is replaced by {new}, which is set: {var} is "
+                           "ignored")
+            continue
+        used[new] = True
+        if var == "TUNECACHE_DECISIVE":
+            decisive = _old_decisive(var, raw)
+            lever_fields["decisive"] = decisive
+            spelled = ",".join([f"+decisive_{p}" for p in sorted(decisive)]
+                               + [f"-decisive_{p}" for p in sorted(DECISIVE_PARTS - decisive)])
+        elif var == "TUNECACHE_COMPILE_AHEAD":
+            threads = _whole_number(var, raw, 0)
+            lever_fields["compile_ahead"] = threads
+            spelled = "+compile_ahead" if threads else "-compile_ahead"
+        else:
+            on = _flag(var, raw)
+            if new == "TUNECACHE_SHARE":
+                (share.add if on else share.discard)(item)
+            else:
+                lever_fields[item] = on
+            spelled = f"{'+' if on else '-'}{item}"
+        notices.append(f"tunecache: {var} is renamed: set {new}={spelled} instead (honoured "
+                       "this time)")
+    if used["TUNECACHE_SHARE"]:
+        values["share"] = frozenset(share)
+    if used["TUNECACHE_LEVERS"]:
+        values["levers"] = dataclasses.replace(levers, **lever_fields)
+
+
+def _old_decisive(name: str, raw: str) -> frozenset[str]:
+    """TUNECACHE_DECISIVE's own grammar: a flag (every part or none) or a list of parts."""
+    try:
+        return DECISIVE_PARTS if _flag(name, raw) else frozenset()
+    except ConfigError:
+        words = [w.strip().lower() for w in str(raw).split(",") if w.strip()]
+    if not words or not set(words) <= DECISIVE_PARTS:
+        raise ConfigError(name, raw, f"1, 0, or some of {','.join(sorted(DECISIVE_PARTS))}")
+    return frozenset(words)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How a process uses the cache. Every field has an environment variable."""
+    """How a process uses the cache: the claim protocol, what is shared, the keys, and the
+    research levers. Read from the environment once (:meth:`from_env`), then passed down;
+    every field but ``levers`` and ``share`` has a variable of its own."""
 
     db_url: str = dataclasses.field(default_factory=lambda: resolve_db_url(None))
     mode: Mode = "readwrite"
@@ -200,59 +346,22 @@ class Settings:
     # Claims of one key that may end without a result (tuner raised, process died) before
     # the key is marked failed and waiters get that answer.
     max_attempts: int = 3
-    # Share Triton kernel configs (coordinate descent included) and fusion benchmark
-    # timings too, not only GEMM timings (docs/triton-autotune.md). On by default since
-    # the warm-start GPU runs of 2026-12-01 (docs/benchmarks.md); TUNECACHE_TRITON_CONFIGS=0
-    # opts out.
-    triton_configs: bool = True
-    # A key never tuned starts from the recorded keys of its structure nearest in size:
-    # only their best candidates are benchmarked (docs/transfer.md). TUNECACHE_TRANSFER=0
-    # tunes every new key in full, as plain max-autotune does.
-    transfer: bool = True
-    # With transfer, the parts (DECISIVE_PARTS) where the nearest recorded sizes, all
-    # agreeing by a clear margin, decide a new size without measuring it: a GEMM generates
-    # only their choice, a Triton kernel loads their config, an epilogue fusion is
-    # replayed (docs/transfer.md). TUNECACHE_DECISIVE: 1 (every part), 0, or a list such
-    # as "fusion,triton". gemm and fusion are on by default: their decisions' regret was
-    # 1.000 on GPUs (docs/benchmarks.md, 2026-12-05); a Triton kernel's neighbours' config
-    # was up to 1.78x the best at the new size there, so triton is not.
-    decisive: frozenset[str] = frozenset({"gemm", "fusion"})
-    # Threads (at most one per core) that compile a Triton kernel's next candidate configs
-    # while its coordinate descent (or transfer) benchmarks the previous ones
-    # (inductor/triton/compile_ahead.py). On: descents of a cold job took 0.60-0.66x the
-    # time on an H100 (docs/benchmarks.md, 2026-12-06). 0 compiles each candidate just
-    # before its benchmark, as Inductor does.
-    compile_ahead: int = 8
-    # Compiled-graph sharing, on only with a key: ``signing_key``, the path of
-    # the private key (this job publishes graphs it compiles and verifies with the public
-    # half); ``verify_key``, the path of the public key (a consumer that loads verified
-    # graphs and never publishes); ``graphs``: False turns it off even with keys. These
-    # never stop tuning sharing: a bad value turns graph sharing off (graph_sharing()
-    # says why, and the Inductor integration warns once).
+    # What is shared beyond GEMM timings (SHARE_ITEMS; TUNECACHE_SHARE, parse_list's
+    # grammar): everything by default. Graphs, kernels and profiles also need a key.
+    share: frozenset[str] = frozenset(SHARE_ITEMS)
+    # Compiled graphs, kernels and shape profiles are shared only signed: ``signing_key``,
+    # the path of the private key (this job publishes what it compiles and verifies with
+    # the public half); ``verify_key``, the path of the public key (a consumer that loads
+    # verified entries and never publishes). A bad value turns those parts off
+    # (graph_sharing() says why), never tuning sharing.
     signing_key: str | None = None
     verify_key: str | None = None
-    graphs: bool = True
-    # Compiled Triton kernels shared across graphs and nodes (tunecache.triton_cache), with the
-    # same keys and trust as graphs; TUNECACHE_KERNELS=0 keeps them in Triton's local cache.
-    kernels: bool = True
-    # Dynamo's profile-guided dynamic shapes served from the database (tunecache.inductor.
-    # pgo), with the same keys and trust as graphs, for jobs that set a job id. On because
-    # the GPU measurement put a dynamic graph's step within 1.02x of a static compile's
-    # (docs/graphs.md); TUNECACHE_PGO=0 turns it off.
-    pgo: bool = True
-    # Users' own @triton.autotune kernels tuned once per cluster (tunecache.user_kernels);
-    # TUNECACHE_USER_KERNELS=0 leaves Triton's autotuner alone.
-    user_kernels: bool = True
-    # A user kernel's key value never tuned benchmarks only the winners of the two nearest
-    # recorded values of the same kernel (tunecache.user_kernels.sharing); off until its
-    # step time is measured on GPUs. TUNECACHE_USER_KERNEL_REGRET=1: a job measures every
-    # config of the transferred keys it reads and records the regret.
-    user_kernel_transfer: bool = False
-    user_kernel_regret: bool = False
+    levers: Levers = dataclasses.field(default_factory=Levers)
+    # What from_env found worth a warning (unknown and renamed variables), for whoever
+    # enables tunecache to say once (tunecache.process).
+    notices: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
     _graphs_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
                                                     compare=False)
-    _pgo_problem: str | None = dataclasses.field(default=None, init=False, repr=False,
-                                                 compare=False)
 
     _ENV: ClassVar[dict[str, str]] = {
         "db_url": "TUNECACHE_DB",
@@ -261,31 +370,26 @@ class Settings:
         "wait_timeout": "TUNECACHE_WAIT_TIMEOUT",
         "lock_timeout": "TUNECACHE_LOCK_TIMEOUT",
         "max_attempts": "TUNECACHE_MAX_ATTEMPTS",
-        "triton_configs": "TUNECACHE_TRITON_CONFIGS",
-        "transfer": "TUNECACHE_TRANSFER",
-        "decisive": "TUNECACHE_DECISIVE",
-        "compile_ahead": "TUNECACHE_COMPILE_AHEAD",
+        "share": "TUNECACHE_SHARE",
         "signing_key": "TUNECACHE_SIGNING_KEY",
         "verify_key": "TUNECACHE_VERIFY_KEY",
-        "graphs": "TUNECACHE_GRAPHS",
-        "kernels": "TUNECACHE_KERNELS",
-        "pgo": "TUNECACHE_PGO",
-        "user_kernels": "TUNECACHE_USER_KERNELS",
-        "user_kernel_transfer": "TUNECACHE_USER_KERNEL_TRANSFER",
-        "user_kernel_regret": "TUNECACHE_USER_KERNEL_REGRET",
+        "levers": "TUNECACHE_LEVERS",
     }
 
     @classmethod
     def known_variables(cls) -> list[str]:
-        """Every TUNECACHE_* name tunecache reads: the settings, the benchmark counter,
-        and the test suite's PostgreSQL server (tests/conftest.py)."""
-        return [*cls._ENV.values(), COUNT_ONLY_VAR, "TUNECACHE_TEST_PG"]
+        """Every TUNECACHE_* name tunecache reads (the renamed ones are RENAMED's)."""
+        return list(cls._ENV.values())
 
     @property
     def lock_seconds(self) -> float:
         """``lock_timeout`` as resolved: a float once constructed (None is the default)."""
         assert self.lock_timeout is not None  # __post_init__ resolved it
         return self.lock_timeout
+
+    def shares(self, item: str) -> bool:
+        """Whether ``item`` (one of SHARE_ITEMS) is shared."""
+        return item in self.share
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -320,35 +424,14 @@ class Settings:
         object.__setattr__(
             self, "max_attempts", _whole_number(self._ENV["max_attempts"], self.max_attempts, 1)
         )
-        object.__setattr__(
-            self, "triton_configs", _flag(self._ENV["triton_configs"], self.triton_configs)
-        )
-        object.__setattr__(self, "transfer", _flag(self._ENV["transfer"], self.transfer))
-        object.__setattr__(self, "decisive", _parts(self._ENV["decisive"], self.decisive,
-                                                    DECISIVE_PARTS))
-        object.__setattr__(self, "compile_ahead",
-                           _whole_number(self._ENV["compile_ahead"], self.compile_ahead, 0))
-        for name in ("user_kernels", "user_kernel_transfer", "user_kernel_regret"):
-            object.__setattr__(self, name, _flag(self._ENV[name], getattr(self, name)))
-        self._graph_settings()
+        object.__setattr__(self, "share", parse_list(
+            self._ENV["share"], self.share, SHARE_ITEMS, frozenset(SHARE_ITEMS),
+            aliases=frozenset({"gemm"})))
+        object.__setattr__(self, "levers", Levers.parse(self._ENV["levers"], self.levers))
+        self._key_settings()
 
-    def _graph_settings(self) -> None:
+    def _key_settings(self) -> None:
         problems = []
-        try:
-            object.__setattr__(self, "graphs", _flag(self._ENV["graphs"], self.graphs))
-        except ConfigError as e:
-            object.__setattr__(self, "graphs", False)
-            problems.append(str(e))
-        try:
-            object.__setattr__(self, "kernels", _flag(self._ENV["kernels"], self.kernels))
-        except ConfigError as e:
-            object.__setattr__(self, "kernels", False)
-            problems.append(str(e))
-        try:
-            object.__setattr__(self, "pgo", _flag(self._ENV["pgo"], self.pgo))
-        except ConfigError as e:  # turns profiles off, not graphs
-            object.__setattr__(self, "pgo", False)
-            object.__setattr__(self, "_pgo_problem", str(e))
         for name in ("signing_key", "verify_key"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
@@ -364,7 +447,7 @@ class Settings:
         """Whether and how this process shares compiled graphs (never raises)."""
         if self._graphs_problem is not None:
             return GraphSharing("invalid", problem=self._graphs_problem)
-        if not self.graphs:
+        if not self.shares("graphs"):
             return GraphSharing("off")
         return self._keyed()
 
@@ -381,33 +464,36 @@ class Settings:
 
     def kernel_sharing(self) -> GraphSharing:
         """Whether and how this process shares compiled Triton kernels: as graphs are
-        (the same keys), unless TUNECACHE_KERNELS=0."""
+        (the same keys), unless ``kernels`` is not shared."""
         plan = self.graph_sharing()
-        return plan if self.kernels or plan.state == "invalid" else GraphSharing("off")
+        return plan if self.shares("kernels") or plan.state == "invalid" \
+            else GraphSharing("off")
 
     def pgo_sharing(self) -> GraphSharing:
-        """Whether and how this process shares Dynamo's shape profiles: off with
-        TUNECACHE_PGO=0, else as graphs are (the same keys), whatever TUNECACHE_GRAPHS
-        says: a profile is no compiled graph."""
-        if self._pgo_problem is not None:
-            return GraphSharing("invalid", problem=self._pgo_problem)
-        if not self.pgo:
-            return GraphSharing("off")
+        """Whether and how this process shares Dynamo's shape profiles: with ``profiles``
+        shared, as graphs are (the same keys), whether graphs are shared or not: a profile
+        is no compiled graph."""
         if self._graphs_problem is not None:  # a bad key setting
             return GraphSharing("invalid", problem=self._graphs_problem)
+        if not self.shares("profiles"):
+            return GraphSharing("off")
         return self._keyed()
 
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, **overrides: Any
     ) -> Settings:
-        """Settings from the environment; keyword arguments win over it.
+        """Settings from the environment; keyword arguments win over it. What deserves a
+        warning (an unknown TUNECACHE_* name, a renamed one) is in ``notices``.
 
         ``db`` may be given as a path or URL (it is resolved like TUNECACHE_DB).
         """
         env = os.environ if environ is None else environ
-        _warn_unknown(env)
+        notices = [f"tunecache: {name} is not a tunecache setting and is ignored"
+                   + (f" (did you mean {nearest}?)" if nearest else "")
+                   for name, nearest in unknown_variables(env)]
         values: dict[str, Any] = {}
+        _renamed(env, values, notices)
         for field, var in cls._ENV.items():
             if var in env:
                 values[field] = env[var]
@@ -421,7 +507,7 @@ class Settings:
             raise TypeError(f"unknown tunecache setting(s): {', '.join(sorted(unknown))}")
         values.update(overrides)
         values["db_url"] = resolve_db_url(values.get("db_url"), env)
-        return cls(**values)
+        return cls(**values, notices=tuple(notices))
 
     @property
     def owns_directory(self) -> bool:
@@ -440,58 +526,10 @@ class GraphSharing:
     private key's public half, or with ``verify_key`` where given: they must match),
     ``verify`` (load verified graphs, publish nothing: a verify key only, or a readonly
     process), ``unconfigured`` (no key: off, with one info line on how to turn it on),
-    ``off`` (TUNECACHE_GRAPHS=0) or ``invalid`` (a bad setting: off, ``problem`` says
+    ``off`` (graphs not shared) or ``invalid`` (a bad setting: off, ``problem`` says
     which)."""
 
     state: Literal["publish", "verify", "unconfigured", "off", "invalid"]
     signing_key: str | None = None
     verify_key: str | None = None
     problem: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Activation:
-    """What the autoload hook (tunecache._autoload) does at ``import torch``.
-
-    Read from the environment without building :class:`Settings`: it runs inside every
-    ``import torch``, so it must cost next to nothing, import nothing and never raise. A
-    bad value is reported later, when the cache is opened.
-    """
-
-    # Install the post-import hook at all: TUNECACHE_DB set and TUNECACHE_MODE not off,
-    # or the benchmark counter asked for.
-    hook: bool
-    # TUNECACHE_INDUCTOR_COUNT_ONLY=1: install only the benchmark counter, no cache.
-    count_only: bool
-    # TUNECACHE_TRITON_CONFIGS on (the default; not count_only): plug in the Triton
-    # autotune cache.
-    triton: bool
-    # A signing or verify key set, and neither TUNECACHE_GRAPHS nor TUNECACHE_KERNELS off
-    # (not count_only): name tunecache Triton's cache manager now, before Inductor starts
-    # its compile workers (when Dynamo looks up the inductor backend, before
-    # select_algorithm is imported), which copy the environment once.
-    kernels: bool = False
-    # TUNECACHE_USER_KERNELS on (the default; not count_only): plug in front of Triton's
-    # own autotuner once triton.runtime.autotuner is imported.
-    user_kernels: bool = False
-
-
-def activation(environ: Mapping[str, str] | None = None) -> Activation:
-    """The autoload hook's :class:`Activation`, from the environment."""
-    env = os.environ if environ is None else environ
-    var = Settings._ENV
-    count_only = env.get(COUNT_ONLY_VAR) == "1"
-    if count_only:
-        hook = True
-    elif not env.get(var["db_url"], "").strip():
-        hook = False
-    else:
-        hook = env.get(var["mode"], "").strip().lower() != "off"
-    triton = env.get(var["triton_configs"], "1").strip().lower() in TRUE_VALUES
-    keyed = any(env.get(var[k], "").strip() for k in ("signing_key", "verify_key"))
-    kernels = keyed and all(env.get(var[k], "1").strip().lower() in TRUE_VALUES
-                            for k in ("graphs", "kernels"))
-    user_kernels = env.get(var["user_kernels"], "1").strip().lower() in TRUE_VALUES
-    return Activation(hook, count_only, triton and hook and not count_only,
-                      kernels and hook and not count_only,
-                      user_kernels and hook and not count_only)

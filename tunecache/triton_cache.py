@@ -34,32 +34,30 @@ use of that directory (the kernels it bundles into FX graph entries) is unchange
   to handle: it warns, builds its own and keeps it locally.
 
 Files of other kinds (Triton's autotuning cache, its dumps) stay local. The
-service is built once per process from TUNECACHE_* (:func:`share`), which the compile
-workers inherit; the process that enabled tunecache may hand it its own
-(:func:`serve`). Nothing here raises into Triton: a database that fails turns kernel
-sharing off in the process with one warning, and Triton compiles as it would alone.
+service is built once per process (:func:`share`), over the process's one cache and its
+settings (:data:`tunecache.process.PROCESS`: in a compile worker, TUNECACHE_* as the
+autoload hook read them from the environment it inherited). Nothing here raises into
+Triton: a database that fails turns kernel sharing off in the process with one warning,
+and Triton compiles as it would alone.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
 import re
 import sys
 import sysconfig
-import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import stored_json
 from .files import read_regular
+from .process import PROCESS
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .core.cache import TuneCache
     from .core.kernels import KernelShare
 
 try:  # Triton checks that the class it is named descends from one named CacheManager.
@@ -68,7 +66,7 @@ except ImportError:  # no Triton (a CPU-only torch): nothing will ask for this c
     _TritonCacheManager = object
 
 __all__ = ["MANAGER_VAR", "MANAGER", "KIND", "KernelCacheManager", "pack", "unpack", "share",
-           "serve", "stop_serving", "counts", "publish_kept", "forget_ptxas_version"]
+           "serve", "stop_serving", "publish_kept", "forget_ptxas_version"]
 
 log = logging.getLogger("tunecache")
 
@@ -149,90 +147,62 @@ def unpack(data: bytes) -> tuple[str, dict[str, bytes]] | None:
 
 # -- the process's service ------------------------------------------------------------
 
-class _Service:
-    """Kernel sharing in this process: the KernelShare kernels go through (built at first
-    use), the cache it is built on, and what :func:`serve` changed. Triton names the
-    manager class, never an instance, so this is the one owner of that state."""
-
-    def __init__(self) -> None:
-        # Held while the service is built: a thread that asks meanwhile waits for it
-        # rather than compiling a kernel it could have loaded.
-        self.lock = threading.Lock()
-        self.built = False
-        self.share: KernelShare | None = None
-        self.cache_factory: Callable[[], TuneCache] | None = None
-        self.env_lock = threading.Lock()
-        self.env_cache: TuneCache | None = None
-        # serve() is in effect, and TRITON_CACHE_MANAGER's value before it (None: unset).
-        self.serving = False
-        self.manager_was: str | None = None
-        # Keys publish_kept has handled: Inductor may keep one launcher more than once.
-        self.kept: set[str] = set()
-
-
-_SERVICE = _Service()
-
-
-def serve(factory: Callable[[], TuneCache]) -> None:
-    """Share kernels from this TuneCache (the enabling process's own, so that it opens one
-    database, not two), and name this module's manager in TRITON_CACHE_MANAGER, which
-    Triton reads at every compile here and in the compile workers (they inherit the
-    environment). :func:`stop_serving` puts both back."""
-    with _SERVICE.lock:
-        if not _SERVICE.serving:
-            _SERVICE.serving, _SERVICE.manager_was = True, os.environ.get(MANAGER_VAR)
+def serve() -> None:
+    """Name this module's manager in TRITON_CACHE_MANAGER, which Triton reads at every
+    compile here and in the compile workers (they inherit the environment), and share
+    kernels from the process's one cache (:data:`tunecache.process.PROCESS`'s opener).
+    :func:`stop_serving` puts both back."""
+    service = PROCESS.kernels
+    with service.lock:
+        if not service.serving:
+            service.serving, service.manager_was = True, os.environ.get(MANAGER_VAR)
         os.environ[MANAGER_VAR] = MANAGER
-        _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = factory, None, False
-        _SERVICE.kept.clear()
+        service.share, service.built = None, False
+        service.kept.clear()
 
 
 def stop_serving() -> bool:
-    """Undo :func:`serve` (TUNECACHE_* build the service again at next use); returns
-    whether it was in effect."""
-    with _SERVICE.lock:
-        if not _SERVICE.serving:
+    """Undo :func:`serve` (the process's settings build the service again at next use);
+    returns whether it was in effect."""
+    service = PROCESS.kernels
+    with service.lock:
+        if not service.serving:
             return False
-        if _SERVICE.manager_was:
-            os.environ[MANAGER_VAR] = _SERVICE.manager_was
+        if service.manager_was:
+            os.environ[MANAGER_VAR] = service.manager_was
         else:
             os.environ.pop(MANAGER_VAR, None)
-        _SERVICE.serving, _SERVICE.manager_was = False, None
-        _SERVICE.cache_factory, _SERVICE.share, _SERVICE.built = None, None, False
-        _SERVICE.kept.clear()
+        service.serving, service.manager_was = False, None
+        service.share, service.built = None, False
+        service.kept.clear()
         return True
-
-
-def _env_cache() -> TuneCache:
-    with _SERVICE.env_lock:
-        if _SERVICE.env_cache is None:
-            import tunecache
-
-            _SERVICE.env_cache = tunecache.open()
-            atexit.register(_SERVICE.env_cache.close)
-        return _SERVICE.env_cache
 
 
 def share() -> KernelShare | None:
     """This process's kernel service, or None where kernels are not shared (no key
-    configured, TUNECACHE_KERNELS=0, TUNECACHE_MODE=off, or a setting it cannot use)."""
-    with _SERVICE.lock:
-        if not _SERVICE.built:
-            _SERVICE.share = _build(_SERVICE.cache_factory)
-            _SERVICE.built = True
-        return _SERVICE.share
+    configured, kernels not in TUNECACHE_SHARE, TUNECACHE_MODE=off, or a setting it cannot
+    use)."""
+    service = PROCESS.kernels
+    with service.lock:
+        if not service.built:
+            service.share = _build()
+            service.built = True
+        found: KernelShare | None = service.share
+        return found
 
 
-def _build(factory: Callable[[], TuneCache] | None) -> KernelShare | None:
-    from .settings import Settings
-
+def _build() -> KernelShare | None:
+    """The service of the process's settings, over its one cache opener (a compile worker
+    reads the settings the autoload hook read from the environment it inherited)."""
     try:
-        settings = factory().settings if factory is not None else Settings.from_env()
+        opener = PROCESS.opener
+        settings = opener.settings if opener is not None else PROCESS.environment_settings()
         plan = settings.kernel_sharing()
         if plan.state not in ("publish", "verify"):
             return None
         from .core.kernels import KernelShare
 
-        return KernelShare.from_settings(plan, factory or _env_cache)
+        return KernelShare.from_settings(plan, PROCESS.cache_opener(settings))
     except Exception as e:  # noqa: BLE001 - Triton compiles as it would alone
         log.warning("tunecache: compiled kernels are not shared in this process: %s", e)
         return None
@@ -241,18 +211,11 @@ def _build(factory: Callable[[], TuneCache] | None) -> KernelShare | None:
 def _record_use() -> None:
     """Write the load's use now: a compile worker may be ended with its job before the
     periodic write (usage is what `tunecache prune` keeps by, and what `stats` counts)."""
-    factory = _SERVICE.cache_factory or _env_cache
     try:
-        factory().flush_usage()
+        if PROCESS.opener is not None:
+            PROCESS.opener().flush_usage()
     except Exception as e:  # noqa: BLE001 - bookkeeping: the kernel has loaded
         log.debug("tunecache: a kernel's use not recorded: %r", e)
-
-
-def counts() -> dict[str, int]:
-    """This process's kernel loads and publishes (loaded, absent, refused, published,
-    present, replaced; see SignedArtifactShare.counts)."""
-    found = _SERVICE.share
-    return dict(found.counts) if found is not None else {}
 
 
 def publish_kept(key: str) -> bool:
@@ -263,10 +226,10 @@ def publish_kept(key: str) -> bool:
     service = share()
     if service is None or not service.publishes or not _safe_name(key):
         return False
-    with _SERVICE.lock:
-        if key in _SERVICE.kept:  # coordinate descent may hand the same launcher again
+    with PROCESS.kernels.lock:
+        if key in PROCESS.kernels.kept:  # coordinate descent may hand the same launcher again
             return False
-        _SERVICE.kept.add(key)
+        PROCESS.kernels.kept.add(key)
     found = False
     try:
         manager = KernelCacheManager(key)

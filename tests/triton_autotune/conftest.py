@@ -25,20 +25,19 @@ from triton_fakes import (
 )
 
 import tunecache
-from tunecache import inductor as tc_inductor
 from tunecache.inductor.state import REGISTRY
 
 
 @pytest.fixture
 def enabled(tmp_path, monkeypatch):
     """tunecache enabled on a fresh SQLite file; yields the TuneCache."""
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
-    assert tc_inductor.enable(cache)
-    tc_inductor.triton_stats.reset()
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tunecache.enable(cache)
+    tunecache.reset_stats()
     try:
         yield cache
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
 
 
@@ -65,13 +64,13 @@ def coordesc(tmp_path, monkeypatch):
     monkeypatch.setattr(th.CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
     monkeypatch.setattr(ac, "Config", TritonConfig)  # triton.Config; no triton on the CPU
     db = str(tmp_path / "tune.db")
-    cache = tunecache.open(db, triton_configs=True)
-    peer = tunecache.open(db, triton_configs=True)  # another rank: its own claim owner
-    assert tc_inductor.enable(cache)
+    cache = tunecache.open(db)
+    peer = tunecache.open(db)  # another rank: its own claim owner
+    assert tunecache.enable(cache)
     # In place at enable(), not at the first kernel load in this process: with parallel
     # compile that can come after the forward graph's first run.
     assert th.CachingAutotuner.coordinate_descent_tuning is not inductors_own
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
 
     def kernel(index: int = 0, body: str = "tmp0 + tmp1"):
         """A kernel as loaded on GPU ``index``: (kernel, its first launcher, shared key)."""
@@ -87,7 +86,7 @@ def coordesc(tmp_path, monkeypatch):
         yield SimpleNamespace(cache=cache, peer=peer, tuned=tuned, kernel=kernel, fail=fail,
                               benchmarked=benchmarked)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
         peer.close()
     assert th.CachingAutotuner.coordinate_descent_tuning is inductors_own
@@ -121,10 +120,10 @@ def fusion(tmp_path, monkeypatch):
 
     monkeypatch.setattr(TritonScheduling, "benchmark_codegened_module", inductors_own)
     db = str(tmp_path / "tune.db")
-    cache = tunecache.open(db, triton_configs=True)
-    peer = tunecache.open(db, triton_configs=True)
-    assert tc_inductor.enable(cache)
-    tc_inductor.triton_stats.reset()
+    cache = tunecache.open(db)
+    peer = tunecache.open(db)
+    assert tunecache.enable(cache)
+    tunecache.reset_stats()
 
     def benchmark(index: int, size: int = 1024) -> Any:
         """Rank ``index`` times the module Inductor wrote for one fusion candidate."""
@@ -136,7 +135,7 @@ def fusion(tmp_path, monkeypatch):
         yield SimpleNamespace(benchmark=benchmark, measured=measured, completed=completed,
                               timing=timing, peer=peer, cache=cache)
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
         peer.close()
     assert TritonScheduling.benchmark_codegened_module is inductors_own

@@ -47,8 +47,8 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
         return timing_by_size(mod.__file__, best=128) + index / 1000, mod.__file__
 
     TritonScheduling.benchmark_codegened_module = inductors_own
-    cache = tunecache.open(db, triton_configs=True)
-    tc_inductor.enable(cache)
+    cache = tunecache.open(db)
+    tunecache.enable(cache)
     procs.file_barrier(Path(tmp), index, 2)
 
     def benchmark(rank: int, size: int) -> Any:
@@ -57,8 +57,8 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
         return TritonScheduling.benchmark_codegened_module(object(), mod, 8)
 
     best = split_size_search(benchmark, index)
-    stats = tc_inductor.triton_stats.as_dict()
-    tc_inductor.disable()
+    stats = tunecache.stats().triton.as_dict()
+    tunecache.disable()
     print(json.dumps({"best": best, "measured": measured,
                       "left_to_peer": stats["fusion_left_to_peer"],
                       "ahead": stats["split_values_ahead"],
@@ -66,18 +66,18 @@ def _split_size_rank(db: str, tmp: str, index: int) -> None:
 
 
 def _rank_main(role: str, db: str, tmp: str, index: int) -> None:
-    cache = tunecache.open(db, triton_configs=True)
-    tc_inductor.enable(cache)
+    cache = tunecache.open(db)
+    tunecache.enable(cache)
     cfgs, autotune_cache, info = load(kernel_file(Path(tmp), index), meta())
     if role == "tune":
         assert len(cfgs) == 3
         cfgs = [cfgs[1]]  # "benchmarked": the second config won
         autotune_cache.save(cfgs[0], 5_000_000)
-    tc_inductor.disable()
+    tunecache.disable()
     best = cfgs[0]
     print(json.dumps({"state": info["autotune_cache_state"],
                       "best": [best.kwargs, best.num_warps, best.num_stages],
-                      "stats": tc_inductor.triton_stats.as_dict()}))
+                      "stats": tunecache.stats().triton.as_dict()}))
 
 
 def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: float,
@@ -113,8 +113,8 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
     th.CachingAutotuner.benchmark_all_configs = benchmark_all_configs
     ac.Config = TritonConfig
     tc_inductor.TRITON_LEASE_SECONDS = lease
-    cache = tunecache.open(db, triton_configs=True)
-    tc_inductor.enable(cache)
+    cache = tunecache.open(db)
+    tunecache.enable(cache)
     loaded = []
     for i in range(kernels):
         m = meta(coordesc=True)
@@ -137,8 +137,8 @@ def _coordesc_rank(db: str, tmp: str, index: int, kernels: int, tune_seconds: fl
                 th.CachingAutotuner.autotune_to_one_config(k)
             k.launchers = [th.CachingAutotuner.coordinate_descent_tuning(k, k.launchers[0])]
         time.sleep(0.02)  # the rest of a training step: pacing, not a wait for anything
-    stats = tc_inductor.triton_stats.as_dict()
-    tc_inductor.disable()
+    stats = tunecache.stats().triton.as_dict()
+    tunecache.disable()
     print(json.dumps({
         "tuned": tuned,
         "benchmarked": benchmarked,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tunecache import inductor as tc_inductor
+import tunecache
 from tunecache.inductor.triton import TritonCache
 from tunecache.inductor.triton.signals import NoLongerWanted
 
@@ -22,7 +22,7 @@ def _raising(error: BaseException) -> Any:
 
 @pytest.fixture
 def state() -> TritonCache:
-    tc_inductor.triton_stats.reset()
+    tunecache.reset_stats()
     return TritonCache(_raising(RuntimeError("no database")))
 
 
@@ -40,7 +40,7 @@ def test_a_failing_read_is_a_miss_warned_of_once(state, caplog, monkeypatch):
     assert "reading a Triton kernel's best config failed (RuntimeError: database gone)" \
         in warnings[0]
     assert any("failed again" in line for line in _lines(caplog, logging.DEBUG))
-    assert tc_inductor.triton_stats.as_dict()["errors"] == 2
+    assert tunecache.stats().triton.as_dict()["errors"] == 2
 
 
 def test_failing_publishes_and_releases_never_raise(state, caplog, monkeypatch):
@@ -63,7 +63,7 @@ def test_a_base_exception_goes_through(state, caplog, monkeypatch, error):
             pytest.raises(type(error)):
         state.get("inductor key", "key text")
     assert not _lines(caplog, logging.WARNING)
-    assert tc_inductor.triton_stats.as_dict()["errors"] == 0
+    assert tunecache.stats().triton.as_dict()["errors"] == 0
 
 
 def test_the_attempt_records_its_failure(state):

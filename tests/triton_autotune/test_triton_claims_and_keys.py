@@ -96,8 +96,8 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
               (TritonScheduling, "benchmark_codegened_module"),
               (Scheduler, "compile_kernel"), (AsyncCompile, "triton")]
     own = [owner.__dict__[name] for owner, name in hooked]
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
-    assert tc_inductor.enable(cache)
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tunecache.enable(cache)
     try:
         assert all(owner.__dict__[name] is not orig
                    for (owner, name), orig in zip(hooked, own))
@@ -109,7 +109,7 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
         assert type(rc.create_cache("x", False, "FbRemoteAutotuneCache",
                                     "RemoteAutotuneCache")) is rc.RemoteAutotuneCache
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
     after = (rc.RemoteAutotuneCache, inductor_config.autotune_remote_cache,
              inductor_config.compile_threads, ac.AutotuneCache.__dict__["create"])
@@ -119,11 +119,11 @@ def test_enable_plugs_in_and_disable_restores(tmp_path):
 
 def test_count_only_leaves_triton_alone():
     before = rc.RemoteAutotuneCache
-    assert tc_inductor.enable(count_only=True)
+    assert tunecache.enable(count_only=True)
     try:
         assert rc.RemoteAutotuneCache is before
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
 
 
 def test_key_ignores_the_device_index_only(enabled, tmp_path):

@@ -32,7 +32,6 @@ from triton_fakes import (  # noqa: E402
 )
 
 import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
 from tunecache.inductor.triton import coordesc as tc_coordesc  # noqa: E402
 from tunecache.store.claims import Claim  # noqa: E402
@@ -51,7 +50,7 @@ def test_worker_hit_skips_coordinate_descent_in_the_compiling_process(coordesc):
     unpickled = FakeLauncher(FakeConfig(16, XBLOCK=1024))  # the stored config, no mark
     assert first_run(k, unpickled) is unpickled
     assert unpickled.config.found_by_coordesc is True
-    assert tc_inductor.triton_stats.coordesc_restored == 1
+    assert tunecache.stats().triton.coordesc_restored == 1
     assert coordesc.tuned == [launcher] and k.compiled == []
 
 
@@ -62,7 +61,7 @@ def test_a_kernel_a_peer_tuned_first_adopts_its_config_without_tuning(coordesc):
     adopted = first_run(k, launcher)
     assert (adopted.config.kwargs, adopted.config.num_warps) == ({"XBLOCK": 256}, 8)
     assert adopted.config.found_by_coordesc is True and k.compiled == [adopted.config]
-    assert coordesc.tuned == [] and tc_inductor.triton_stats.adopted == 1
+    assert coordesc.tuned == [] and tunecache.stats().triton.adopted == 1
 
 
 def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
@@ -86,7 +85,7 @@ def test_a_kernel_a_peer_is_tuning_runs_untuned_until_the_peers_result_is_in(
     adopted = first_run(k, launcher)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
     assert k._cache_eligible is True and coordesc.tuned == []
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.deferred, stats.adopted, stats.peer_wait_seconds) == (1, 1, 0.0)
 
 
@@ -94,7 +93,7 @@ def test_disable_gives_a_deferred_kernel_its_launcher_fast_path_back(coordesc):
     k, launcher, key = coordesc.kernel(0)
     coordesc.peer.claim(key)
     assert first_run(k, launcher) is launcher and k._cache_eligible is False  # deferred
-    tc_inductor.disable()
+    tunecache.disable()
     assert k._cache_eligible is True and "_tunecache_deferred" not in vars(k)
 
 
@@ -104,8 +103,8 @@ def test_inside_a_fusion_benchmark_a_peers_kernel_is_waited_for(coordesc, monkey
     monkeypatch.setattr(REGISTRY.fusion_local, "benchmarking", True, raising=False)
     adopted = first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
-    assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
-    assert tc_inductor.triton_stats.peer_wait_seconds > 0
+    assert tunecache.stats().triton.deferred == 0 and coordesc.tuned == []
+    assert tunecache.stats().triton.peer_wait_seconds > 0
 
 
 def test_a_kernel_a_peer_is_tuning_is_not_benchmarked_here(coordesc):
@@ -115,7 +114,7 @@ def test_a_kernel_a_peer_is_tuning_is_not_benchmarked_here(coordesc):
     assert launcher.config.kwargs == configs()[0].kwargs and coordesc.benchmarked == []
     assert first_run(k, launcher) is launcher  # deferred: runs it until the peer's is in
     publish_as_peer(coordesc.peer, claim, k, FakeConfig(8, XBLOCK=256))
-    assert tc_inductor.triton_stats.configs_benchmark_skipped == 1
+    assert tunecache.stats().triton.configs_benchmark_skipped == 1
 
 
 @pytest.mark.parametrize("run", [one_config, lambda k: first_run(k, FakeLauncher(configs()[0]))],
@@ -148,7 +147,7 @@ def test_a_free_kernel_is_benchmarked_before_coordinate_descent(coordesc):
     assert launcher.config.kwargs == configs()[-1].kwargs  # the fake benchmark's winner
     assert coordesc.benchmarked == [k]
     assert first_run(k, launcher).config.kwargs == TUNED.kwargs
-    assert tc_inductor.triton_stats.configs_benchmark_skipped == 0
+    assert tunecache.stats().triton.configs_benchmark_skipped == 0
 
 
 def test_a_free_kernel_is_claimed_before_its_configs_are_benchmarked(coordesc):
@@ -158,7 +157,7 @@ def test_a_free_kernel_is_claimed_before_its_configs_are_benchmarked(coordesc):
     launcher = one_config(k)
     assert coordesc.peer.claim(key, wait=0.0) is None  # held: the peer would skip it
     assert first_run(k, launcher).config.kwargs == TUNED.kwargs  # under that claim
-    assert coordesc.tuned == [launcher] and tc_inductor.triton_stats.published == 1
+    assert coordesc.tuned == [launcher] and tunecache.stats().triton.published == 1
 
 
 def test_a_claim_taken_for_a_configs_benchmark_is_given_back_if_no_tuning_follows(
@@ -183,7 +182,7 @@ def test_under_cuda_graph_trees_a_peers_kernel_is_waited_for_not_deferred(
     monkeypatch.setattr(tc_coordesc, "_cuda_graph_trees_in_use", lambda kernel: True)
     adopted = first_run_while_the_peer_tunes(coordesc)
     assert adopted.config.kwargs == {"XBLOCK": 256} and adopted.config.found_by_coordesc
-    assert tc_inductor.triton_stats.deferred == 0 and coordesc.tuned == []
+    assert tunecache.stats().triton.deferred == 0 and coordesc.tuned == []
 
 
 def test_a_deferred_kernel_recorded_in_a_cuda_graph_keeps_its_first_config(
@@ -195,7 +194,7 @@ def test_a_deferred_kernel_recorded_in_a_cuda_graph_keeps_its_first_config(
     monkeypatch.setattr(tc_coordesc, "_capturing", lambda: True)
     assert first_run(k, launcher) is launcher  # no compile while capturing
     assert launcher.config.found_by_coordesc is True and k.compiled == []
-    assert k._cache_eligible is True and tc_inductor.triton_stats.kept_untuned == 1
+    assert k._cache_eligible is True and tunecache.stats().triton.kept_untuned == 1
 
 
 def test_a_free_kernel_is_claimed_tuned_and_published_for_the_peers(coordesc):
@@ -205,7 +204,7 @@ def test_a_free_kernel_is_claimed_tuned_and_published_for_the_peers(coordesc):
     stored = coordesc.peer.lookup(key)
     assert stored is not None and json.loads(stored.best)["XBLOCK"] == 1024
     assert json.loads(stored.best)["found_by_coordesc"] is True
-    assert tc_inductor.triton_stats.published == 1
+    assert tunecache.stats().triton.published == 1
 
 
 def test_a_failed_tuning_gives_the_key_back_at_once(coordesc):
@@ -223,7 +222,7 @@ def test_a_peer_that_never_publishes_is_taken_over_after_its_lease(coordesc, mon
     claim = coordesc.peer.claim(key, lease_seconds=2.0)
     launcher = first_run(k, launcher)
     assert not getattr(launcher.config, "found_by_coordesc", False)  # the lease is live
-    assert coordesc.tuned == [] and tc_inductor.triton_stats.deferred == 1
+    assert coordesc.tuned == [] and tunecache.stats().triton.deferred == 1
     row = lambda: coordesc.peer.store.read([claim.key_hash])[claim.key_hash]  # noqa: E731
     procs.wait_until(lambda: row().lease_expired, "the peer's lease passing")
     launcher = first_run(k, launcher)  # the next run takes the key over and tunes it
@@ -241,8 +240,8 @@ def test_a_hit_keeps_its_stored_reduction_config(tmp_path, monkeypatch):
         expanded.append(self)
 
     monkeypatch.setattr(th.CachingAutotuner, "_dynamic_scale_rblock", inductors_own_2_11)
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=True)
-    assert tc_inductor.enable(cache)
+    cache = tunecache.open(str(tmp_path / "tune.db"))
+    assert tunecache.enable(cache)
     try:
         hit = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "hit"})
         miss = SimpleNamespace(autotune_cache_info={"autotune_cache_state": "miss"})
@@ -250,6 +249,6 @@ def test_a_hit_keeps_its_stored_reduction_config(tmp_path, monkeypatch):
         th.CachingAutotuner._dynamic_scale_rblock(miss)
         assert expanded == [miss]
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
         cache.close()
     assert th.CachingAutotuner._dynamic_scale_rblock is inductors_own_2_11

@@ -20,6 +20,7 @@ from autotune_helpers import (  # noqa: E402
     stored,
 )
 
+import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.store.claims import Claim  # noqa: E402
 
@@ -31,7 +32,7 @@ def test_a_fusion_benchmark_is_measured_once_and_read_by_every_later_rank(fusion
     assert fusion.benchmark(1)[0] == 0.25  # another GPU: the stored timing, not run
     assert len(fusion.measured) == 1
     assert fusion.benchmark(0, size=2048)[0] == 9.0  # another module is measured
-    stats = tc_inductor.triton_stats.as_dict()
+    stats = tunecache.stats().triton.as_dict()
     assert (stats["fusion_hits"], stats["fusion_measured"]) == (1, 2)
     kinds = {r["kind"] for r in stored(fusion.cache)}
     assert kinds == {"fusion_benchmark"}
@@ -45,7 +46,7 @@ def test_a_fusion_benchmark_a_peer_is_running_is_waited_for_not_run(fusion):
     ms, _ = fusion.benchmark(0)
     peer.join(60)
     assert ms == 0.125 and fusion.measured == []  # the peer's timing decides, here too
-    assert tc_inductor.triton_stats.peer_wait_seconds > 0
+    assert tunecache.stats().triton.peer_wait_seconds > 0
 
 
 def test_a_fusion_benchmark_that_raises_gives_its_key_back_at_once(fusion):

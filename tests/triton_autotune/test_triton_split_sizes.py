@@ -23,7 +23,8 @@ from autotune_helpers import (  # noqa: E402
     when_measuring,
 )
 
-from tunecache import inductor as tc_inductor  # noqa: E402
+import tunecache  # noqa: E402
+from tunecache.inductor.state import REGISTRY  # noqa: E402
 from tunecache.store.claims import Claim  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def test_the_split_size_search_leaves_a_value_a_peer_is_measuring_to_the_peer(fu
     best = split_size_search(fusion.benchmark, 0)
     # First round 8, 16, 32: 16 left to the peer; then 32's neighbour 64.
     assert sizes(fusion.measured) == [8, 32, 64] and best == 32
-    assert tc_inductor.triton_stats.fusion_left_to_peer == 1
+    assert tunecache.stats().triton.fusion_left_to_peer == 1
 
 
 @pytest.mark.parametrize("peers_ms, best", [(2.0, 32), (0.5, 64)])
@@ -50,7 +51,7 @@ def test_while_a_peer_measures_a_split_size_the_next_one_is_measured_here(
         128, lambda: fusion.peer.publish(claim, {"ms": peers_ms}))
     assert split_size_search(fusion.benchmark, 0) == best
     assert sizes(fusion.completed) == [8, 16, 32, 128]  # 128 once, asked for or not
-    assert tc_inductor.triton_stats.split_values_ahead == 1
+    assert tunecache.stats().triton.split_values_ahead == 1
 
 
 def test_a_split_size_measured_ahead_stops_once_the_search_will_not_ask_for_it(fusion):
@@ -64,7 +65,7 @@ def test_a_split_size_measured_ahead_stops_once_the_search_will_not_ask_for_it(f
     assert split_size_search(fusion.benchmark, 0) == 32
     assert sizes(fusion.measured) == [8, 16, 32, 128]
     assert sizes(fusion.completed) == [8, 16, 32]  # 128 was stopped
-    stats = tc_inductor.triton_stats
+    stats = REGISTRY.triton_stats
     assert (stats.split_values_ahead, stats.split_values_stopped) == (0, 1)
     # Nothing stored for 128 (no inf from the stop), and its claim was given back, not
     # counted as a failed attempt.
@@ -92,4 +93,4 @@ def test_a_value_left_to_the_peer_is_not_taken_from_a_search_that_swallows_error
     best = CoordescTuner.autotune_single_field(swallowing, 16, 8)
     assert best == 16  # an inf for 16 would have moved the search to 8, then 32
     assert len(fusion.measured) == 2  # 8 and 32: 16 is the peer's
-    assert tc_inductor.triton_stats.fusion_left_to_peer == 1
+    assert tunecache.stats().triton.fusion_left_to_peer == 1

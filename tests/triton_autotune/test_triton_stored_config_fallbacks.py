@@ -75,7 +75,7 @@ def test_a_stored_config_the_kernel_could_not_have_is_refused_with_one_warning(
             assert [c.kwargs for c in cfgs] == [c.kwargs for c in own_configs()]
     (warning,) = warning_lines(caplog)  # one per reason in a process, not one per kernel
     assert reason in warning and "refused" in warning, warning
-    assert tc_inductor.triton_stats.invalid == 3 and tc_inductor.triton_stats.hits == 0
+    assert tunecache.stats().triton.invalid == 3 and tunecache.stats().triton.hits == 0
     # Left alone in the database, as any entry that fails validation.
     assert [r["state"] for r in stored(enabled)] == ["done"] * 3
 
@@ -131,7 +131,7 @@ def test_a_stored_config_that_fails_to_compile_falls_back_to_inductors_tuning(
                 ({"XBLOCK": 64}, 2)]
     (warning,) = warning_lines(caplog)
     assert "compil" in warning and "FakeCompilationError" in warning, warning
-    assert tc_inductor.triton_stats.stored_config_failed == 2
+    assert tunecache.stats().triton.stored_config_failed == 2
     assert [r["state"] for r in stored(broken.cache)] == ["done", "done"]
 
 
@@ -149,7 +149,7 @@ def test_a_stored_config_that_fails_to_launch_falls_back_to_inductors_tuning(
             assert k.launchers[0].config.kwargs == {"XBLOCK": 64}
     (warning,) = warning_lines(caplog)
     assert "launch" in warning and "invalid argument" in warning, warning
-    assert tc_inductor.triton_stats.stored_config_failed == 2
+    assert tunecache.stats().triton.stored_config_failed == 2
 
 
 def test_a_stored_config_that_launches_is_launched_directly_after_its_first_run(
@@ -192,10 +192,10 @@ def test_a_stored_config_that_fails_to_compile_in_a_compile_worker_falls_back_th
 
     db = str(tmp_path / "tune.db")
     monkeypatch.setenv("TUNECACHE_DB", db)
-    monkeypatch.setenv("TUNECACHE_TRITON_CONFIGS", "1")
+    monkeypatch.setenv("TUNECACHE_SHARE", "+triton")
     monkeypatch.delenv("TUNECACHE_MODE", raising=False)
     monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
-    assert tc_inductor.enable()
+    assert tunecache.enable()
     pool = SubprocPool(1)
     try:
         with tunecache.open(db) as peer:
@@ -206,7 +206,7 @@ def test_a_stored_config_that_fails_to_compile_in_a_compile_worker_falls_back_th
         assert [kw["XBLOCK"] for kw, _ in done["compiled"]] == [128, 512, 64]
     finally:
         pool.shutdown()
-        tc_inductor.disable()
+        tunecache.disable()
 
 
 def test_an_adopted_config_that_fails_to_launch_is_tuned_here(coordesc, caplog):

@@ -43,7 +43,7 @@ def test_miss_is_tuned_here_and_its_save_publishes_for_the_next_load(enabled, tm
     cfgs, _, info = load(kernel_file(tmp_path, 3), meta())  # another GPU index
     assert info["autotune_cache_state"] == "hit"
     assert (cfgs[0].kwargs, cfgs[0].num_warps) == ({"XBLOCK": 512}, 8)
-    s = tc_inductor.triton_stats.as_dict()
+    s = tunecache.stats().triton.as_dict()
     assert (s["lookups"], s["misses"], s["hits"], s["puts"], s["published"]) == (2, 1, 1, 1, 1)
 
 
@@ -60,7 +60,7 @@ def test_coordinate_descent_result_replaces_the_first_save(enabled, tmp_path):
     (name,) = json.loads(row["timings_json"])
     best = json.loads(name)
     assert (best["XBLOCK"], best["num_warps"], best["found_by_coordesc"]) == (1024, 16, True)
-    assert tc_inductor.triton_stats.published == 1
+    assert tunecache.stats().triton.published == 1
 
 
 def test_held_first_save_is_published_when_the_thread_moves_on(enabled, tmp_path):
@@ -92,7 +92,7 @@ def test_hostile_entry_is_ignored(enabled, tmp_path):
 
     cfgs, _, state = load(kernel_file(tmp_path, 1), meta())
     assert state["autotune_cache_state"] == "miss" and len(cfgs) == 3
-    s = tc_inductor.triton_stats.as_dict()
+    s = tunecache.stats().triton.as_dict()
     assert s["invalid"] == 1 and s["hits"] == 0
 
 
@@ -125,7 +125,7 @@ def test_loads_never_wait_for_a_peers_claim_and_the_first_publish_wins(enabled, 
         assert time.monotonic() - t0 < 30  # no wait for the peer (its lease is 600 s)
         assert info["autotune_cache_state"] == "miss"
         cache.save(cfgs[0], 1_000_000)  # our own tuning: not stored over the peer's claim
-        assert tc_inductor.triton_stats.unpublished == 1
+        assert tunecache.stats().triton.unpublished == 1
         assert [r["state"] for r in stored(enabled)] == ["claimed"]
         peer_best = {"num_warps": 8, "num_stages": 1, "configs_hash": created.configs_hash,
                      "XBLOCK": 512}
@@ -150,13 +150,13 @@ def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
     with tunecache.open(db) as made:  # the compiling process's first GEMM lookup made it
         assert made.lookup({"kind": "gemm", "op": "none"}) is None
     monkeypatch.setenv("TUNECACHE_DB", db)
-    monkeypatch.setenv("TUNECACHE_TRITON_CONFIGS", "1")
+    monkeypatch.setenv("TUNECACHE_SHARE", "+triton")
     monkeypatch.delenv("TUNECACHE_MODE", raising=False)
     monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
     threads = inductor_config.compile_threads
     assert threads > 1
-    assert tc_inductor.enable()  # from the environment, as the entry point does
-    tc_inductor.triton_stats.reset()
+    assert tunecache.enable()  # from the environment, as the entry point does
+    tunecache.reset_stats()
     pool = SubprocPool(1)
     try:
         assert inductor_config.compile_threads == threads
@@ -167,12 +167,12 @@ def test_compile_workers_read_the_shared_cache_and_the_kernel_carries_it_back(
         # The AutotuneCache built in the worker came back pickled; the kernel's first
         # run saves through it here, in the compiling process.
         first["autotune_cache"].save(first["configs"][1], 7_000_000)
-        assert tc_inductor.triton_stats.published == 1
+        assert tunecache.stats().triton.published == 1
         again = pool.submit(triton_fakes.load_kernel, kernel_file(tmp_path, 1), meta())
         again = again.result(timeout=120)
         assert again["state"] == "hit"
         assert [(c.kwargs, c.num_warps) for c in again["configs"]] == [({"XBLOCK": 512}, 8)]
     finally:
         pool.shutdown()
-        tc_inductor.disable()
+        tunecache.disable()
     assert inductor_config.compile_threads == threads

@@ -30,7 +30,6 @@ from autotune_helpers import (  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import inductor as tc_inductor  # noqa: E402
 
 
 def test_two_processes_share_one_best_config(tmp_path):
@@ -45,24 +44,24 @@ def test_two_processes_share_one_best_config(tmp_path):
 
 def test_triton_sharing_is_off_when_opted_out(tmp_path):
     threads, remote = inductor_config.compile_threads, inductor_config.autotune_remote_cache
-    cache = tunecache.open(str(tmp_path / "tune.db"), triton_configs=False)
-    assert tc_inductor.enable(cache)
+    cache = tunecache.open(str(tmp_path / "tune.db"), share="-triton")
+    assert tunecache.enable(cache)
     try:
         assert inductor_config.compile_threads == threads
         assert inductor_config.autotune_remote_cache == remote
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
 
 
 def test_triton_sharing_is_on_by_default(tmp_path):
     remote = inductor_config.autotune_remote_cache
     cache = tunecache.open(str(tmp_path / "tune.db"))
     assert cache.settings.triton_configs
-    assert tc_inductor.enable(cache)
+    assert tunecache.enable(cache)
     try:
         assert inductor_config.autotune_remote_cache is True
     finally:
-        tc_inductor.disable()
+        tunecache.disable()
     assert inductor_config.autotune_remote_cache == remote
 
 

@@ -18,6 +18,7 @@ from .options import Invocation, LibraryChoice, common, opened
 if TYPE_CHECKING:
     from ..warm import ExhaustiveReport, ExhaustiveTask, WarmReport, WarmTask
     from ..warm.choose import SkippedKey
+    from ..warm.user_kernel_run import UserKernelWarmReport
 
 __all__ = ["warm"]
 
@@ -109,10 +110,6 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
 def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str, ...],
                        from_torch: tuple[str, ...], from_device: tuple[str, ...],
                        limit: int | None, dry_run: bool) -> None:
-    import time
-
-    from ..user_kernels import autotuner as uk_autotuner
-    from ..user_kernels import stats
     from ..user_kernels import warm as uk_warm
 
     with opened(inv, read_only=dry_run) as db:
@@ -124,38 +121,15 @@ def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str,
                 "tasks": [t.as_dict() for t in tasks], "skipped": skipped}
         inv.emit(data, functools.partial(_human_dry_user_kernels, tasks, skipped))
         return
-    from ..warm.run import _my_order, _rank
+    from ..warm.user_kernel_run import warm_user_kernels
 
-    start = time.monotonic()
-    done: list[dict[str, Any]] = []
-    rank, world, local_rank = _rank()
-    uk_autotuner.uninstall()  # whatever the environment installed: warm's settings rule
-    uk_autotuner.install(uk_warm.settings_for_warm(inv.settings))
-    try:
-        device = uk_warm.device_for_rank(local_rank)
-        with fmt.progress("warming user kernels", not inv.as_json) as (total, step):
-            total(len(tasks))
-            # Under torchrun each rank starts at its share of the list: the ranks claim
-            # disjoint keys first.
-            for task in _my_order(tasks, rank, world):
-                try:
-                    outcome = uk_warm.warm_user_kernel(task, packages, stats, device)
-                    done.append({**task.as_dict(), "outcome": outcome})
-                except Exception as e:  # noqa: BLE001 - one kernel's failure is reported
-                    done.append({**task.as_dict(), "outcome": "error",
-                                 "error": f"{type(e).__name__}: {e}"[:500]})
-                step(1, task.kernel)
-    finally:
-        uk_autotuner.uninstall()
-    report = {"database": database, "user_kernels": len(tasks), "rank": rank,
-              "world_size": world, "seconds": round(time.monotonic() - start, 3),
-              "tuned": sum(t["outcome"] == "tuned" for t in done),
-              "hit": sum(t["outcome"] == "hits" for t in done),
-              "peer": sum(t["outcome"] == "peer" for t in done),
-              "error": sum(t["outcome"] == "error" for t in done),
-              "tasks": done, "skipped": skipped}
+    with fmt.progress("warming user kernels", not inv.as_json) as (total, step):
+        total(len(tasks))
+        report = dataclasses.replace(
+            warm_user_kernels(inv.settings, database, tasks, packages, progress=step),
+            skipped=tuple(skipped))
     inv.emit(report, functools.partial(_human_user_kernels, report))
-    if report["error"]:
+    if report.error:
         ctx.exit(1)
 
 
@@ -168,16 +142,16 @@ def _human_dry_user_kernels(tasks: Sequence[Any], skipped: Sequence[Mapping[str,
     _echo_skipped(skipped)
 
 
-def _human_user_kernels(report: Mapping[str, Any]) -> None:
-    click.echo(f"warmed {report['user_kernels']} user-kernel keys in "
-               f"{fmt.dur(report['seconds'])}: {report['tuned']} tuned here, "
-               f"{report['hit']} already cached, {report['peer']} tuned by peers, "
-               f"{report['error']} failed; {len(report['skipped'])} recorded keys skipped")
-    for t in report["tasks"]:
+def _human_user_kernels(report: UserKernelWarmReport) -> None:
+    click.echo(f"warmed {report.user_kernels} user-kernel keys in "
+               f"{fmt.dur(report.seconds)}: {report.tuned} tuned here, "
+               f"{report.hit} already cached, {report.peer} tuned by peers, "
+               f"{report.error} failed; {len(report.skipped)} recorded keys skipped")
+    for t in report.tasks:
         if t["outcome"] == "error":
             click.echo(f"failed: {fmt.safe(t['kernel'])} {fmt.safe(str(t['tuning_key']))}: "
                        f"{fmt.safe(t['error'])}", err=True)
-    _echo_skipped(report["skipped"])
+    _echo_skipped(report.skipped)
 
 
 def _human_dry(tasks: Sequence[WarmTask], skipped: Sequence[SkippedKey]) -> None:

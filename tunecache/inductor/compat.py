@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .state import REGISTRY
+from ..process import PROCESS
 
 __all__ = ["SUPPORTED_TORCH", "LOOKUP_PARAMS", "PRECOMPILE_PARAMS", "InductorChanged",
            "unsupported", "param_names", "require", "warn_off", "explain_once"]
@@ -67,16 +67,10 @@ def require(*checks: tuple[str, bool]) -> None:
 
 
 def warn_off(off: str, why: BaseException | str, still: str = "") -> None:
-    """Warn, once per process, that ``off`` (what tunecache does not do, and Inductor does
-    as usual) because of ``why``, and what ``still`` works."""
-    reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
-    explain_once(logging.WARNING, "tunecache: %s (%s)%s", off, reason,
-                 f"; {still}" if still else "")
+    """:meth:`tunecache.process.Process.warn_off`."""
+    PROCESS.warn_off(off, why, still)
 
 
 def explain_once(level: int, message: str, *args: Any) -> None:
-    """Log a line on why a part is off, or how to turn it on, once per process."""
-    text = message % args
-    if text not in REGISTRY.explained:
-        REGISTRY.explained.add(text)
-        log.log(level, "%s", text)
+    """:meth:`tunecache.process.Process.explain_once`."""
+    PROCESS.explain_once(level, message, *args)

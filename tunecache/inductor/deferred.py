@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import keys as tc_keys
 from ..core.result import Tuned
+from ..process import PROCESS
 from .gemm import GemmHooks, device_type_of, gemm_key
 from .state import REGISTRY
 
@@ -122,7 +123,7 @@ def make_pre_fusion_pass(hooks: GemmHooks, prev: Any) -> Any:
         if prev is not None:
             nodes = prev(nodes)
         if REGISTRY.hooks is hooks:
-            REGISTRY.compiled = True
+            PROCESS.compiled = True
             try:
                 tune_deferred(hooks, nodes)
             except Exception as e:  # noqa: BLE001 - fusion then benchmarks lazily, per key

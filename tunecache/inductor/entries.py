@@ -73,7 +73,7 @@ class GemmEntries:
         self._tuning: dict[str, TuningSlot] = {}
 
     def transfer_on(self) -> bool:
-        return self._cache().settings.transfer
+        return self._cache().settings.shares("transfer")
 
     # -- stored entries
 
@@ -158,7 +158,7 @@ class GemmEntries:
             try:
                 cache = self._cache()
                 plan = plan_transfer(key.mapping, cache.neighbours(key),
-                                     decisive="gemm" in cache.settings.decisive)
+                                     decisive="gemm" in cache.settings.levers.decisive)
             except Exception as e:  # noqa: BLE001 - the key is tuned in full
                 with self._lock:
                     first, self._plan_warned = not self._plan_warned, True
@@ -223,7 +223,7 @@ class GemmEntries:
         measurement of here (:meth:`untimed`) while transfer is on. The transfer left them
         out on purpose; they are
         merged only once an exhaustive top-up of them exists (warm --exhaustive, or a job
-        with TUNECACHE_TRANSFER=0), never benchmarked. Read once per process: the memo
+        with transfer not shared), never benchmarked. Read once per process: the memo
         then answers, so every later lookup of the key in this compile sees the same
         timings."""
         missing = self.untimed(key, timings, candidates)

@@ -96,7 +96,7 @@ from .transfer import baseline_meta, gemm_family, measure_by_plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .. import TuneCache
-    from .opener import CacheOpener
+    from ..opener import CacheOpener
 
 __all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "gemm_key",
            "GemmHooks"]

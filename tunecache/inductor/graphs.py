@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 from .. import stored_json
 from ..core.graphs import GraphShare
 from ..errors import SigningKeyError
+from ..parts import Part
 from .compat import explain_once, require
-from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
     from ..patching import Ledger
     from ..settings import Settings
-    from .opener import CacheOpener
 
 __all__ = ["GRAPHS", "enable_graphs", "disable_graphs", "clear_autograd_remote_cache",
            "encode_entry", "decode_entry", "KIND_OF_CLASS"]
@@ -68,7 +68,7 @@ _HOW_TO = (
     "to share them, run `tunecache keygen DIR` once, then set "
     "TUNECACHE_SIGNING_KEY=DIR/tunecache-signing.key on jobs that publish graphs, or "
     "TUNECACHE_VERIFY_KEY=DIR/tunecache-verify.pub on jobs that only load them "
-    "(TUNECACHE_GRAPHS=0 silences this line)"
+    "(TUNECACHE_SHARE=-graphs silences this line)"
 )
 
 

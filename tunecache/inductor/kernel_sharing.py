@@ -34,14 +34,15 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import triton_cache
+from ..parts import Part
+from ..process import PROCESS
 from .compat import InductorChanged, explain_once, param_names
-from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
     from ..patching import Ledger
     from ..settings import Settings
-    from .opener import CacheOpener
 
 __all__ = ["KERNELS", "enable_kernels", "disable_kernels", "content_suffix", "MANAGER_VAR"]
 
@@ -85,8 +86,8 @@ def _install_content_names() -> None:
         local.suffix = None  # one name per kernel defined; anything else counts as before
         return suffix
 
-    REGISTRY.patches.patch(TritonScheduling, "define_kernel", define_kernel)
-    REGISTRY.patches.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
+    PROCESS.ledger.patch(TritonScheduling, "define_kernel", define_kernel)
+    PROCESS.ledger.patch(PythonWrapperCodegen, "next_kernel_suffix", next_kernel_suffix)
 
 
 def _install_publish_on_choice() -> None:
@@ -130,9 +131,9 @@ def _install_publish_on_choice() -> None:
         keep([chosen])
         return chosen
 
-    REGISTRY.patches.patch(CachingAutotuner, "precompile", precompile)
-    REGISTRY.patches.patch(CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
-    REGISTRY.patches.patch(CachingAutotuner, "coordinate_descent_tuning",
+    PROCESS.ledger.patch(CachingAutotuner, "precompile", precompile)
+    PROCESS.ledger.patch(CachingAutotuner, "autotune_to_one_config", autotune_to_one_config)
+    PROCESS.ledger.patch(CachingAutotuner, "coordinate_descent_tuning",
                            coordinate_descent_tuning)
 
 
@@ -180,7 +181,7 @@ def enable_kernels(ledger: Ledger, cache: CacheOpener, settings: Settings,
     _install_content_names()
     _install_publish_on_choice()
     _use_the_workers_ptxas()
-    triton_cache.serve(cache)
+    triton_cache.serve()
     return True
 
 

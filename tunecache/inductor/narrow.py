@@ -64,18 +64,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
+from ..parts import Part
 from .compat import InductorChanged, param_names, require
 from .gemm import candidate_id, gemm_key
 from .state import REGISTRY
 from .transfer import Plan, transfer_id
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
     from ..patching import Ledger
     from ..settings import Settings
     from .entries import GemmEntries
-    from .opener import CacheOpener
 
-__all__ = ["install_narrowing", "predicted_id", "decided_narrow"]
+__all__ = ["NARROWING", "install_narrowing", "predicted_id", "decided_narrow"]
 
 log = logging.getLogger("tunecache")
 
@@ -347,3 +348,11 @@ def install_narrowing(ledger: Ledger, cache: CacheOpener, settings: Settings,
     ledger.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
     ledger.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))
     return True
+
+
+def _stop_narrowing() -> bool:
+    return False  # narrowing holds nothing but its patches, which are the ledger's
+
+
+NARROWING = Part(install_narrowing, _stop_narrowing,
+                 "a stored GEMM still generates all its template choices")

@@ -1,6 +1,6 @@
 """Dynamo's shape profiles shared through the database: tunecache as Dynamo's remote PGO
 cache (profile-guided automatic dynamic shapes), loading only profiles whose signature
-verifies. On wherever a key is configured, as graphs are; ``TUNECACHE_PGO=0`` turns it
+verifies. On wherever a key is configured, as graphs are; ``TUNECACHE_SHARE=-profiles`` turns it
 off.
 
 How Dynamo reaches its remote PGO cache (``torch/_dynamo/pgo.py``, read in torch 2.13;
@@ -52,15 +52,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.pgo import ProfileShare
 from ..errors import SigningKeyError
+from ..parts import Part
 from .compat import explain_once, require
 from .graphs import decode_entry, encode_entry
-from .parts import Part
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
     from ..patching import Ledger
     from ..settings import Settings
-    from .opener import CacheOpener
 
 __all__ = ["PGO", "KIND", "CLASS_NAME", "stored_key", "enable_pgo", "disable_pgo"]
 

@@ -1,11 +1,12 @@
-"""The registry of installed Inductor hooks: the one piece of mutable state of the
-Inductor package, and what :func:`tunecache.inductor.disable` empties; and the protocols
-that describe the hook objects it holds (the modules that define them import this one).
+"""The Inductor parts' hook state: the registry the process's one owner
+(:data:`tunecache.process.PROCESS`, as ``PROCESS.inductor``) holds for this package, and
+the protocols that describe the hook objects it holds (the modules that define them
+import this one).
 
 Every hook module reads and writes the registry's attributes instead of module globals,
-so a reader finds everything that enable() changed in one object. Every attribute set on
-Inductor goes through its patch ledger (:attr:`Registry.patches`, tunecache/inductor/
-patches.py), so disable() and every failure half-way through enabling undo exactly what
+so a reader finds everything the Inductor parts keep in one object. Every attribute set on
+Inductor goes through the process's patch ledger (``PROCESS.ledger``, tunecache/
+patching.py), so disable() and every failure half-way through enabling undo exactly what
 was done (tests/test_inductor.py checks that every patched Inductor attribute is back).
 Module-level state elsewhere in the package is limited to memos of values that cannot
 change in a process (a torch signature, the host's CPU model, our stand-in classes,
@@ -19,7 +20,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..patching import Ledger
+from ..process import PROCESS
 from .stats import Stats, TritonStats
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -98,11 +99,6 @@ class Registry:
     def __init__(self) -> None:
         self.stats = Stats()
         self.triton_stats = TritonStats()
-        self.enable_lock = threading.Lock()
-        # Every attribute the hooks set on Inductor (classes, the selector, remote_cache's
-        # class names, config flags), with what it replaced: disable() undoes all of it,
-        # a failure half-way through enabling undoes it back to its mark.
-        self.patches = Ledger()
         # The GEMM selector hooks of the last enable() (tunecache.inductor.gemm); None
         # when disabled.
         self.hooks: InstalledGemmHooks | None = None
@@ -112,9 +108,9 @@ class Registry:
         # GEMM hooks take it over).
         self.triton: InstalledTritonCache | None = None
         self.triton_atexit = False  # the at-exit flush of held Triton results is registered
-        # Whether this enable has tried to install the runtime hooks on CachingAutotuner
-        # and CoordescTuner (once: see triton.install.rekey_create).
-        self.runtime_hooks_tried = False
+        # The runtime hooks on CachingAutotuner and CoordescTuner this enable has tried to
+        # install, each once (triton.install.ensure_runtime_hooks).
+        self.runtime_hooks: set[str] = set()
         self.runtime_hooks_lock = threading.Lock()  # kernels may load on several threads
         # Kernels whose coordinate descent waits for a peer's result with their launcher
         # fast path held off (triton.coordesc): disable() ends their wait.
@@ -133,9 +129,6 @@ class Registry:
         # its safety net found a mismatch (until the next enable()).
         self.gemm_local = threading.local()
         self.narrowing_off = False
-        # The lines on why a part is off, or how to turn it on, logged in this process
-        # (compat.explain_once: each once).
-        self.explained: set[str] = set()
         # Compiled-graph sharing (inductor.graphs): the service Inductor's remote FX graph
         # and AOTAutograd caches reach (None when off).
         self.graphs: GraphShare | None = None
@@ -147,13 +140,10 @@ class Registry:
         # are shared is tunecache.triton_cache's (Triton names its manager class, so that
         # module owns the state it serves kernels from).
         self.kernel_names_local = threading.local()
-        # Facts of the process, kept across disable(): Inductor lowered a graph through
-        # our hooks, and something (a GEMM, a Triton kernel, a compiled graph) asked for
-        # the database; a job activated from TUNECACHE_DB that compiled but never asked
-        # says so once at exit (switch.py), or the user sees nothing at all.
-        self.compiled = False
-        self.database_used = False
-        self.nothing_shared_atexit = False
 
 
-REGISTRY = Registry()
+if PROCESS.inductor is None:
+    PROCESS.inductor = Registry()
+# The registry, by the name every module of the package reads it by (the one object the
+# process owner holds).
+REGISTRY: Registry = PROCESS.inductor

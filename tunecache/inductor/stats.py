@@ -1,8 +1,8 @@
 """Counters of what the Inductor hooks did in this process: :class:`Stats` for GEMM
 autotuning, :class:`TritonStats` for Triton kernels and fusion benchmarks.
 
-The one instance of each is owned by the hook registry (:mod:`tunecache.inductor.state`)
-and re-exported as ``tunecache.inductor.stats`` and ``tunecache.inductor.triton_stats``.
+The one instance of each is owned by the hook registry (:mod:`tunecache.inductor.state`);
+``tunecache.stats()`` returns copies of them beside the other parts' counters.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 __all__ = ["Counters", "Stats", "TritonStats"]
+
+_C = TypeVar("_C", bound="Counters")
 
 
 class Counters:
@@ -28,6 +30,15 @@ class Counters:
             for f in dataclasses.fields(self):
                 if f.name != "_lock":
                     setattr(self, f.name, getattr(fresh, f.name))
+
+    def snapshot(self: _C) -> _C:
+        """A copy of the counters as they are now."""
+        copied = type(self)()
+        with self._lock:
+            for f in dataclasses.fields(self):
+                if f.name != "_lock":
+                    setattr(copied, f.name, copy.deepcopy(getattr(self, f.name)))
+        return copied
 
     def as_dict(self) -> dict[str, Any]:
         """A copy: the lists and dicts in it are the caller's."""

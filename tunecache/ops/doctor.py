@@ -150,14 +150,15 @@ class _Doctor:
         from ..core.graphs import GraphShare
 
         plan = self.settings.graph_sharing()
-        kernels = "on" if self.settings.kernels else "off (TUNECACHE_KERNELS=0)"
+        kernels = "on" if self.settings.shares("kernels") \
+            else "off (TUNECACHE_SHARE without kernels)"
         if plan.state == "invalid":
             self.add("graphs", "fail", f"graph and kernel sharing off: {plan.problem}",
-                     "set TUNECACHE_GRAPHS / TUNECACHE_KERNELS to 1 or 0")
+                     "fix TUNECACHE_SIGNING_KEY / TUNECACHE_VERIFY_KEY")
             return
         if plan.state == "off":
-            self.add("graphs", "ok", "graph and kernel sharing off (TUNECACHE_GRAPHS=0 or "
-                     "TUNECACHE_MODE=off)")
+            self.add("graphs", "ok", "graph and kernel sharing off (TUNECACHE_SHARE without "
+                     "graphs, or TUNECACHE_MODE=off)")
             return
         if plan.state == "unconfigured":
             self.add("graphs", "ok", "graph and kernel sharing off: no key set (tuning is "
@@ -174,12 +175,12 @@ class _Doctor:
                  f"kernels {kernels}")
 
     def pgo(self) -> None:
-        """Dynamo's shape profiles: TUNECACHE_PGO, with the graphs' keys (checked above)."""
+        """Dynamo's shape profiles (``profiles`` in TUNECACHE_SHARE), with the graphs'
+        keys (checked above)."""
         plan = self.settings.pgo_sharing()
         if plan.state == "invalid":
             self.add("pgo", "fail", f"shape profiles off: {plan.problem}",
-                     "set TUNECACHE_PGO to 1 or 0" if not self.settings.pgo
-                     else "fix the key settings (the graphs check)")
+                     "fix the key settings (the graphs check)")
         elif plan.state in ("publish", "verify"):
             what = "publish and load" if plan.state == "publish" else "load (publish none)"
             self.add("pgo", "ok", f"{what} Dynamo's shape profiles, with the graphs' key; "
@@ -187,7 +188,8 @@ class _Doctor:
         elif plan.state == "unconfigured":
             self.add("pgo", "ok", "shape profiles not shared: no key set (the graphs check)")
         else:
-            self.add("pgo", "ok", "shape profiles not shared (TUNECACHE_PGO=0)")
+            self.add("pgo", "ok", "shape profiles not shared (TUNECACHE_SHARE without "
+                     "profiles)")
 
     # -- PostgreSQL ----------------------------------------------------------------------
 

@@ -41,23 +41,23 @@ launches pay nothing. A Triton whose closure holds them otherwise records no cal
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..patching import Ledger
-from ..settings import Settings
+from ..parts import Part
+from ..process import PROCESS
 from .keys import distinct_ids, kernel_name, user_kernel_key
 from .replay import describe
-from .sharing import UserKernelSharing
+from .sharing import UserKernelSharing, UserKernelStats
 
-__all__ = ["install", "uninstall", "installed"]
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
+    from ..patching import Ledger
+    from ..settings import Settings
+
+__all__ = ["USER_KERNELS", "enable_user_kernels", "disable_user_kernels", "installed"]
 
 log = logging.getLogger("tunecache")
-
-_lock = threading.Lock()
-_ledger = Ledger()
-_sharing: UserKernelSharing | None = None
 
 # Per autotuner (in its __dict__, so that nothing outlives it): the tuning key whose
 # stored winner has not launched yet, and the keys whose stored winners were dropped.
@@ -67,39 +67,39 @@ _DROPPED = "_tunecache_dropped"
 
 def installed() -> UserKernelSharing | None:
     """The sharing in place, or None."""
-    return _sharing
+    sharing: UserKernelSharing | None = PROCESS.user_kernels
+    return sharing
 
 
-def install(settings: Settings) -> UserKernelSharing:
-    """Put tunecache in front of every Triton autotuner of this process (idempotent)."""
-    global _sharing
+def enable_user_kernels(ledger: Ledger, opener: CacheOpener, settings: Settings,
+                        environment: Settings | None) -> bool:
+    """Put tunecache in front of every Triton autotuner of this process, where
+    ``settings`` share users' kernels; returns whether it is. Every change goes through
+    ``ledger``."""
+    if not settings.shares("user_kernels"):
+        return False
     from triton.runtime.autotuner import Autotuner
 
-    with _lock:
-        if _sharing is not None:
-            return _sharing
-        sharing = UserKernelSharing(settings)
-        mark = _ledger.mark()
-        try:
-            _ledger.patch(Autotuner, "cache_results", property(_cache_results, _set_cache_results))
-            _ledger.patch(Autotuner, "check_disk_cache",
-                          _check_disk_cache(Autotuner.check_disk_cache))
-            _ledger.patch(Autotuner, "run", _run(Autotuner.run))
-        except BaseException:
-            _ledger.undo(mark)
-            raise
-        _sharing = sharing
-        return sharing
+    if PROCESS.user_kernel_stats is None:
+        PROCESS.user_kernel_stats = UserKernelStats()
+    sharing = UserKernelSharing(settings, opener, PROCESS.user_kernel_stats)
+    ledger.patch(Autotuner, "cache_results", property(_cache_results, _set_cache_results))
+    ledger.patch(Autotuner, "check_disk_cache", _check_disk_cache(Autotuner.check_disk_cache))
+    ledger.patch(Autotuner, "run", _run(Autotuner.run))
+    PROCESS.user_kernels = sharing
+    return True
 
 
-def uninstall() -> None:
-    """Give Triton's autotuner back as it was, and close the database connection."""
-    global _sharing
-    with _lock:
-        sharing, _sharing = _sharing, None
-        _ledger.undo()
-    if sharing is not None:
-        sharing.close()
+def disable_user_kernels() -> bool:
+    """Stop sharing (Triton's autotuner is the ledger's to give back); returns whether it
+    was on."""
+    sharing, PROCESS.user_kernels = PROCESS.user_kernels, None
+    return sharing is not None
+
+
+USER_KERNELS = Part(enable_user_kernels, disable_user_kernels,
+                    "users' Triton kernels' autotuning is not shared",
+                    "Triton autotunes them as usual")
 
 
 def _cache_results(self: Any) -> bool:
@@ -113,7 +113,7 @@ def _set_cache_results(self: Any, value: bool) -> None:
 def _check_disk_cache(orig: Callable[..., bool]) -> Callable[..., bool]:
     def check_disk_cache(self: Any, tuning_key: Any, configs: Sequence[Any],
                          bench_fn: Callable[[], None]) -> bool:
-        sharing = _sharing
+        sharing = installed()
         if (sharing is None or not tuning_key or tuning_key in self.__dict__.get(_DROPPED, ())
                 or not distinct_ids(configs)):
             return _as_triton(orig, self, tuning_key, configs, bench_fn)
@@ -171,7 +171,7 @@ def _run(orig: Callable[..., Any]) -> Callable[..., Any]:
             tuning_key = self.__dict__.pop(_PENDING, None)
             if tuning_key is None or tuning_key not in self.cache:
                 raise
-            sharing = _sharing
+            sharing = installed()
             if sharing is not None:
                 sharing.count("fallbacks")
                 sharing.warn_once(f"{kernel_name(self)}:launch", "tunecache: user kernel %s: "

@@ -67,6 +67,10 @@ class UserKernelStats:
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, 0)
+
 
 # A key value never tuned, with transfer on, benchmarks the winners of this many nearest
 # recorded values of the same kernel, each at most this many octaves away (summed over
@@ -133,33 +137,26 @@ def _with_call(meta: dict[str, Any], call: dict[str, Any] | None) -> dict[str, A
 
 
 class UserKernelSharing:
-    """The sharing of one process: opened from settings once; the cache is created on
-    the first key, so a process that never tunes a user kernel never connects."""
+    """The sharing of one process, over the process's one cache (``cache`` opens it at
+    the first key, so a process that never tunes a user kernel never connects), counting
+    into ``stats``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cache: Callable[[], TuneCache],
+                 stats: UserKernelStats | None = None) -> None:
         self.settings = settings
-        self.stats = UserKernelStats()
+        self.cache = cache
+        self.stats = stats if stats is not None else UserKernelStats()
         self._lock = threading.Lock()
-        self._cache: TuneCache | None = None
         self._warned: set[str] = set()
-
-    def cache(self) -> TuneCache:
-        with self._lock:
-            if self._cache is None:
-                self._cache = TuneCache(self.settings)
-            return self._cache
-
-    def close(self) -> None:
-        with self._lock:
-            cache, self._cache = self._cache, None
-        if cache is not None:
-            cache.close()
 
     def store_usable(self) -> bool:
         """Whether the database can be used now; once it failed, this process's kernels
         tune as Triton does without tunecache (its own file cache included, where the
         kernel asked for it)."""
-        return self.cache().database() is not None
+        try:
+            return self.cache().database() is not None
+        except Exception:  # noqa: BLE001 - a cache that cannot open: Triton tunes
+            return False
 
     def count(self, what: str) -> None:
         with self._lock:
@@ -185,7 +182,7 @@ class UserKernelSharing:
 
         def tune() -> Tuned:
             nonlocal ran, transferred
-            plan = (self._transfer(key, configs) if self.settings.user_kernel_transfer
+            plan = (self._transfer(key, configs) if self.settings.levers.user_kernel_transfer
                     else None)
             if plan is not None and isinstance(configs, list):
                 with _benchmarking_only(configs, plan.configs):
@@ -220,7 +217,7 @@ class UserKernelSharing:
             benchmark()
             return None
         self.count("peer" if result.source == "peer" else "hits")
-        if (self.settings.user_kernel_regret and "transfer" in result.meta
+        if (self.settings.levers.user_kernel_regret and "transfer" in result.meta
                 and "regret" not in result.meta):
             self._measure_regret(autotuner, key, settled, benchmark)
         return settled

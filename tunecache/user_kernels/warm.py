@@ -186,4 +186,7 @@ def warm_user_kernel(task: UserKernelTask, packages: Sequence[str],
 def settings_for_warm(settings: Settings) -> Settings:
     """The settings warm tunes under: transfer off (a key tuned for the cluster by the
     operator is tuned in full)."""
-    return dataclasses.replace(settings, user_kernel_transfer=False, user_kernel_regret=False)
+    levers = dataclasses.replace(settings.levers, user_kernel_transfer=False,
+                                 user_kernel_regret=False)
+    return dataclasses.replace(settings, levers=levers,
+                               share=settings.share | {"user_kernels"})

@@ -190,7 +190,7 @@ def exhaustive(
     counts = {"measured": 0, "other_environment": 0, "not_autotuned": 0, "error": 0}
     outcomes: list[dict[str, Any]] = []
     started = time.perf_counter()
-    cache = _TopUps(dataclasses.replace(settings, transfer=False))
+    cache = _TopUps(dataclasses.replace(settings, share=settings.share - {"transfer"}))
     with compile_session(cache, "tunecache-exhaustive-") as (scratch, torch):
         for i, task in enumerate(_my_order(tasks, rank, world)):
             outcome = _measure_one(task, i, scratch, local_rank, torch, cache)
@@ -222,10 +222,10 @@ def _measure_one(task: ExhaustiveTask, i: int, scratch: str, local_rank: int, to
         fn, args = build_call(task.task.op, specs, device)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
         torch._dynamo.reset()
-        tc_inductor.stats.reset()
+        tunecache.reset_stats()
         cache.top_ups.pop(task.key_hash, None)
         tc_inductor.compile_and_run(fn, args, task.task.precision, task.task.env)
-        s = tc_inductor.stats.as_dict()
+        s = tunecache.stats().gemm.as_dict()
         outcome, reason = classify(s["events"], s["fallbacks"], task.key_hash)
         record["benchmarks"] = s["benchmarks"]
         if outcome not in ("hit", "tuned", "peer"):

@@ -99,7 +99,7 @@ def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[s
         import torch
         import torch._dynamo
 
-        if not tc_inductor.enable(cache):
+        if not tunecache.enable(cache):
             cache.close()
             raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
         scratch = tempfile.mkdtemp(prefix=prefix)
@@ -107,7 +107,7 @@ def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[s
             with tc_inductor.local_caches_off():
                 yield scratch, torch
         finally:
-            tc_inductor.disable()
+            tunecache.disable()
             cache.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -127,7 +127,7 @@ def warm(
     started = time.perf_counter()
     # In full, never by transfer: warm is the offline job whose results transfer starts
     # from (docs/transfer.md).
-    cache = tunecache.TuneCache(dataclasses.replace(settings, transfer=False))
+    cache = tunecache.TuneCache(dataclasses.replace(settings, share=settings.share - {"transfer"}))
     with compile_session(cache, "tunecache-warm-") as (scratch, torch):
         for i, task in enumerate(_my_order(tasks, rank, world)):
             outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
@@ -215,9 +215,9 @@ def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
         # A fresh Inductor cache directory per compile: nothing local may answer for us.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
         torch._dynamo.reset()
-        tc_inductor.stats.reset()
+        tunecache.reset_stats()
         tc_inductor.compile_and_run(fn, args, task.precision, task.env)
-        s = tc_inductor.stats.as_dict()
+        s = tunecache.stats().gemm.as_dict()
         outcome, reason = classify(s["events"], s["fallbacks"], expected)
         record.update(outcome=outcome, benchmarks=s["benchmarks"],
                       key_hashes=sorted({e["key_hash"] for e in s["events"]

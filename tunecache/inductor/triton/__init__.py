@@ -4,10 +4,9 @@ adapter, coordinate descent, fusion and split-size benchmarks, and their install
 
 from __future__ import annotations
 
-from .install import disable_triton, enable_triton, enable_triton_from_env
+from .install import FUSION, TRITON
 from .keys import fusion_benchmark_key, triton_config_from_entry, triton_kernel_info, triton_key
 from .remote import TRITON_LEASE_SECONDS, TritonCache
 
-__all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "enable_triton", "disable_triton",
-           "enable_triton_from_env", "fusion_benchmark_key", "triton_config_from_entry",
-           "triton_key", "triton_kernel_info"]
+__all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "TRITON", "FUSION", "fusion_benchmark_key",
+           "triton_config_from_entry", "triton_key", "triton_kernel_info"]

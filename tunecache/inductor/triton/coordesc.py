@@ -270,13 +270,13 @@ def sharing_coordesc(orig: Callable[..., Any], ours: type) -> Callable[..., Any]
 
 
 def _compile_ahead_threads() -> int:
-    """Threads that compile a kernel's candidates ahead: TUNECACHE_COMPILE_AHEAD, at most
+    """Threads that compile a kernel's candidates ahead: the compile_ahead lever, at most
     one per core."""
     state = REGISTRY.triton
     if state is None:
         return 0
-    with state.attempt("reading TUNECACHE_COMPILE_AHEAD"):  # unread: compile as Inductor
-        return min(state.cache().settings.compile_ahead, os.cpu_count() or 1)
+    with state.attempt("reading the compile_ahead lever"):  # unread: compile as Inductor
+        return min(state.cache().settings.levers.compile_ahead, os.cpu_count() or 1)
     return 0
 
 
@@ -344,7 +344,7 @@ def _transfer(kernel: Any, launcher: Any, key: tuple[str, str], args: tuple[Any,
     if state is None:
         return None
     with state.attempt("starting a Triton kernel's tuning from its neighbours"):
-        if not state.cache().settings.transfer:
+        if not state.cache().settings.shares("transfer"):
             return None
         sources = state.transfer_sources(*key)
         candidates, agreeing = _neighbour_configs(kernel, launcher, sources)

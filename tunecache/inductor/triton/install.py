@@ -12,10 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
-from ...settings import Settings
-from ..compat import InductorChanged, param_names, require, unsupported, warn_off
-from ..opener import CacheOpener
-from ..parts import Part, install
+from ...parts import Part
+from ...process import PROCESS
+from ..compat import InductorChanged, param_names, require, warn_off
 from ..state import REGISTRY, InstalledTritonCache
 from .candidates import install_candidate_skip
 from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
@@ -25,12 +24,14 @@ from .remote import TritonCache, remote_cache_class
 from .replay import install_decision_replay
 from .split import splitting_single_field, stopping_unwanted
 from .stored import checking_read_best, falling_back_precompile
-from .worker import readonly_cache, workers_read_cache
+from .worker import workers_read_cache
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ...opener import CacheOpener
     from ...patching import Ledger
+    from ...settings import Settings
 
-__all__ = ["TRITON", "enable_triton", "disable_triton", "enable_triton_from_env"]
+__all__ = ["TRITON", "FUSION", "enable_triton", "disable_triton", "enable_fusion"]
 
 log = logging.getLogger("tunecache")
 
@@ -87,33 +88,44 @@ log = logging.getLogger("tunecache")
 
 
 def ensure_runtime_hooks(ours: type) -> None:
-    """Install the runtime hooks (:func:`_install_runtime_hooks`) once
-    CachingAutotuner exists.
+    """Install the runtime hooks (:func:`_install_runtime_hooks`) that this process needs
+    and does not have yet, once CachingAutotuner exists: in a compile worker only the
+    stored-config checks (it loads and compiles kernels; no runs, no benchmarks), in the
+    compiling process all of them (:func:`_compiling` asks again once the GEMM part is on).
 
     Triton sharing can be enabled inside the import of triton_heuristics itself (it
     imports autotune_cache, whose import the autoload hook watches), before the class
     exists; then this waits for the first kernel load in this process (create()), which
-    runs triton_heuristics code. Usually the class exists at enable() already (the GEMM
-    hooks are enabled after select_algorithm, which imports it), and it must be there
-    by then: with parallel compile the first in-process kernel load can come after the
-    forward graph's first run, whose kernels would otherwise all be tuned on every rank
-    (seen in a two-rank job). Compile workers need only the stored-config checks (they load and
-    compile kernels; no runs, no benchmarks).
+    runs triton_heuristics code. Usually the class exists by the time the GEMM part is
+    on (select_algorithm imports it), and it must be there by then: with parallel compile
+    the first in-process kernel load can come after the forward graph's first run, whose
+    kernels would otherwise all be tuned on every rank (seen in a two-rank job).
     """
     state = REGISTRY.triton
-    if state is None or REGISTRY.runtime_hooks_tried:
+    if state is None:
+        return
+    wanted = _WORKER_HOOKS if state.worker else _ALL_HOOKS
+    if wanted <= REGISTRY.runtime_hooks:
         return
     th = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if th is None or getattr(th, "CachingAutotuner", None) is None:
         return
     with REGISTRY.runtime_hooks_lock:
-        if REGISTRY.runtime_hooks_tried:
-            return
-        REGISTRY.runtime_hooks_tried = True
-        _install_runtime_hooks(th.CachingAutotuner, ours, state)
+        missing = wanted - REGISTRY.runtime_hooks
+        REGISTRY.runtime_hooks |= missing
+        if missing:
+            _install_runtime_hooks(th.CachingAutotuner, ours, state, missing)
 
 
-def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -> None:
+_STORED = "checking stored configs"
+_WORKER_HOOKS = frozenset({_STORED})
+_ALL_HOOKS = frozenset({_STORED, "sharing coordinate descent",
+                        "leaving a peer's kernels unbenchmarked",
+                        "keeping stored reduction configs", "splitting the split-size search"})
+
+
+def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache,
+                           which: frozenset[str]) -> None:
     """Wrap, each on its own (one that fails leaves the others in place):
     ``CachingAutotuner.coordinate_descent_tuning`` (:func:`sharing_coordesc`),
     ``CachingAutotuner.autotune_to_one_config`` (:func:`sharing_one_config`),
@@ -170,12 +182,12 @@ def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -
             raise InductorChanged("CoordescTuner.call_func(func, config) changed")
         _replace(CoordescTuner, "call_func", stopping_unwanted(orig))
 
-    for what, hook in (("checking stored configs", stored_configs),
+    for what, hook in ((_STORED, stored_configs),
                        ("sharing coordinate descent", coordesc),
                        ("leaving a peer's kernels unbenchmarked", one_config),
                        ("keeping stored reduction configs", rblock),
                        ("splitting the split-size search", single_field)):
-        if state.worker and hook is not stored_configs:
+        if what not in which:
             continue
         try:
             hook()
@@ -185,15 +197,14 @@ def _install_runtime_hooks(cls: type, ours: type, state: InstalledTritonCache) -
 
 
 def _replace(owner: type, name: str, value: Any) -> None:
-    REGISTRY.patches.patch(owner, name, value)  # disable() undoes it
+    PROCESS.ledger.patch(owner, name, value)  # disable() undoes it
 
 
 def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     """``AutotuneCache.create``, re-keying our remote cache without the device index."""
 
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
-        if not REGISTRY.runtime_hooks_tried:
-            ensure_runtime_hooks(ours)
+        ensure_runtime_hooks(ours)
         cache = orig(inductor_meta, filename, configs_hash)
         remote = getattr(cache, "remote_cache", None)
         if remote and isinstance(remote, tuple) and isinstance(remote[0], ours):
@@ -212,22 +223,12 @@ def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
 
 def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
                   environment: Settings | None) -> bool:
-    """Plug tunecache in as Inductor's remote autotune cache (see the notes in
-    triton/install.py) where ``settings`` share Triton configs; returns whether it is.
-    Every change goes through ``ledger``."""
-    if not settings.triton_configs:
+    """Plug tunecache in as Inductor's remote autotune cache (see the notes above) where
+    ``settings`` share Triton configs; returns whether it is. Every change goes through
+    ``ledger``. It starts as a compile worker's (reads only, the stored-config checks);
+    :func:`_compiling` makes it the compiling process's once the GEMM part is on."""
+    if not settings.shares("triton"):
         return False
-    return _plug_in(ledger, cache, settings, environment, worker=False)
-
-
-def _enable_in_worker(ledger: Ledger, cache: CacheOpener, settings: Settings,
-                      environment: Settings | None) -> bool:
-    return _plug_in(ledger, cache, settings, environment, worker=True)
-
-
-def _plug_in(ledger: Ledger, cache: CacheOpener, settings: Settings,
-             environment: Settings | None, *, worker: bool) -> bool:
-    """``worker``: see :class:`TritonCache`."""
     from torch._inductor import config
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
@@ -245,20 +246,29 @@ def _plug_in(ledger: Ledger, cache: CacheOpener, settings: Settings,
         raise InductorChanged("AutotuneCache.create(inductor_meta, filename, configs_hash) "
                               "changed")
     ours = remote_cache_class()
-    REGISTRY.triton = TritonCache(cache, worker=worker)
+    REGISTRY.triton = TritonCache(cache, worker=True)
     ledger.patch(rc, "RemoteAutotuneCache", ours)
     ledger.patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
     ledger.patch(config, "autotune_remote_cache", True)
     ensure_runtime_hooks(ours)
-    # Compile workers never benchmark fusions.
-    if not worker and _install_part(ledger, install_fusion_sharing,
-                                    "fusion benchmark timings are not shared"):
-        _install_part(ledger, install_candidate_skip, "fusion candidates with a stored "
-                      "timing are still compiled")
-        _install_part(ledger, install_decision_replay, "epilogue-fusion decisions are "
-                      "not shared")
-    if not worker and config.compile_threads != 1 \
-            and not workers_read_cache(settings, environment):
+    if not REGISTRY.triton_atexit:
+        REGISTRY.triton_atexit = True
+        atexit.register(flush_triton)
+    return True
+
+
+def _compiling(ledger: Ledger, settings: Settings, environment: Settings | None) -> None:
+    """Triton sharing in the compiling process: it claims, publishes and holds results
+    (not a compile worker's reads only), with every runtime hook; and where Inductor's
+    compile workers cannot read the shared cache, kernels load in this process."""
+    from torch._inductor import config
+
+    state = REGISTRY.triton
+    if state is None:
+        return
+    state.worker = False
+    ensure_runtime_hooks(remote_cache_class())
+    if config.compile_threads != 1 and not workers_read_cache(settings, environment):
         ledger.patch(config, "compile_threads", 1)
         log.info(
             "tunecache: set torch._inductor.config.compile_threads=1, so that Triton "
@@ -266,19 +276,30 @@ def _plug_in(ledger: Ledger, cache: CacheOpener, settings: Settings,
             "compile workers only reach it when TUNECACHE_DB names this database and "
             "tunecache's torch.backends entry point is installed (docs/triton-autotune.md)"
         )
-    if not REGISTRY.triton_atexit:
-        REGISTRY.triton_atexit = True
-        atexit.register(flush_triton)
+
+
+def enable_fusion(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                  environment: Settings | None) -> bool:
+    """Fusion and split-size benchmark timings, the candidates they spare, and epilogue-
+    fusion decisions through the shared cache, where Triton configs are shared (only the
+    compiling process benchmarks fusions); returns whether they are."""
+    if REGISTRY.triton is None:
+        return False
+    install_fusion_sharing(ledger)
+    _install_part(ledger, install_candidate_skip, "fusion candidates with a stored "
+                  "timing are still compiled")
+    _install_part(ledger, install_decision_replay, "epilogue-fusion decisions are "
+                  "not shared")
     return True
 
 
 def _install_part(ledger: Ledger, install: Callable[[Ledger], None], off: str) -> bool:
-    """One optional part of Triton sharing; one that fails is undone, and warned of."""
+    """One optional piece of fusion sharing; one that fails is undone, and warned of."""
     mark = ledger.mark()
     try:
         install(ledger)
         return True
-    except Exception as e:  # noqa: BLE001 - that part runs as Inductor's own
+    except Exception as e:  # noqa: BLE001 - that piece runs as Inductor's own
         ledger.undo(mark)
         warn_off(off, e)
         return False
@@ -287,27 +308,25 @@ def _install_part(ledger: Ledger, install: Callable[[Ledger], None], off: str) -
 def disable_triton() -> bool:
     """Stop Triton sharing: drop the adapter (flushing what it holds) and end
     coordinate-descent deferrals; returns whether it was on. What it patched is the
-    ledger's to undo, with the rest (:func:`tunecache.inductor.disable`), or back to the
-    mark where enabling it failed half-way."""
+    ledger's to undo, with the rest (:func:`tunecache.disable`), or back to the mark
+    where enabling it failed half-way."""
     state, REGISTRY.triton = REGISTRY.triton, None
-    REGISTRY.runtime_hooks_tried = False
+    REGISTRY.runtime_hooks = set()
     end_deferrals()
     if state is None:
         return False
-    try:
-        state.flush()
-    finally:
-        if state.worker and isinstance(state.cache, CacheOpener):
-            state.cache.close()  # its own; the hooks' cache is closed with the hooks
+    state.flush()
     return True
 
 
-# Triton sharing, as enable() installs it in the compiling process ...
+def _no_state() -> bool:
+    return False  # fusion sharing holds nothing but its patches, which are the ledger's
+
+
 TRITON = Part(enable_triton, disable_triton, "Triton kernel autotuning is not shared",
-              "GEMM autotuning is")
-# ... and as the autoload hook installs it from TUNECACHE_* (a compile worker; the
-# compiling process until enable() takes it over).
-_TRITON_FROM_ENV = TRITON._replace(enable=_enable_in_worker)
+              "GEMM autotuning is", compiling=_compiling)
+FUSION = Part(enable_fusion, _no_state, "fusion benchmark timings are not shared",
+              "Triton configs are")
 
 
 def flush_triton() -> None:
@@ -317,16 +336,3 @@ def flush_triton() -> None:
             state.flush()
         except Exception:  # noqa: BLE001 - never fail interpreter shutdown
             pass
-
-
-def enable_triton_from_env() -> None:
-    """Called by the autoload hook when ``torch._inductor.runtime.autotune_cache`` is
-    imported: in Inductor's compile workers, the only way our code runs there (the
-    notes above). In the compiling process the GEMM hooks take it over moments later
-    (:func:`enable`), when select_algorithm is imported."""
-    settings = Settings.from_env()
-    if REGISTRY.triton is not None or settings.mode == "off" or not settings.triton_configs:
-        return
-    if unsupported() is not None:
-        return  # enable() says why, once, in the compiling process
-    install(_TRITON_FROM_ENV, REGISTRY.patches, readonly_cache(settings), settings, settings)

@@ -167,7 +167,7 @@ class TritonCache:
         stored (stored.py), and its first run publishes it under a claim (coordesc.py),
         so every rank runs the config the first one published."""
         settings = self.cache().settings
-        if not (settings.transfer and "triton" in settings.decisive):
+        if not (settings.shares("transfer") and "triton" in settings.levers.decisive):
             return None
         nearest = self._nearest(inductor_key, key_text)[:DECIDING_NEIGHBOURS]
         if not nearest:

@@ -167,10 +167,10 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
             site = fusion_site(self, node1, node2)
             if site is not None:
                 cache = state.cache()
-                replays = "fusion" in cache.settings.decisive
+                replays = "fusion" in cache.settings.levers.decisive
                 if replays:
                     stored = decisions.stored_decision(cache, site.key)
-                if stored is None and cache.settings.transfer and replays:
+                if stored is None and cache.settings.shares("transfer") and replays:
                     stored = decisions.decided_by_neighbours(cache, site.key, site.sizes)
                     if stored is not None:
                         REGISTRY.triton_stats.add(fusion_decisions_decided=1)

@@ -1,12 +1,13 @@
-"""The one TuneCache every hook of an :func:`tunecache.inductor.enable` shares.
+"""The one TuneCache of a process: every part reaches the database through one
+:class:`CacheOpener` (tunecache.process holds it).
 
-GEMM lookups, Triton configs, compiled graphs and kernels all reach the database through
-one :class:`CacheOpener`: the cache given to enable(), or one opened from its settings at
+GEMM lookups, Triton configs, compiled graphs and kernels, shape profiles and users'
+kernels all go through it: the cache given to enable(), or one opened from its settings at
 the first use (a job that compiles nothing autotuned never opens a connection). A cache
-that failed to open is not retried in this process: the hooks fall back to Inductor's own
-behaviour, as for any store failure. A compile worker's opener (``retry_seconds``,
-tunecache/inductor/triton/worker.py) also replaces a cache that stopped reaching its
-database, at most that often.
+that failed to open is not retried in a compiling process: the hooks fall back to
+Inductor's own behaviour, as for any store failure. Elsewhere (Inductor's compile
+workers, a job of users' Triton kernels alone: ``retry_seconds``) a cache that stopped
+reaching its database is replaced, at most that often.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .state import REGISTRY
-
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..core.cache import TuneCache
-    from ..settings import Settings
+    from .core.cache import TuneCache
+    from .settings import Settings
 
-__all__ = ["CacheOpener"]
+__all__ = ["CacheOpener", "RETRY_SECONDS"]
+
+# A TuneCache that cannot reach its database stops trying for the rest of the process. A
+# process that does not compile (one of Inductor's compile workers, which lives as long
+# as its job and may first look before the compiling process has created the database; a
+# job of users' Triton kernels alone) opens its cache afresh, at most this often. A
+# compiling process falls back to Inductor's own behaviour instead (the switch clears
+# ``retry_seconds`` when the GEMM part comes on).
+RETRY_SECONDS = 10.0
 
 
 class CacheOpener:
@@ -42,9 +49,10 @@ class CacheOpener:
         self.broken = False  # opening failed: Inductor's own behaviour from now on
         self.retry_seconds = retry_seconds
         self._opened = 0.0  # time.monotonic() when this opener last opened its cache
+        self.used = False  # something asked for the database
 
     def __call__(self) -> TuneCache:
-        REGISTRY.database_used = True
+        self.used = True
         with self._lock:
             if self.broken:
                 raise RuntimeError("the tunecache database could not be opened earlier")
@@ -52,7 +60,7 @@ class CacheOpener:
                 stale, self._cache = self._cache, None
                 stale.close()
             if self._cache is None:
-                from ..core.cache import TuneCache
+                from .core.cache import TuneCache
 
                 try:
                     self._cache = TuneCache(self.settings)

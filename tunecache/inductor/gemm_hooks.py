@@ -1,0 +1,120 @@
+"""The GEMM part: Inductor's algorithm selector answered from the shared cache (its
+``lookup`` and ``make_precompile_fn``, tunecache.inductor.gemm) and the deferred pass that
+claims a graph's deferred GEMMs in one go (tunecache.inductor.deferred). Every other
+Inductor part relies on it; the switch (tunecache.switch) installs it when
+``torch._inductor.select_algorithm`` is imported.
+
+With no cache opener (``tunecache.enable(count_only=True)``) only the benchmark counter is
+installed: the hooks count Inductor's benchmarks and answer as Inductor would.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..parts import Part
+from ..process import PROCESS
+from .compat import LOOKUP_PARAMS, PRECOMPILE_PARAMS, InductorChanged, param_names
+from .deferred import make_pre_fusion_pass
+from .gemm import GemmHooks
+from .state import REGISTRY
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..opener import CacheOpener
+    from ..settings import Settings
+
+__all__ = ["GEMM", "enable_gemm", "disable_gemm"]
+
+log = logging.getLogger("tunecache")
+
+
+def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | None,
+                environment: Settings | None) -> bool:
+    """Install the selector hooks (and, with a cache, the deferred pass); returns True.
+    Raises :class:`InductorChanged` where the selector's methods differ from those the
+    hooks were written against."""
+    from torch._inductor import select_algorithm
+
+    selector = select_algorithm.get_algorithm_selector_cache()
+    cls = type(selector)
+    if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
+        cls.make_precompile_fn
+    ) != PRECOMPILE_PARAMS:
+        raise InductorChanged(
+            "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+    hooks = GemmHooks(selector, opener)
+    _install_gemm_hooks(hooks, selector, cls)
+    if opener is not None:
+        _install_pre_fusion_pass(hooks)
+    REGISTRY.hooks = hooks
+    log.debug("tunecache: Inductor hooks installed (count_only=%s)", opener is None)
+    return True
+
+
+def disable_gemm() -> bool:
+    """Drop the hooks (the ledger undoes their patches); returns whether they were on."""
+    hooks, REGISTRY.hooks = REGISTRY.hooks, None
+    return hooks is not None
+
+
+GEMM = Part(enable_gemm, disable_gemm, "not enabled for Inductor",
+            "Inductor autotunes as usual")
+
+
+def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any) -> None:
+    """The selector's lookup and make_precompile_fn through ``hooks`` (count-only hooks
+    too), through REGISTRY.patches."""
+    patch = PROCESS.ledger.patch
+    orig_lookup = cls.lookup.__get__(selector, cls)
+    orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
+
+    def lookup(
+        self: Any,
+        choices: list[Any],
+        op: str,
+        inputs: str,
+        benchmark: Callable[[Any], dict[Any, float]] | None,
+        hint_override: int | None = None,
+    ) -> dict[Any, float]:
+        return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
+
+    def make_precompile_fn(
+        self: Any,
+        choices: list[Any],
+        name: str,
+        inputs_key: str,
+        precompilation_timeout_seconds: int | None = 60 * 60,
+    ) -> Callable[[], dict[Any, float]]:
+        try:
+            hooks.note_choices(choices, name, inputs_key)
+        except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
+            hooks.warn_once("recording a deferred GEMM", e)
+        return orig_precompile(
+            choices,
+            name,
+            inputs_key,
+            precompilation_timeout_seconds=precompilation_timeout_seconds,
+        )
+
+    # Instance attributes over the class's methods: undone, the class's show through.
+    patch(selector, "lookup", types.MethodType(lookup, selector))
+    patch(selector, "make_precompile_fn", types.MethodType(make_precompile_fn, selector))
+
+
+def _install_pre_fusion_pass(hooks: GemmHooks) -> None:
+    """The deferred pass (a graph's deferred GEMMs in one go), in place of Inductor's own
+    distributed GEMM autotuning, through REGISTRY.patches."""
+    from torch._inductor import config
+
+    patch = PROCESS.ledger.patch
+    if getattr(config, "distributed_max_autotune_gemm", False):
+        patch(config, "distributed_max_autotune_gemm", False)
+        log.info(
+            "tunecache: turned off torch._inductor.config.distributed_max_autotune_gemm; "
+            "tunecache shares GEMM autotuning across ranks and jobs instead"
+        )
+    patch(config, "_pre_fusion_custom_pass",
+          make_pre_fusion_pass(hooks, config._pre_fusion_custom_pass))

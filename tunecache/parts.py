@@ -1,0 +1,64 @@
+"""One part of tunecache: a hook point into Inductor, Dynamo or Triton that the switch
+(:mod:`tunecache.switch`) turns on and off, and installing one.
+
+Every wing is a part of the one switch: GEMM hooks, narrowing, Triton configs, fusion
+decisions, compiled graphs, compiled kernels, shape profiles and users' autotuners. A part
+is optional: where it cannot be installed (an internal it hooks is missing or changed, a
+database it cannot use, a bug), what it patched is undone back to the ledger's mark it
+started from, one line says what the job goes without, and the other parts go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from .process import PROCESS
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .opener import CacheOpener
+    from .patching import Ledger
+    from .settings import Settings
+
+__all__ = ["Part", "Enable", "install"]
+
+# enable(ledger, opener, settings, environment) -> whether the part is on. It decides from
+# ``settings`` whether it applies; ``environment`` is TUNECACHE_* as Inductor's compile
+# workers will read it (None where it does not parse: they could not use it); every
+# attribute it sets on another library goes through ``ledger``.
+Enable = Callable[["Ledger", "CacheOpener", "Settings", "Settings | None"], bool]
+
+
+class Part(NamedTuple):
+    """One part: how to turn it on and off, and what the job goes without when it cannot
+    be turned on (its name and the module it hooks are the switch's: tunecache.switch)."""
+
+    enable: Enable
+    # Stops the part (what it patched is the ledger's to undo); returns whether it was on.
+    disable: Callable[[], bool]
+    off: str  # what tunecache then does not do (Inductor or Triton does it as usual)
+    still: str = ""  # what is shared all the same
+    # Run after the ledger is undone, for a part that was on.
+    after_undo: Callable[[], None] | None = None
+    # Run once the process is found to compile (the GEMM part came on after this part),
+    # for a part that behaves otherwise in Inductor's compile workers.
+    compiling: Callable[[Ledger, Settings, Settings | None], None] | None = None
+
+
+def install(part: Part, ledger: Ledger, opener: CacheOpener, settings: Settings,
+            environment: Settings | None) -> bool:
+    """Turn ``part`` on; returns whether it is. One that fails is stopped, undone back to
+    the ledger's mark, and warned of once; an interruption (not an Exception) is let out
+    after the same undo."""
+    mark = ledger.mark()
+    try:
+        return part.enable(ledger, opener, settings, environment)
+    except BaseException as e:
+        try:
+            part.disable()
+        finally:
+            ledger.undo(mark)
+        if not isinstance(e, Exception):
+            raise
+        PROCESS.warn_off(part.off, e, part.still)
+        return False
