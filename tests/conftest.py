@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -63,17 +62,17 @@ class CompilesStarted:
 
     @staticmethod
     def join_threads() -> None:
-        """Until the threads are gone: compiles under way when a descent ends finish
-        unused, after it."""
-        from tunecache.inductor.triton.compile_ahead import THREAD_NAME
+        """Until the process's compile-ahead threads are gone: compiles under way when a
+        descent ends finish unused, after it."""
+        from tunecache.process import PROCESS
 
-        for thread in threading.enumerate():
-            if thread.name.startswith(THREAD_NAME):
-                thread.join(timeout=30)
+        pool, PROCESS.compile_pool = PROCESS.compile_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 @pytest.fixture
-def compiles_started(monkeypatch) -> CompilesStarted:
+def compiles_started(monkeypatch) -> Iterator[CompilesStarted]:
     from tunecache.inductor.triton import compile_ahead
 
     started = CompilesStarted()
@@ -84,5 +83,8 @@ def compiles_started(monkeypatch) -> CompilesStarted:
             return future
 
     monkeypatch.setattr(compile_ahead, "ThreadPoolExecutor", Pool)
-    return started
+    # The process's threads are made afresh, by the class above, and shut down after.
+    CompilesStarted.join_threads()
+    yield started
+    CompilesStarted.join_threads()
 

@@ -447,3 +447,14 @@ def test_a_warm_up_leaves_the_environment_variables_as_it_found_them(sqlite_url,
         db.dispose()
     assert report.keys == 0
     assert dict(os.environ) == before
+
+
+def test_warm_without_torch_installed_is_one_line_naming_what_to_install(sqlite_url,
+                                                                       monkeypatch):
+    populate(sqlite_url, [{"kind": "gemm", "op": "mm"}])
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails as if absent
+    result = run("warm", "--db", sqlite_url)
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "Error: warm compiles with torch, which is not installed here: pip install "
+        "'tunecache[torch]' (or the build your jobs use); --dry-run lists the keys without it")

@@ -147,3 +147,12 @@ def test_warm_user_kernels_refuses_other_modes_with_a_one_line_error(sqlite_url)
     assert done.returncode == 2 and "--user-kernels" in done.stderr
     done = _warm(sqlite_url, "--user-kernels", "not a package")
     assert done.returncode == 2 and "import name" in done.stderr
+
+
+def test_warm_user_kernels_of_a_package_not_installed_is_a_one_line_error(sqlite_url):
+    # A nightly job with a typo in the package's name warms nothing: it must fail.
+    done = _warm(sqlite_url, "--user-kernels", "user_kernel_library", "--user-kernels",
+                 "no_such_pkg")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "--user-kernels: no installed package named no_such_pkg")

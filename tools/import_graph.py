@@ -7,6 +7,11 @@ is imported).
     python tools/import_graph.py --runtime  without those under ``if TYPE_CHECKING:``
     python tools/import_graph.py --edges    every edge, one ``a -> b`` a line
 
+It also checks that no import points back up the package's layers (:data:`LAYERS`: a
+module imports only modules of its own layer or below, counting the imports under ``if
+TYPE_CHECKING:``; imports inside functions are free, as they load on first use), and that
+no module has more than :data:`MAX_LINES` lines.
+
 An edge goes to the module an import names (``from . import x`` to the submodule ``x``
 where it is one), not to the packages above it: Python loads those first, but a package's
 ``__init__`` importing its own submodules is no cycle of ours. Exits 1 when there is a
@@ -23,6 +28,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "tunecache"
+
+# The package's layers, bottom up, by the name under tunecache/ (a module or a package):
+# the facts every part shares (errors, settings, keys, the patch ledger); the store (all
+# SQL); the cache core; the process's one owner and what it holds; the parts of the
+# switch (the only ones that touch torch or Triton) and the switch; the operator library
+# and warm; the CLI, the autoload hook and the package's front.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_version", "errors", "patching", "stored_json", "files", "keys", "settings"),
+    ("store",),
+    ("core",),
+    ("process", "opener", "parts"),
+    ("counters", "inductor", "user_kernels", "triton_cache", "switch"),
+    ("ops", "warm"),
+    ("cli", "_autoload", ""),
+)
+MAX_LINES = 600
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -121,6 +142,30 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def layer(module: str) -> int | None:
+    """The layer of ``module`` (a dotted name), or None for one no layer names."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return next((i for i, names in enumerate(LAYERS) if top in names), None)
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import that points up the layers, or from or to a module no layer names."""
+    found = []
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            la, lb = layer(a), layer(b)
+            if la is None or lb is None or lb > la:
+                found.append(f"{a} -> {b}")
+    return found
+
+
+def too_long(root: Path = ROOT) -> list[str]:
+    """The modules over MAX_LINES lines, with their length."""
+    return [f"{name}: {n} lines" for name, path in modules(root).items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lazy", action="store_true", help="include imports in functions")
@@ -138,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         print("cycle: " + ", ".join(component))
     if not found:
         print(f"no cycle among {len(edges)} modules")
+    up = upward(graph(lazy=False, typing=True))
+    for edge in up:
+        print(f"up the layers: {edge}")
+    long = too_long()
+    for line in long:
+        print(f"over {MAX_LINES} lines: {line}")
+    if up or long:
+        return 1
     return 1 if found else 0
 
 

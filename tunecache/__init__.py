@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import (
     ConfigError,
     InvalidEntryError,
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from .counters import ProcessStats
     from .settings import Levers, Settings
 
-__version__ = "0.1.0"
 
 __all__ = [
     "open",

@@ -70,8 +70,18 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
                               "--exhaustive")
         if any(not all(p.isidentifier() for p in name.split(".")) for name in packages):
             raise BadArgument("--user-kernels takes a package's import name (liger_kernel)")
+        missing = [name for name in packages if not _installed(name)]
+        if missing and not dry_run:  # a dry run lists recorded keys: no package needed
+            # A nightly job with a typo would otherwise warm nothing, and say so quietly.
+            raise BadArgument(f"--user-kernels: no installed package named "
+                              f"{', '.join(missing)}")
+        if not dry_run:
+            _need("torch", "tunecache[torch]")
+            _need("triton", "triton")
         _warm_user_kernels(ctx, inv, packages, from_torch, from_device, limit, dry_run)
         return
+    if not dry_run:
+        _need("torch", "tunecache[torch]")
     with opened(inv, read_only=dry_run) as db:
         tasks: Any  # WarmTask, or ExhaustiveTask with --exhaustive (each has its printer)
         if exhaustive:
@@ -105,6 +115,27 @@ def warm(ctx: click.Context, inv: Invocation, op: tuple[str, ...], from_torch: t
     inv.emit(report, human)
     if failed:
         ctx.exit(1)
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` (an import name) can be imported here."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent that is not a package, or is absent
+        return False
+
+
+def _need(module: str, install: str) -> None:
+    """A warm that compiles needs ``module``: without it, one line on what to install."""
+    try:
+        __import__(module)
+    except ImportError:
+        raise click.ClickException(
+            f"warm compiles with {module}, which is not installed here: pip install "
+            f"'{install}' (or the build your jobs use); --dry-run lists the keys "
+            "without it") from None
 
 
 def _warm_user_kernels(ctx: click.Context, inv: Invocation, packages: tuple[str, ...],

@@ -29,7 +29,7 @@ from ..keys import Key, top_up_key
 from .transfer import Plan, plan_transfer
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .. import TuneCache
+    from ..core.cache import TuneCache
     from ..core.result import Result
 
 __all__ = ["GemmEntries", "TuningSlot"]

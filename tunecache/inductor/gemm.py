@@ -95,7 +95,7 @@ from .state import REGISTRY
 from .transfer import baseline_meta, gemm_family, measure_by_plan
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .. import TuneCache
+    from ..core.cache import TuneCache
     from ..opener import CacheOpener
 
 __all__ = ["candidate_id", "candidate_ids", "device_type_of", "make_key", "gemm_key",

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, Literal, TextIO
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ExportFormatError, InvalidEntryError
 from ..keys import (
     MAX_KEY_BYTES,

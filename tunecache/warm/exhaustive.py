@@ -26,11 +26,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import tunecache
-
+from .. import counters, stored_json
 from .. import inductor as tc_inductor
-from .. import stored_json
 from ..core import Result, Tuner
+from ..core.cache import TuneCache
 from ..keys import Key, KeyLike, key_hash, top_up_base, validate_meta, validate_timings
 from ..settings import Settings
 from ..store import Database, columns, engine, warm_queries
@@ -158,7 +157,7 @@ class ExhaustiveReport:
         return {**dataclasses.asdict(self), "exhaustive": True}
 
 
-class _TopUps(tunecache.TuneCache):
+class _TopUps(TuneCache):
     """The cache the compiles use: it records the results of top-up keys
     (:func:`tunecache.keys.top_up_key`) by the hash of their base key, so the run can
     merge them with the stored entry's timings. Only observes; every call goes to the
@@ -222,10 +221,10 @@ def _measure_one(task: ExhaustiveTask, i: int, scratch: str, local_rank: int, to
         fn, args = build_call(task.task.op, specs, device)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
         torch._dynamo.reset()
-        tunecache.reset_stats()
+        counters.reset_stats()
         cache.top_ups.pop(task.key_hash, None)
         tc_inductor.compile_and_run(fn, args, task.task.precision, task.task.env)
-        s = tunecache.stats().gemm.as_dict()
+        s = counters.stats().gemm.as_dict()
         outcome, reason = classify(s["events"], s["fallbacks"], task.key_hash)
         record["benchmarks"] = s["benchmarks"]
         if outcome not in ("hit", "tuned", "peer"):

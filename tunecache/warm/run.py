@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-import tunecache
-
+from .. import counters, switch
 from .. import inductor as tc_inductor
+from ..core.cache import TuneCache
 from ..errors import StoreError
 from ..keys import key_hash
 from ..settings import Settings
@@ -87,7 +87,7 @@ class WarmReport:
 
 
 @contextlib.contextmanager
-def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[str, Any]]:
+def compile_session(cache: TuneCache, prefix: str) -> Iterator[tuple[str, Any]]:
     """Compiles of the GEMMs of recorded keys with ``cache`` enabled: Inductor's local
     caches off and a scratch cache directory (an FX graph hit would skip the lookup), and
     everything put back afterwards, the environment variables included, ``cache`` closed.
@@ -99,15 +99,15 @@ def compile_session(cache: tunecache.TuneCache, prefix: str) -> Iterator[tuple[s
         import torch
         import torch._dynamo
 
-        if not tunecache.enable(cache):
+        if not switch.enable(cache):
             cache.close()
-            raise RuntimeError("tunecache.inductor.enable() refused (see the warning above)")
+            raise RuntimeError("tunecache.enable() refused (see the warning above)")
         scratch = tempfile.mkdtemp(prefix=prefix)
         try:
             with tc_inductor.local_caches_off():
                 yield scratch, torch
         finally:
-            tunecache.disable()
+            switch.disable()
             cache.close()
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -127,7 +127,7 @@ def warm(
     started = time.perf_counter()
     # In full, never by transfer: warm is the offline job whose results transfer starts
     # from (docs/transfer.md).
-    cache = tunecache.TuneCache(dataclasses.replace(settings, share=settings.share - {"transfer"}))
+    cache = TuneCache(dataclasses.replace(settings, share=settings.share - {"transfer"}))
     with compile_session(cache, "tunecache-warm-") as (scratch, torch):
         for i, task in enumerate(_my_order(tasks, rank, world)):
             outcome = _warm_one(task, i, scratch, local_rank, torch, tc_inductor, cache)
@@ -215,9 +215,9 @@ def _warm_one(task: WarmTask, i: int, scratch: str, local_rank: int, torch: Any,
         # A fresh Inductor cache directory per compile: nothing local may answer for us.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, str(i))
         torch._dynamo.reset()
-        tunecache.reset_stats()
+        counters.reset_stats()
         tc_inductor.compile_and_run(fn, args, task.precision, task.env)
-        s = tunecache.stats().gemm.as_dict()
+        s = counters.stats().gemm.as_dict()
         outcome, reason = classify(s["events"], s["fallbacks"], expected)
         record.update(outcome=outcome, benchmarks=s["benchmarks"],
                       key_hashes=sorted({e["key_hash"] for e in s["events"]

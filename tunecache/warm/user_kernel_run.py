@@ -42,22 +42,22 @@ def warm_user_kernels(settings: Settings, database: str, tasks: Sequence[Any],
     autotuner, with users' kernels shared under ``settings`` (transfer off: a key the
     operator tunes for the cluster is tuned in full) and whatever tunecache had on before
     put back as it was afterwards (off)."""
-    import tunecache
-
+    from .. import counters, switch
+    from ..core.cache import TuneCache
     from ..user_kernels import warm as uk_warm
 
     start = time.monotonic()
     done: list[dict[str, Any]] = []
     rank, world, local_rank = _rank()
-    cache = tunecache.TuneCache(uk_warm.settings_for_warm(settings))
+    cache = TuneCache(uk_warm.settings_for_warm(settings))
     try:
-        if not tunecache.enable(cache, only={"user_kernels"}):
+        if not switch.enable(cache, only={"user_kernels"}):
             raise RuntimeError("users' kernels' sharing did not come on (see the warning "
                                "above)")
         device = uk_warm.device_for_rank(local_rank)
 
         def counters() -> dict[str, int]:
-            return tunecache.stats().user_kernels.as_dict()
+            return counters.stats().user_kernels.as_dict()
 
         # Under torchrun each rank starts at its share of the list: the ranks claim
         # disjoint keys first.
@@ -70,7 +70,7 @@ def warm_user_kernels(settings: Settings, database: str, tasks: Sequence[Any],
                              "error": f"{type(e).__name__}: {e}"[:500]})
             progress(1, task.kernel)
     finally:
-        tunecache.disable()
+        switch.disable()
         cache.close()
     return UserKernelWarmReport(
         database=database, rank=rank, world_size=world, user_kernels=len(tasks),

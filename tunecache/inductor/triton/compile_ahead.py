@@ -35,12 +35,29 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ...patching import Ledger
+from ...process import PROCESS
 
 log = logging.getLogger("tunecache")
 
-__all__ = ["THREAD_NAME", "AheadCompiler", "compiling_ahead", "compiling_descent_ahead"]
+__all__ = ["THREAD_NAME", "AheadCompiler", "shared_pool", "compiling_ahead",
+           "compiling_descent_ahead"]
 
 THREAD_NAME = "tunecache-compile-ahead"  # the prefix of the threads' names
+
+
+def shared_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's compile-ahead threads (``threads`` of them), made at the first
+    descent that uses them and kept by the process's owner until tunecache.disable():
+    a descent's compiles are a fraction of a second each, too short to start threads
+    for every descent."""
+    with PROCESS.lock:
+        pool = PROCESS.compile_pool
+        if pool is None or PROCESS.compile_pool_threads != threads:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_NAME)
+            PROCESS.compile_pool, PROCESS.compile_pool_threads = pool, threads
+        return pool
 
 
 def _config_key(config: Any) -> Hashable:
@@ -51,16 +68,14 @@ def _config_key(config: Any) -> Hashable:
 
 
 class AheadCompiler:
-    """Compiles of one kernel's configs, run by ``threads`` threads ahead of the thread
-    that asks for them (:meth:`compiled`); with no threads, each is compiled when asked
-    for. Its methods are called from that one thread; the threads only run
-    ``compile_config``."""
+    """Compiles of one kernel's configs, run by the process's ``threads`` compile-ahead
+    threads (:func:`shared_pool`) ahead of the thread that asks for them
+    (:meth:`compiled`); with no threads, each is compiled when asked for. Its methods are
+    called from that one thread; the threads only run ``compile_config``."""
 
     def __init__(self, compile_config: Callable[[Any], Any], threads: int) -> None:
         self._compile = compile_config
-        self._pool = ThreadPoolExecutor(max_workers=threads,
-                                        thread_name_prefix=THREAD_NAME) \
-            if threads > 0 else None
+        self._pool = shared_pool(threads) if threads > 0 else None
         self._compiles: dict[Hashable, Future[Any]] = {}
         self.compiled_ahead = 0  # compiles run in a thread (not dropped before they ran)
         self.served = 0  # of those, handed to the thread that asked
@@ -99,8 +114,6 @@ class AheadCompiler:
         """Drop what has not started; compiles under way finish in their threads, and
         their results are dropped."""
         self.drop_pending()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
         self._compiles.clear()
 
 

@@ -35,7 +35,7 @@ from .keys import (
 from .signals import released_as
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ... import TuneCache
+    from ...core.cache import TuneCache
 
 __all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "remote_cache_class"]
 
