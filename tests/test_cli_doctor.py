@@ -195,3 +195,12 @@ def test_doctor_checks_graph_settings_and_key_files_as_jobs_load_them(sqlite_url
     code, checks, _ = _checks("--db", sqlite_url)
     assert code == 1 and checks["graphs"]["message"].startswith(
         f"TUNECACHE_VERIFY_KEY: tunecache key file {keys / 'missing.pub'}: no such file")
+
+
+def test_doctor_names_the_replacement_of_a_renamed_variable(sqlite_url, monkeypatch):
+    monkeypatch.setenv("TUNECACHE_KERNELS", "0")
+    code, checks, _ = _checks("--db", sqlite_url)
+    assert code == 0 and checks["renamed"]["status"] == "warn"
+    assert checks["renamed"]["message"] == (
+        "TUNECACHE_KERNELS is renamed: set TUNECACHE_SHARE=-kernels instead (honoured this "
+        "time)")

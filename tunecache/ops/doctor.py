@@ -142,6 +142,11 @@ class _Doctor:
                               for name, near in unknown)
             self.add("variables", "warn", f"not tunecache settings, ignored: {names}",
                      "rename or unset them")
+        renamed = [n.removeprefix("tunecache: ") for n in self.settings.notices
+                   if "is renamed" in n or "is replaced by" in n]
+        if renamed:
+            self.add("renamed", "warn", "; ".join(renamed),
+                     "set TUNECACHE_SHARE / TUNECACHE_LEVERS instead (docs/configuration.md)")
 
     def graphs(self) -> None:
         """Compiled graph and kernel sharing as jobs will set it up: the settings, and
