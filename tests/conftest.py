@@ -1,7 +1,7 @@
 """Fixtures: a fresh SQLite file per test, a fresh database on the real PostgreSQL server,
 and the compiles tunecache's compile-ahead threads start.
 
-PostgreSQL is not optional: `.ci/run` starts it. Point TUNECACHE_TEST_PG at another server
+PostgreSQL is not optional: `.ci/run` starts it. Point TEST_PG_URL at another server
 (a libpq URL of a database whose user may CREATE DATABASE) to test against it.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-PG_ADMIN_URL = os.environ.get("TUNECACHE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+PG_ADMIN_URL = os.environ.get("TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _admin_connect():
