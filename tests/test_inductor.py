@@ -399,7 +399,8 @@ _MISSING = object()  # an attribute not in its owner's __dict__
 
 
 def _patched_inductor_attributes() -> dict[str, Any]:
-    """Every Inductor attribute tunecache's hooks patch (torch 2.13), by name: the value
+    """Every attribute tunecache's parts patch on Inductor, Dynamo and Triton (torch
+    2.13), by name: the value
     each holds now (the object in the owner's ``__dict__`` for methods, so that a
     restored staticmethod counts as restored only if it is the very same object)."""
     from torch._functorch import config as functorch_config
@@ -410,9 +411,11 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     from torch._inductor.runtime import autotune_cache, triton_heuristics
     from torch._inductor.runtime.coordinate_descent_tuner import CoordescTuner
     from torch._inductor.scheduler import Scheduler
+    from triton.runtime.autotuner import Autotuner
 
     selector = get_algorithm_selector_cache()
     owners = {
+        "Autotuner": (Autotuner, ("cache_results", "check_disk_cache", "run")),
         "AutotuneCache": (autotune_cache.AutotuneCache, ("create", "read_best")),
         "CachingAutotuner": (triton_heuristics.CachingAutotuner,
                              ("coordinate_descent_tuning", "autotune_to_one_config",
@@ -480,7 +483,7 @@ def _registry_is_empty() -> None:
     assert REGISTRY.hooks is None and REGISTRY.triton is None and REGISTRY.graphs is None
     assert REGISTRY.pgo is None
     assert len(PROCESS.ledger) == 0, PROCESS.ledger.entries()
-    assert not REGISTRY.runtime_hooks_tried
+    assert not REGISTRY.runtime_hooks
 
 
 def test_disable_restores_every_patched_inductor_attribute(tmp_path, monkeypatch):
@@ -643,13 +646,20 @@ def test_enable_turns_off_inductor_distributed_max_autotune_gemm(sqlite_url, cap
         inductor_config.distributed_max_autotune_gemm = False
 
 
-def test_unsupported_torch_version_warns_once_and_installs_nothing(monkeypatch, sqlite_url, caplog):
+def test_unsupported_torch_version_warns_once_and_installs_no_inductor_part(
+        monkeypatch, sqlite_url, caplog):
+    from tunecache.switch import parts_on
+
     monkeypatch.setattr(torch, "__version__", "2.10.0")
     monkeypatch.setattr(PROCESS, "explained", set())
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        assert tunecache.enable(db=sqlite_url) is False
-        assert tunecache.enable(db=sqlite_url) is False
-    assert not tunecache.is_enabled()
+        try:
+            assert tunecache.enable(db=sqlite_url) is False
+            assert tunecache.enable(db=sqlite_url) is False
+            # Users' Triton kernels do not depend on torch's version: only they are on.
+            assert parts_on() == ["user_kernels"]
+        finally:
+            tunecache.disable()
     assert "lookup" not in vars(get_algorithm_selector_cache())
     assert sum("2.10.0" in r.getMessage() for r in caplog.records) == 1
 
