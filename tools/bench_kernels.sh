@@ -8,7 +8,7 @@
 # 2. record: max-autotune + tunecache at $LAYERS layers on node A (its own Inductor cache),
 #    publishing tunings, compiled graphs and compiled kernels into OUTDIR/node.db;
 # 3. for each count in $CHANGED (default "3 4"): default mode, then tunecache on a new node
-#    (an empty Inductor cache) with TUNECACHE_KERNELS=0 (kernels compiled again) and with
+#    (an empty Inductor cache) with TUNECACHE_SHARE=-kernels (kernels compiled again) and with
 #    kernel sharing on. Each of the two runs on its own copy of the recorded database, so
 #    that neither finds the changed graph the other published.
 #
@@ -37,7 +37,7 @@ for n in ${CHANGED:-3 4}; do
     export CHANGED_ARGS="--layers $n"
     ARGS="${ARGS:-} --layers $layers" suite default:changed
     fresh_copy
-    TUNECACHE_KERNELS=0 ARGS="${ARGS:-} --layers $layers" suite tunecache-newnode:changed
+    TUNECACHE_SHARE=-kernels ARGS="${ARGS:-} --layers $layers" suite tunecache-newnode:changed
     fresh_copy
     ARGS="${ARGS:-} --layers $layers" suite tunecache-newnode:changed
 done

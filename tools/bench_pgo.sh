@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Shape profiles shared through the database (TUNECACHE_PGO=1), side by side with static
+# Shape profiles shared through the database (profiles, on by default with a key), side by side with static
 # max-autotune and default mode at the same sizes, in one session:
 #
 #   tools/bench_pgo.sh OUTDIR JOB [JOB ...]
 #
 # JOB is MODE:TOKENS, run in the order given, each on a new node (a fresh Inductor cache):
-#   pgo:N      max-autotune + tunecache on OUTDIR/pgo.db with TUNECACHE_PGO=1 and one job id
+#   pgo:N      max-autotune + tunecache on OUTDIR/pgo.db and one job id
 #              for every pgo job: the first size compiles static; a job that then sees
 #              another size compiles it dynamic and publishes the profile; every later
 #              job, at any size, loads the profile and the dynamic graph;
@@ -51,7 +51,7 @@ for job in "$@"; do
     case $mode in
         pgo)
             # Dynamo's own log of the profile it read and wrote, kept apart from the job's.
-            TUNECACHE_PGO=1 TORCH_COMPILE_JOB_ID=${JOB_ID:-tunecache-bench-pgo} \
+            TORCH_COMPILE_JOB_ID=${JOB_ID:-tunecache-bench-pgo} \
                 TORCH_LOGS=torch._dynamo.pgo TUNECACHE_DB=$out/pgo.db \
                 bench "pgo-$tokens" --mode tunecache --inductor-caches --tokens "$tokens"
             grep -h "code_state" "$out/pgo-$tokens.log" | sed "s/^/pgo-$tokens: /" \

@@ -8,12 +8,12 @@
 # 2. for each of TOKENS (default "4096 16384"), every key new:
 #      plain-N     max-autotune, every GEMM and kernel tuned in full (PLAIN=0 skips it)
 #      transfer-N  tunecache on a copy of the recorded database, its defaults (transfer
-#                  on, TUNECACHE_DECISIVE's default parts)
+#                  on, the decisive levers' defaults)
 #    and, with DECISIVE=VALUE, transfer-decisive-VALUE-N: the same with
-#    TUNECACHE_DECISIVE=VALUE (0: no part, every new key measured; 1: every part; or parts,
+#    the decisive levers of VALUE (0: no part, every new key measured; 1: every part; or parts,
 #    DECISIVE=fusion,triton, tagged fusion+triton);
-#    with OFF=1, transfer-off-N: the same with TUNECACHE_TRANSFER=0;
-#    with AHEAD=T, transfer-ahead-T-N: the same with TUNECACHE_COMPILE_AHEAD=T (a descent's
+#    with OFF=1, transfer-off-N: the same with TUNECACHE_SHARE=-transfer;
+#    with AHEAD=T, transfer-ahead-T-N: the same with compile_ahead=T (a descent's
 #    candidates compiled in T threads, 0: each just before its benchmark), and
 #    OUTDIR/ahead-configs-N.txt: which kernels it tuned to the transfer job's config, and
 #    each kernel's tuning seconds in both (tools/triton_config_diff.py; AHEAD set to the
@@ -115,6 +115,15 @@ if [[ -z $recorded ]]; then
         --tokens "${RECORD_TOKENS:-8192}"
     dump_kernels "record-${RECORD_TOKENS:-8192}"
 fi
+decisive_levers() {  # DECISIVE's value (0, 1, or parts: gemm,fusion) as TUNECACHE_LEVERS
+    local parts=$1 out=() p
+    [[ $parts == 1 ]] && parts=gemm,triton,fusion
+    [[ $parts == 0 ]] && parts=
+    for p in gemm triton fusion; do
+        [[ ,$parts, == *,$p,* ]] && out+=("+decisive_$p") || out+=("-decisive_$p")
+    done
+    (IFS=,; echo "${out[*]}")
+}
 for tokens in ${TOKENS:-4096 16384}; do
     plain_profile=()
     [[ -n ${PROFILE_PLAIN:-} ]] && plain_profile=(--profile-compile "$PROFILE_PLAIN")
@@ -136,17 +145,18 @@ for tokens in ${TOKENS:-4096 16384}; do
     fi
     if [[ -n ${DECISIVE:-} ]]; then
         copy_db "$recorded" "$out/decisive-$tokens.db"
-        TUNECACHE_DECISIVE=$DECISIVE TUNECACHE_DB=$out/decisive-$tokens.db bench \
+        TUNECACHE_LEVERS=$(decisive_levers "$DECISIVE") TUNECACHE_DB=$out/decisive-$tokens.db bench \
             "transfer-decisive-${DECISIVE//,/+}-$tokens" --mode tunecache --tokens "$tokens"
     fi
     if [[ -n ${AHEAD:-} ]]; then
         copy_db "$recorded" "$out/ahead-$tokens.db"
-        TUNECACHE_COMPILE_AHEAD=$AHEAD TUNECACHE_DB=$out/ahead-$tokens.db bench \
+        TUNECACHE_LEVERS=$( (( AHEAD > 0 )) && echo +compile_ahead || echo -compile_ahead) \
+            TUNECACHE_DB=$out/ahead-$tokens.db bench \
             "transfer-ahead-$AHEAD-$tokens" --mode tunecache --tokens "$tokens"
     fi
     if [[ ${OFF:-0} == 1 ]]; then
         copy_db "$recorded" "$out/off-$tokens.db"
-        TUNECACHE_TRANSFER=0 TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \
+        TUNECACHE_SHARE=-transfer TUNECACHE_DB=$out/off-$tokens.db bench "transfer-off-$tokens" \
             --mode tunecache --tokens "$tokens"
     fi
 done

@@ -1,9 +1,9 @@
-"""What deciding by neighbours alone costs at a new size (``TUNECACHE_DECISIVE``).
+"""What deciding by neighbours alone costs at a new size (the decisive levers).
 
     python tools/decisive_regret.py DB [--decisive DECISIVE_DB] [--json] [-o REPORT.json]
 
 DB is the database of a job that compiled at a new size with transfer and
-``TUNECACHE_DECISIVE=0`` (tools/bench_transfer.sh with DECISIVE=0: ``decisive-N.db``, a
+every decisive lever off (tools/bench_transfer.sh with DECISIVE=0: ``decisive-N.db``, a
 copy of the recording the job started from plus what it measured). Transfer then times
 the neighbours' choices at every new key, so DB
 shows, for each entry the job measured, what its neighbours would have decided and what
@@ -27,7 +27,7 @@ gathered into a table: for each threshold, how many keys it decides and their wo
 regret. That is the measurement behind DECISIVE_MARGIN and FUSION_DECISIVE_MARGIN.
 
 With ``--decisive``, the database of a job run beside it with decisive parts on (the
-defaults, or ``TUNECACHE_DECISIVE=1``; on its own copy of the same recording): every
+defaults, or every decisive lever on; on its own copy of the same recording): every
 entry that job decided without measuring (``meta.transfer.benchmarked == 0``) is looked up
 in DB, and the regret of its decision is read from what DB's job measured at the same key.
 
@@ -365,7 +365,7 @@ def _print(out: Mapping[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("db", help="the database of a job with TUNECACHE_DECISIVE=0 "
+    parser.add_argument("db", help="the database of a job with every decisive lever off "
                                    "(path or URL)")
     parser.add_argument("--decisive", default=None,
                         help="the database of a job with decisive parts on beside it")

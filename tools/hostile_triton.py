@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("cpu smoke test: the seed job ran; no Triton configs to rewrite")
                 return 0
             sys.exit("error: no Triton configs were stored (no GPU or no Triton? "
-                     "TUNECACHE_TRITON_CONFIGS=0?)")
+                     "TUNECACHE_SHARE=-triton?)")
         results = []
         for case in args.case_names:
             mutate, expect = CASES[case]

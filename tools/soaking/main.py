@@ -52,7 +52,7 @@ def soak(backend: str, opts: Options, workdir: str, pg_url: str | None,
            # (that takes max_attempts - 1 takeovers in a row). A tuner that raises every
            # time (a poisoned neighbour) exhausts a key in seconds, as jobs ask for it.
            "TUNECACHE_MAX_ATTEMPTS": str(opts.max_attempts),
-           "TUNECACHE_TRITON_CONFIGS": "0"}
+           "TUNECACHE_SHARE": "-triton"}
     driver = Driver(opts, url, logdir, env, restart_cmd,
                     hostile_setup(backend, url, workdir) if opts.hostile else None)
     probe = OutageProbe(url)
