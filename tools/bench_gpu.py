@@ -554,8 +554,8 @@ def main() -> int:
                 "shape_profile": everyone[0]["shape_profile"],
                 # the settings a job of tools/bench_kernels.sh or bench_pgo.sh varies
                 "tunecache_env": {k: v for k, v in os.environ.items()
-                                  if k in ("TUNECACHE_MODE",
-                                           "TUNECACHE_SHARE", "TUNECACHE_LEVERS", "TORCH_COMPILE_JOB_ID")},
+                                  if k in ("TUNECACHE_MODE", "TUNECACHE_SHARE",
+                                           "TUNECACHE_LEVERS", "TORCH_COMPILE_JOB_ID")},
                 "kernels_published": everyone[0]["kernels_published"],
                 "kernels_loaded": everyone[0]["kernels_loaded"],
                 "triton_kernels_local": sum(r["triton_kernels_local"] for r in everyone),
