@@ -56,14 +56,15 @@ def warm_user_kernels(settings: Settings, database: str, tasks: Sequence[Any],
                                "above)")
         device = uk_warm.device_for_rank(local_rank)
 
-        def counters() -> dict[str, int]:
+        def user_kernel_counts() -> dict[str, int]:
             return counters.stats().user_kernels.as_dict()
 
         # Under torchrun each rank starts at its share of the list: the ranks claim
         # disjoint keys first.
         for task in _my_order(tasks, rank, world):
             try:
-                outcome = uk_warm.warm_user_kernel(task, packages, counters, device)
+                outcome = uk_warm.warm_user_kernel(task, packages, user_kernel_counts,
+                                                   device)
                 done.append({**task.as_dict(), "outcome": outcome})
             except Exception as e:  # noqa: BLE001 - one kernel's failure is reported
                 done.append({**task.as_dict(), "outcome": "error",
