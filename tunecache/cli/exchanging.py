@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
@@ -15,7 +15,7 @@ import click
 from ..settings import Settings
 from . import format as fmt
 from .app import BadArgument
-from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_says, ctrl_c_stops
 from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
 
 if TYPE_CHECKING:
@@ -24,6 +24,24 @@ if TYPE_CHECKING:
 __all__ = ["export", "import_", "merge"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _export_stopped(options: Mapping[str, Any]) -> str:
+    output = options["output"]
+    if output == "-":
+        return "the export on stdout is incomplete; use none of it"
+    if os.path.exists(output) and not os.path.isfile(output):
+        return f"the export into {output} is incomplete; use none of it"
+    return f"nothing exported; {output} is not written (an earlier file there is as it was)"
+
+
+def _import_stopped(options: Mapping[str, Any]) -> str:
+    # A real import or merge stops after the batch in hand (ctrl_c_stops) and says what it
+    # committed; this is a dry run, or the second Ctrl-C that ends one at once.
+    if options["dry_run"]:
+        return "a dry run; nothing was written"
+    return ("stopped at once (a second Ctrl-C): the batches committed so far stay; run the "
+            "same command again to finish")
 
 
 @click.command()
@@ -37,6 +55,7 @@ F = TypeVar("F", bound=Callable[..., Any])
                    "--op or --device select none), with their signatures.")
 @entry_filters()
 @common
+@ctrl_c_says(_export_stopped)
 def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
            selection: Selection) -> None:
     """Write done entries as versioned JSON lines.
@@ -185,6 +204,7 @@ def _import_report(ctx: click.Context, inv: Invocation, report: ImportReport,
 @_import_options("Exit 0 even if some lines were invalid (they are skipped either way).")
 @common
 @click.pass_context
+@ctrl_c_says(_import_stopped)
 def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str, skip_invalid: bool,
             dry_run: bool) -> None:
     """Import an export file (FILE, or - for stdin).
@@ -223,6 +243,7 @@ def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str,
 @_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
 @common
 @click.pass_context
+@ctrl_c_says(_import_stopped)
 def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on_conflict: str,
           skip_invalid: bool, dry_run: bool) -> None:
     """Merge the done entries of SRC_DB into the target, validated like an import.

@@ -10,7 +10,7 @@ import click
 
 from . import format as fmt
 from .app import BadArgument
-from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_says, ctrl_c_stops
 from .options import KINDS, ByteSize, Duration, Invocation, common, kind_option, op_option, opened
 
 if TYPE_CHECKING:
@@ -60,6 +60,9 @@ __all__ = ["prune"]
               help="SQLite: no 0.1 s pause between batches (for a maintenance window: "
                    "running jobs would wait for the whole prune).")
 @common
+@ctrl_c_says(lambda options: "a dry run; nothing was deleted" if options["dry_run"] else
+             "stopped at once (a second Ctrl-C): the batches deleted so far are gone; run "
+             "the same prune again to finish")
 def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
           triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
