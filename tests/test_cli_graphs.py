@@ -102,7 +102,7 @@ def test_prune_deletes_graphs_by_age_and_by_torch_with_their_blobs(db_url):
         assert len(_blobs(db_url)) == 1
     human = run("prune", "--db", db_url, "--kind", "fxgraph", "--no-vacuum")
     assert human.stdout.splitlines()[-1] == (
-        "deleted 1 compiled graphs (100 B), 0 orphan blob files (0 B)")
+        "deleted 1 compiled graph (100 B), 0 orphan blob files (0 B)")
     assert _keys(db_url) == []
 
 

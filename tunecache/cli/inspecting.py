@@ -77,8 +77,9 @@ def stats(inv: Invocation, since: float | None, by_day: bool) -> None:
         click.echo(f"failed    {fmt.plural(data.failed.count, 'key')}")
         graphs = data.graphs
         kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs.by_kind)
-        click.echo(f"graphs    {graphs.count} compiled graphs, {fmt.size(graphs.bytes)}"
-                   + (f" ({kinds})" if kinds else "") + f", {graphs.hits} loads"
+        click.echo(f"graphs    {fmt.plural(graphs.count, 'compiled graph')}, "
+                   f"{fmt.size(graphs.bytes)}" + (f" ({kinds})" if kinds else "")
+                   + f", {fmt.plural(graphs.hits, 'load')}"
                    + (f"; {graphs.invalid} with an invalid size (not counted; prune "
                       "--max-graph-bytes removes them)" if graphs.invalid else ""))
         _human_gains(data.gains, data.transferred)
