@@ -168,7 +168,7 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
 
 def _interrupted(inv: Invocation, report: PruneReport) -> None:
     """Ctrl-C: say what was deleted (all of it committed), then exit 130 like a shell."""
-    graphs = report.graphs.deleted if report.graphs else 0
+    graphs = (report.graphs.deleted if report.graphs else 0) or 0
 
     def human() -> None:
         click.echo(f"interrupted: deleted {fmt.plural(report.deleted or 0, 'entry')} (of "

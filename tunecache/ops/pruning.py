@@ -472,6 +472,10 @@ def _why(spec: PruneSpec, state: Any) -> str:
     return " ".join(option for option, on in given if on)
 
 
+def _scalars(conn: Connection, statement: Any) -> list[Any]:
+    return list(conn.execute(statement).scalars())
+
+
 def _prune_listing(
     db: Database,
     spec: PruneSpec,
@@ -489,9 +493,8 @@ def _prune_listing(
     also_matched: set[str] = set()
     hashes = list(reasons)
     for lo in range(0, len(hashes), DELETE_BATCH):
-        chunk = hashes[lo:lo + DELETE_BATCH]
-        also_matched.update(db.run(lambda c, chunk=chunk: list(
-            c.execute(prune_queries.select_pruned_among(condition, chunk)).scalars())))
+        among = prune_queries.select_pruned_among(condition, hashes[lo:lo + DELETE_BATCH])
+        also_matched.update(db.run(functools.partial(_scalars, statement=among)))
     only_invalid = [(h, reason) for h, reason in invalid if h not in also_matched]
     rows: list[dict[str, Any]] = []
     if matched and listed:
