@@ -291,3 +291,56 @@ def test_hostile_graph_rows_never_crash_an_operator_command(sqlite_url, tmp_path
     out = run_json("prune", "--db", sqlite_url, "--max-graph-bytes", "0B")
     assert out["graphs"]["deleted"] == 2
     assert run_json("ls", "--db", sqlite_url, "--graphs") == []
+
+
+def _graph_rows(url: str) -> dict[str, tuple]:
+    rows = run_json("ls", "--db", url, "--graphs", "--limit", "1000")
+    return {r["key"]: (r["created_at"], r["last_used_at"], r["hits"]) for r in rows}
+
+
+def test_import_and_merge_keep_a_graphs_age_and_loads_from_the_source(db_url, tmp_path):
+    # They took the import's time as created_at and 0 loads, so `prune --older-than` aged
+    # an imported graph from the import, unlike an imported entry.
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    _publish(src, ("fxgraph", "old", 100, "2.13.0"), age=40 * 86400)
+    _publish(src, ("fxgraph", "new", 100, "2.13.0"))
+    store = _store(src)
+    store.db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == "old")
+                                     .values(hits=7)), write=True)
+    store.db.dispose()
+    source = _graph_rows(src)
+    assert source["old"][2] == 7
+    out = tmp_path / "graphs.jsonl"
+    assert run("export", "--db", src, "-o", str(out)).exit_code == 0
+    lines = {g["key"]: g for g in (json.loads(x)["graph"] for x in
+                                   out.read_text().splitlines()[1:])}
+    assert (lines["old"]["hits"], lines["old"]["last_used_at"]) == (7, source["old"][1])
+
+    target = f"sqlite:///{tmp_path / 'imported.db'}" if db_url.startswith("sqlite") else db_url
+    assert run("import", str(out), "--db", target).exit_code == 0
+    assert _graph_rows(target) == source
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    assert run("merge", src, "--into", merged).exit_code == 0
+    assert _graph_rows(merged) == source
+    dry = run_json("prune", "--db", target, "--older-than", "30d", "--dry-run")
+    assert [g["key"] for g in dry["graphs"]["graphs"]] == ["old"]
+
+
+def test_an_imported_graph_time_in_the_future_becomes_the_imports(sqlite_url, tmp_path):
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    _publish(src, ("fxgraph", "g", 100, "2.13.0"))
+    out = tmp_path / "graphs.jsonl"
+    assert run("export", "--db", src, "-o", str(out)).exit_code == 0
+    header, line = out.read_text().splitlines()
+    graph = json.loads(line)
+    graph["graph"].update(created_at=4e9, last_used_at=4e9)  # the year 2096
+    out.write_text(header + "\n" + json.dumps(graph) + "\n")
+    before = time.time()
+    assert run("import", str(out), "--db", sqlite_url).exit_code == 0
+    created, last, _ = _graph_rows(sqlite_url)["g"]
+    assert before - 1 <= created <= time.time() + 1 and before - 1 <= last <= time.time() + 1
+    graph["graph"]["hits"] = -3
+    out.write_text(header + "\n" + json.dumps(graph) + "\n")
+    bad = run("import", str(out), "--db", f"sqlite:///{tmp_path / 'other.db'}")
+    assert bad.exit_code == 1
+    assert "line 2: \"hits\" is -3, not a count of loads" in bad.stderr

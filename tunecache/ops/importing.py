@@ -25,6 +25,7 @@ from .exchange import (
     ConflictPolicy,
     ExportFile,
     Incoming,
+    graph_loads,
     stored_entry,
     validated_entry,
     validated_graph,
@@ -171,7 +172,9 @@ class _Import:
         if self.dry_run:
             new = not self.store.exists(g.kind, g.key)
         else:
-            new = self.store.put(g.kind, g.key, g.payload, g.signature, g.torch_version)
+            new = self.store.put(g.kind, g.key, g.payload, g.signature, g.torch_version,
+                                 created_at=g.created_at, last_used_at=g.last_used_at,
+                                 hits=g.hits)
         self.graphs["inserted" if new else "unchanged"] += 1
 
     def flush(self) -> None:
@@ -305,7 +308,10 @@ def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, An
                 continue
             yield where, {"graph": {"kind": found.kind, "key": found.key,
                                     "payload": found.payload, "signature": found.signature,
-                                    "torch": found.torch_version}}
+                                    "torch": found.torch_version,
+                                    "created_at": found.created_at,
+                                    "last_used_at": info.last_used_at,
+                                    "hits": graph_loads(info.hits)}}
 
 
 def merge(
