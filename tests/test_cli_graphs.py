@@ -189,9 +189,9 @@ def test_export_import_round_trip_carries_graphs_and_signatures(db_url, tmp_path
 
     target = f"sqlite:///{tmp_path / 'target.db'}"
     first = run_json("import", "--db", target, str(dump))
-    assert (first["inserted"], first["graphs"]) == (1, {"inserted": 2, "unchanged": 0})
+    assert (first["new"], first["graphs"]) == (1, {"new": 2, "kept": 0})
     again = run_json("import", "--db", target, str(dump))
-    assert again["graphs"] == {"inserted": 0, "unchanged": 2}
+    assert again["graphs"] == {"new": 0, "kept": 2}
     got = _store(target).get("fxgraph", "fx")
     assert (got.payload, got.signature, got.torch_version) == (
         payload, b"signed-by-someone", "2.13.0")
@@ -210,7 +210,7 @@ def test_merge_carries_graphs(db_url, tmp_path):
     _publish(db_url, ("fxgraph", "fx", 1000, "2.13.0"))
     target = f"sqlite:///{tmp_path / 'target.db'}"
     out = run_json("merge", db_url, "--db", target)
-    assert out["graphs"] == {"inserted": 1, "unchanged": 0}
+    assert out["graphs"] == {"new": 1, "kept": 0}
     assert _store(target).get("fxgraph", "fx") is not None
 
 
@@ -249,7 +249,7 @@ def test_import_reports_each_hostile_graph_line_in_one_line_and_keeps_the_good(t
     assert len(errors) == len(HOSTILE), result.stderr
     assert all(len(x) < 300 for x in errors), "one short line each, no key echoed"
     data = run_json("import", "--db", target, str(dump), "--skip-invalid")
-    assert data["invalid"] == len(HOSTILE) and data["graphs"]["unchanged"] == 1
+    assert data["invalid"] == len(HOSTILE) and data["graphs"]["kept"] == 1
     assert _store(target).get("fxgraph", "good").payload == b"payload"
 
 
