@@ -58,12 +58,13 @@ def build(url: str, count: int, chunk: int = 20_000) -> None:
     db.dispose()
 
 
-def dry_run(url: str, *args: str) -> tuple[float, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def dry_run(url: str, *args: str, root: Path = ROOT) -> tuple[float, str]:
+    # In the root: python -m puts the working directory first on the path.
+    env = {**os.environ, "PYTHONPATH": str(root)}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tunecache.cli", "prune", "--db", url,
                            "--older-than", "30d", "--dry-run", *args],
-                          check=True, env=env, capture_output=True, text=True)
+                          check=True, env=env, capture_output=True, text=True, cwd=root)
     return time.perf_counter() - started, done.stdout
 
 
@@ -73,7 +74,11 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--compare", type=Path, default=None, metavar="ROOT",
+                        help="also run the command of another checkout's tunecache (its "
+                             "root directory) on each database, alternating with this one")
     args = parser.parse_args()
+    roots = [ROOT] + ([args.compare.resolve()] if args.compare else [])
     with tempfile.TemporaryDirectory() as workdir:
         for backend in args.backend or ["sqlite"]:
             with FreshDatabase(backend, args.pg_admin, workdir) as url:
@@ -82,14 +87,19 @@ def main() -> None:
                 result: dict[str, Any] = {"backend": backend, "entries": args.entries,
                                           "build_s": round(time.perf_counter() - started, 1)}
                 for label, extra in (("dry run", ()), ("dry run --json", ("--json",))):
-                    runs = [dry_run(url, *extra) for _ in range(args.repeat)]
-                    times = [t for t, _ in runs]
-                    out = runs[-1][1]
-                    would = (json.loads(out)["would_delete"] if extra
-                             else out.splitlines()[0])
-                    result[label] = {"best_s": round(min(times), 3),
-                                     "median_s": round(statistics.median(times), 3),
-                                     "said": would, "output_bytes": len(out)}
+                    runs: dict[Path, list[tuple[float, str]]] = {r: [] for r in roots}
+                    for _ in range(args.repeat):  # alternated: a load that varies hits both
+                        for r in roots:
+                            runs[r].append(dry_run(url, *extra, root=r))
+                    for r, name in zip(roots, ("", " (--compare)")):
+                        times = [t for t, _ in runs[r]]
+                        out = runs[r][-1][1]
+                        would = (json.loads(out)["would_delete"] if extra
+                                 else out.splitlines()[0])
+                        result[label + name] = {
+                            "best_s": round(min(times), 3),
+                            "median_s": round(statistics.median(times), 3),
+                            "said": would, "output_bytes": len(out)}
                 print(json.dumps(result), flush=True)
 
 

@@ -85,11 +85,12 @@ def build(url: str, count: int, reports: int = 0, chunk: int = 20_000) -> None:
     db.dispose()
 
 
-def wall(url: str, *args: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def wall(url: str, *args: str, root: Path = ROOT) -> float:
+    # In the root: python -m puts the working directory first on the path.
+    env = {**os.environ, "PYTHONPATH": str(root)}
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "tunecache.cli", "stats", "--db", url, *args],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+                   check=True, env=env, stdout=subprocess.DEVNULL, cwd=root)
     return time.perf_counter() - started
 
 
@@ -103,8 +104,12 @@ def main() -> None:
                         help="more arguments of each stats run, such as '--since 7d --by-day'")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--compare", type=Path, default=None, metavar="ROOT",
+                        help="also run the command of another checkout's tunecache (its "
+                             "root directory) on each database, alternating with this one")
     parser.add_argument("--profile", default=None, help="write a cProfile of one stats call")
     args = parser.parse_args()
+    roots = [ROOT] + ([args.compare.resolve()] if args.compare else [])
     with tempfile.TemporaryDirectory() as workdir:
         for backend in args.backend or ["sqlite"]:
             with FreshDatabase(backend, args.pg_admin, workdir) as url:
@@ -115,9 +120,14 @@ def main() -> None:
                                           "reports": args.reports, "build_s": round(built, 1)}
                 more = tuple(args.stats_args.split())
                 for label, extra in (("stats", ()), ("stats --json", ("--json",))):
-                    times = [wall(url, *extra, *more) for _ in range(args.repeat)]
-                    result[label] = {"best_s": round(min(times), 3),
-                                     "median_s": round(statistics.median(times), 3)}
+                    times: dict[Path, list[float]] = {r: [] for r in roots}
+                    for _ in range(args.repeat):  # alternated: a load that varies hits both
+                        for r in roots:
+                            times[r].append(wall(url, *extra, *more, root=r))
+                    for r, name in zip(roots, ("", " (--compare)")):
+                        result[label + name] = {"best_s": round(min(times[r]), 3),
+                                                "median_s": round(statistics.median(times[r]),
+                                                                  3)}
                 if args.profile:
                     import cProfile
 
