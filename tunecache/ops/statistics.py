@@ -394,12 +394,13 @@ def _int(value: Any) -> int:
 def usage(db: Database, since: float | None = None) -> UsageTotals:
     """The processes' reports of the last ``since`` seconds (None: all), summed within
     bounds (tunecache.store.stats_queries: a row out of them is counted in ``invalid``)."""
-    u = db.run(lambda c: stats_queries.usage_totals(c, _EVER if since is None else since))
+    u, invalid = db.run(lambda c: stats_queries.usage_totals(c, _EVER if since is None
+                                                             else since))
     return UsageTotals(
         reports=_int(u.reports), hits=_int(u.hits), tuned=_int(u.tuned), peer=_int(u.peer),
         local=_int(u.local), seconds_saved=_number(u.seconds_saved),
         seconds_tuning=_number(u.seconds_tuning), first_at=columns.time(u.first),
-        last_at=columns.time(u.last), invalid=_int(u.invalid), since_seconds=since)
+        last_at=columns.time(u.last), invalid=invalid, since_seconds=since)
 
 
 def usage_by_day(db: Database, since: float | None = None,
