@@ -204,3 +204,89 @@ def test_doctor_names_the_replacement_of_a_renamed_variable(sqlite_url, monkeypa
     assert checks["renamed"]["message"] == (
         "TUNECACHE_KERNELS is renamed: set TUNECACHE_SHARE=-kernels instead (honoured this "
         "time)")
+
+
+def test_doctor_flags_a_postgresql_superuser_login_and_passes_a_plain_role(pg_url):
+    # The README says not to connect as a superuser (no CONNECTION LIMIT binds one); the
+    # doctor did not say so.
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tunecache.settings import resolve_db_url
+
+    populate(pg_url, [gemm_key()])
+    code, checks, _ = _checks("--db", pg_url)
+    assert code == 0
+    assert checks["login"]["status"] == "warn"
+    assert checks["login"]["message"] == (
+        "connected as postgres, a superuser: the role's CONNECTION LIMIT and the database's "
+        "do not bind it, so a cold job can take every connection the server has")
+    assert "CREATE ROLE tunecache LOGIN" in checks["login"]["fix"]
+
+    role = f"tc_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(resolve_db_url(pg_url))
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+        conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"'))
+    try:
+        plain = make_url(pg_url).set(username=role).render_as_string(hide_password=False)
+        code, checks, _ = _checks("--db", plain)
+        assert code == 0, checks
+        assert checks["login"] == {"name": "login", "status": "ok",
+                                   "message": f"connected as {role} (not a superuser)",
+                                   "fix": None}
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP OWNED BY "{role}"'))
+            conn.execute(text(f'DROP ROLE "{role}"'))
+        engine.dispose()
+
+
+def test_doctor_names_an_immutable_database_file_instead_of_asking_for_chmod(sqlite_url,
+                                                                              tmp_path):
+    import subprocess
+
+    populate(sqlite_url, [gemm_key()])
+    path = tmp_path / "tune.db"
+    assert subprocess.run(["chattr", "+i", str(path)]).returncode == 0
+    try:
+        code, checks, _ = _checks("--db", sqlite_url)
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    assert code == 1
+    assert checks["permissions"]["status"] == "fail"
+    assert checks["permissions"]["message"] == (
+        f"{path} cannot be written by anyone: it is immutable or append-only (a file "
+        "attribute; lsattr shows it)")
+    assert checks["permissions"]["fix"] == f"as root: chattr -i -a {path}"
+    assert "chmod" not in checks["permissions"]["fix"]
+
+
+def test_doctor_still_asks_for_group_modes_where_they_are_the_cause(sqlite_url, tmp_path):
+    import errno
+
+    from tunecache.ops.doctor import write_problem
+
+    assert write_problem(str(tmp_path / "none"), errno.EACCES) == (
+        f"this user cannot read and write {tmp_path / 'none'}",
+        f"chmod g+rw {tmp_path / 'none'} and add this user to its group")
+    assert write_problem("/x/db", errno.EROFS) == (
+        "/x/db is on a filesystem mounted read-only",
+        "remount it read-write, or point --db / TUNECACHE_DB at a writable one")
+
+
+def test_a_missing_directory_reads_the_same_in_the_cli_as_in_a_job(tmp_path):
+    # The CLI said "no database file there (nothing recorded yet?)", a job "the directory
+    # does not exist".
+    missing = tmp_path / "nope" / "tune.db"
+    for args in (["stats"], ["ls"], ["export"], ["prune", "--failed", "--dry-run"]):
+        result = run(*args, "--db", str(missing))
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (f"Error: tunecache database sqlite:///{missing}: directory "
+                                 f"{missing.parent} does not exist; check --db, or create "
+                                 "it first (`tunecache doctor` checks the setup)\n")
+    code, checks, _ = _checks("--db", str(missing))
+    assert code == 1
+    assert checks["reachable"]["message"] == f"directory {missing.parent} does not exist"

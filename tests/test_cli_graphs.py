@@ -102,7 +102,7 @@ def test_prune_deletes_graphs_by_age_and_by_torch_with_their_blobs(db_url):
         assert len(_blobs(db_url)) == 1
     human = run("prune", "--db", db_url, "--kind", "fxgraph", "--no-vacuum")
     assert human.stdout.splitlines()[-1] == (
-        "deleted 1 compiled graphs (100 B), 0 orphan blob files (0 B)")
+        "deleted 1 compiled graph (100 B), 0 orphan blob files (0 B)")
     assert _keys(db_url) == []
 
 
@@ -189,9 +189,9 @@ def test_export_import_round_trip_carries_graphs_and_signatures(db_url, tmp_path
 
     target = f"sqlite:///{tmp_path / 'target.db'}"
     first = run_json("import", "--db", target, str(dump))
-    assert (first["inserted"], first["graphs"]) == (1, {"inserted": 2, "unchanged": 0})
+    assert (first["new"], first["graphs"]) == (1, {"new": 2, "kept": 0})
     again = run_json("import", "--db", target, str(dump))
-    assert again["graphs"] == {"inserted": 0, "unchanged": 2}
+    assert again["graphs"] == {"new": 0, "kept": 2}
     got = _store(target).get("fxgraph", "fx")
     assert (got.payload, got.signature, got.torch_version) == (
         payload, b"signed-by-someone", "2.13.0")
@@ -210,7 +210,7 @@ def test_merge_carries_graphs(db_url, tmp_path):
     _publish(db_url, ("fxgraph", "fx", 1000, "2.13.0"))
     target = f"sqlite:///{tmp_path / 'target.db'}"
     out = run_json("merge", db_url, "--db", target)
-    assert out["graphs"] == {"inserted": 1, "unchanged": 0}
+    assert out["graphs"] == {"new": 1, "kept": 0}
     assert _store(target).get("fxgraph", "fx") is not None
 
 
@@ -249,7 +249,7 @@ def test_import_reports_each_hostile_graph_line_in_one_line_and_keeps_the_good(t
     assert len(errors) == len(HOSTILE), result.stderr
     assert all(len(x) < 300 for x in errors), "one short line each, no key echoed"
     data = run_json("import", "--db", target, str(dump), "--skip-invalid")
-    assert data["invalid"] == len(HOSTILE) and data["graphs"]["unchanged"] == 1
+    assert data["invalid"] == len(HOSTILE) and data["graphs"]["kept"] == 1
     assert _store(target).get("fxgraph", "good").payload == b"payload"
 
 
@@ -291,3 +291,56 @@ def test_hostile_graph_rows_never_crash_an_operator_command(sqlite_url, tmp_path
     out = run_json("prune", "--db", sqlite_url, "--max-graph-bytes", "0B")
     assert out["graphs"]["deleted"] == 2
     assert run_json("ls", "--db", sqlite_url, "--graphs") == []
+
+
+def _graph_rows(url: str) -> dict[str, tuple]:
+    rows = run_json("ls", "--db", url, "--graphs", "--limit", "1000")
+    return {r["key"]: (r["created_at"], r["last_used_at"], r["hits"]) for r in rows}
+
+
+def test_import_and_merge_keep_a_graphs_age_and_loads_from_the_source(db_url, tmp_path):
+    # They took the import's time as created_at and 0 loads, so `prune --older-than` aged
+    # an imported graph from the import, unlike an imported entry.
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    _publish(src, ("fxgraph", "old", 100, "2.13.0"), age=40 * 86400)
+    _publish(src, ("fxgraph", "new", 100, "2.13.0"))
+    store = _store(src)
+    store.db.run(lambda c: c.execute(update(artifacts).where(artifacts.c.cache_key == "old")
+                                     .values(hits=7)), write=True)
+    store.db.dispose()
+    source = _graph_rows(src)
+    assert source["old"][2] == 7
+    out = tmp_path / "graphs.jsonl"
+    assert run("export", "--db", src, "-o", str(out)).exit_code == 0
+    lines = {g["key"]: g for g in (json.loads(x)["graph"] for x in
+                                   out.read_text().splitlines()[1:])}
+    assert (lines["old"]["hits"], lines["old"]["last_used_at"]) == (7, source["old"][1])
+
+    target = f"sqlite:///{tmp_path / 'imported.db'}" if db_url.startswith("sqlite") else db_url
+    assert run("import", str(out), "--db", target).exit_code == 0
+    assert _graph_rows(target) == source
+    merged = f"sqlite:///{tmp_path / 'merged.db'}"
+    assert run("merge", src, "--into", merged).exit_code == 0
+    assert _graph_rows(merged) == source
+    dry = run_json("prune", "--db", target, "--older-than", "30d", "--dry-run")
+    assert [g["key"] for g in dry["graphs"]["graphs"]] == ["old"]
+
+
+def test_an_imported_graph_time_in_the_future_becomes_the_imports(sqlite_url, tmp_path):
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    _publish(src, ("fxgraph", "g", 100, "2.13.0"))
+    out = tmp_path / "graphs.jsonl"
+    assert run("export", "--db", src, "-o", str(out)).exit_code == 0
+    header, line = out.read_text().splitlines()
+    graph = json.loads(line)
+    graph["graph"].update(created_at=4e9, last_used_at=4e9)  # the year 2096
+    out.write_text(header + "\n" + json.dumps(graph) + "\n")
+    before = time.time()
+    assert run("import", str(out), "--db", sqlite_url).exit_code == 0
+    created, last, _ = _graph_rows(sqlite_url)["g"]
+    assert before - 1 <= created <= time.time() + 1 and before - 1 <= last <= time.time() + 1
+    graph["graph"]["hits"] = -3
+    out.write_text(header + "\n" + json.dumps(graph) + "\n")
+    bad = run("import", str(out), "--db", f"sqlite:///{tmp_path / 'other.db'}")
+    assert bad.exit_code == 1
+    assert "line 2: \"hits\" is -3, not a count of loads" in bad.stderr

@@ -45,7 +45,7 @@ def test_prune_older_than_with_dry_run(db_url):
 
     result = run("prune", "--db", db_url, "--older-than", "720h", "--no-vacuum")
     assert result.exit_code == 0
-    assert result.stdout.splitlines()[0].startswith("deleted 3 entries in 1 batches")
+    assert result.stdout.splitlines()[0].startswith("deleted 3 entries in 1 batch (")
     assert result.stdout.splitlines()[1] == "vacuum: skipped (not asked)"
     assert _states(db_url) == [("bmm", "2.13.0", "done")] * 2
 
@@ -430,3 +430,39 @@ def test_a_310_digit_number_in_a_row_is_found_listed_and_removed_by_prune_invali
                                                                    big.key_hash])
     assert run_json("prune", "--db", db_url, "--invalid")["deleted"] == 2
     assert [r["key_hash"] for r in run_json("ls", "--db", db_url)] == [good.key_hash]
+
+
+def test_a_dry_run_counts_every_match_in_sql_and_lists_only_the_first(db_url):
+    # It paged through every match to print 20 of them: 20-30 s on 100,000 entries
+    # (tools/bench_prune_dry_run.py). Now it counts them all and lists --limit.
+    old = populate(db_url, [gemm_key("mm", i) for i in range(30)])
+    _age(db_url, [r.key_hash for r in old], 40 * 86400)
+    first = sorted(r.key_hash for r in old)
+    dry = run_json("prune", "--db", db_url, "--older-than", "30d", "--dry-run", "--limit", "5")
+    assert dry["would_delete"] == 30
+    assert [e["key_hash"] for e in dry["entries"]] == first[:5]
+    lines = run("prune", "--db", db_url, "--older-than", "30d", "--dry-run").stdout.splitlines()
+    assert lines[0] == "would delete 30 entries (dry run)"
+    assert [line.split()[0] for line in lines[2:22]] == [h[:12] for h in first[:20]]
+    assert lines[22] == "  ... and 10 more (--limit lists more)"
+    one = run("prune", "--db", db_url, "--older-than", "30d", "--op", "mm", "--dry-run",
+              "--limit", "0").stdout.splitlines()
+    assert one == ["would delete 30 entries (dry run)", "  ... and 30 more (--limit lists more)"]
+
+
+def test_a_dry_run_counts_an_invalid_entry_another_selection_takes_once(db_url):
+    old, bad, fresh = populate(db_url, [gemm_key("mm", i) for i in range(3)])
+    _age(db_url, [old.key_hash, bad.key_hash], 40 * 86400)
+    engine = create_engine(resolve_db_url(db_url))
+    with engine.begin() as conn:
+        for h in (bad.key_hash, fresh.key_hash):
+            conn.execute(update(entries).where(entries.c.key_hash == h).values(
+                timings_json='{"aten": "slow"}'))
+    engine.dispose()
+    dry = run_json("prune", "--db", db_url, "--older-than", "30d", "--invalid", "--dry-run")
+    assert dry["would_delete"] == 3
+    assert sorted((e["key_hash"], e["why"].split(":")[0]) for e in dry["entries"]) == sorted([
+        (old.key_hash, "--older-than"), (bad.key_hash, "--older-than --invalid"),
+        (fresh.key_hash, "--invalid")])
+    one = run("prune", "--db", db_url, "--older-than", "30d", "--invalid", "--dry-run")
+    assert one.stdout.splitlines()[0] == "would delete 3 entries (dry run)"

@@ -40,9 +40,9 @@ def test_stats_counts_states_envs_ops_hits_and_claims(db_url):
     human = run("stats", "--db", db_url)
     assert human.exit_code == 0
     lines = human.stdout.splitlines()
-    assert lines[1] == "entries   8 (done 5, claimed 2, failed 1)"
-    assert lines[4] == "claims    1 in flight, 1 expired"
-    assert lines[5] == "failed    1 keys"
+    assert lines[4] == "entries   8 (done 5, claimed 2, failed 1)"
+    assert lines[7] == "claims    1 in flight, 1 expired"
+    assert lines[8] == "failed    1 key"
     assert "node7:123:live" in human.stdout
 
 
@@ -174,10 +174,10 @@ def test_stats_says_what_each_hit_count_counts(db_url):
     data = run_json("stats", "--db", db_url)
     assert (data["hits"], data["usage"]["hits"], data["usage"]["reports"]) == (6, 8, 2)
     lines = run("stats", "--db", db_url).stdout.splitlines()
-    assert lines[2].startswith("hits      6 results served by the stored entries (cache hits "
+    assert lines[5].startswith("hits      6 results served by the stored entries (cache hits "
                                "and peers' results); tuning stored ")
-    assert lines[3].startswith("processes 2 reported: 8 cache hits, 0 peers' results, 4 tuned, "
-                               "0 tuned without the database; saved ")
+    assert lines[6].startswith("processes 2 reports: 8 cache hits, 0 peers' results, 4 tuned, "
+                               "0 tuned without the database; compile time avoided ")
 
 
 def test_ls_marks_a_cut_winner_with_an_ellipsis_and_survives_garbage_columns(sqlite_url):

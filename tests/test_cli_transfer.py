@@ -98,7 +98,7 @@ def test_import_reports_bad_lines_and_keeps_good_ones(db_url, tmp_path):
     again = run("import", str(path), "--db", db_url, "--skip-invalid", "--json")
     assert again.exit_code == 0
     data = json.loads(again.stdout)
-    assert (data["unchanged"], data["invalid"]) == (2, 8)
+    assert (data["kept"], data["invalid"]) == (2, 8)
     assert data["bad"][0] == {"where": "line 3", "reason": "not JSON (Expecting property name "
                               "enclosed in double quotes at column 2)"}
 
@@ -142,9 +142,9 @@ def test_conflict_policies(db_url, tmp_path):
     slower = write({"aten": 1.5, "triton": 0.0 + 1.8})
     out = run_json("import", slower, "--db", db_url)  # keep (default)
     # failed key and expired claim replaced; live claim left alone; done entry kept
-    assert (out["inserted"], out["replaced"], out["unchanged"], out["busy"]) == (0, 2, 1, 1)
+    assert (out["new"], out["replaced"], out["kept"], out["busy"]) == (0, 2, 1, 1)
     assert stored() == {"aten": 1.0, "triton": 2.0}
-    assert run_json("import", slower, "--db", db_url, "--on-conflict", "faster")["unchanged"] == 3
+    assert run_json("import", slower, "--db", db_url, "--on-conflict", "faster")["kept"] == 3
     assert stored() == {"aten": 1.0, "triton": 2.0}
     faster = write({"aten": 0.5, "triton": 2.0})
     dry = run_json("import", faster, "--db", db_url, "--on-conflict", "faster", "--dry-run")
@@ -168,7 +168,7 @@ def test_merge(db_url, tmp_path):
     populate(src, [gemm_key("mm", i) for i in range(4)])
     populate(db_url, [gemm_key("mm", 0), gemm_key("bmm", 0)])
     out = run_json("merge", src, "--into", db_url)
-    assert (out["inserted"], out["unchanged"], out["invalid"]) == (3, 1, 0)
+    assert (out["new"], out["kept"], out["invalid"]) == (3, 1, 0)
     assert out["source"] == src
     assert len(run_json("ls", "--db", db_url)) == 5
     same = run("merge", src, "--db", src)
@@ -195,7 +195,7 @@ def test_import_and_merge_create_a_database_file_but_never_its_directory(sqlite_
     assert not missing.parent.exists()
     assert run("stats", "--db", str(missing)).exit_code == 1
     fresh = tmp_path / "fresh.db"  # in a directory that exists: created
-    assert run_json("import", str(path), "--db", str(fresh))["inserted"] == 1
+    assert run_json("import", str(path), "--db", str(fresh))["new"] == 1
 
 
 def test_best_only_export_keeps_every_candidate_so_consumers_get_a_full_hit(sqlite_url,
@@ -209,7 +209,7 @@ def test_best_only_export_keeps_every_candidate_so_consumers_get_a_full_hit(sqli
     out = tmp_path / "best.jsonl"
     assert run("export", "--db", sqlite_url, "--best-only", "-o", str(out)).exit_code == 0
     target = tmp_path / "consumer.db"
-    assert run_json("import", str(out), "--db", str(target))["inserted"] == 3
+    assert run_json("import", str(out), "--db", str(target))["new"] == 3
     with tunecache.open(str(target), mode="readonly") as consumer:
         hit = consumer.lookup(gemm_key("mm", 2))
     assert hit is not None and hit.best == "aten"
@@ -262,10 +262,10 @@ def test_export_import_and_merge_keep_an_entrys_family_and_meta(db_url, tmp_path
     run("export", "--db", db_url, "-o", str(path))
 
     imported = f"sqlite:///{tmp_path / 'imported.db'}"
-    assert run_json("import", str(path), "--db", imported)["inserted"] == 1
+    assert run_json("import", str(path), "--db", imported)["new"] == 1
     assert _provenance(imported, key) == (FAMILY, META)
     merged = f"sqlite:///{tmp_path / 'merged.db'}"
-    assert run_json("merge", db_url, "--into", merged)["inserted"] == 1
+    assert run_json("merge", db_url, "--into", merged)["new"] == 1
     assert _provenance(merged, key) == (FAMILY, META)
 
 
@@ -284,7 +284,7 @@ def test_an_export_file_without_family_or_meta_still_imports(db_url, tmp_path):
     key = gemm_key("mm", 1)
     path = tmp_path / "old.jsonl"
     path.write_text("\n".join([HEADER, _entry(key, {"aten": 0.5})]) + "\n")
-    assert run_json("import", str(path), "--db", db_url)["inserted"] == 1
+    assert run_json("import", str(path), "--db", db_url)["new"] == 1
     assert _provenance(db_url, key) == (None, {})
 
 
@@ -301,7 +301,7 @@ def test_import_refuses_an_entry_whose_family_or_meta_is_malformed(db_url, tmp_p
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")
     data = json.loads(run("import", str(path), "--db", db_url, "--json").stdout)
-    assert (data["inserted"], data["invalid"]) == (1, 7)
+    assert (data["new"], data["invalid"]) == (1, 7)
     reasons = [b["reason"] for b in data["bad"]]
     assert reasons[:3] == ['"family" is not a sha256 hex digest (64 characters 0-9, a-f)'] * 3
     assert reasons[3:5] == ['"meta" is not a JSON object'] * 2
@@ -321,7 +321,7 @@ def test_merge_and_export_drop_a_garbled_meta_or_family_but_keep_the_entry(sqlit
     _, lines, _ = _export(sqlite_url)
     assert "meta" not in lines[0] and "family" not in lines[0]
     merged = f"sqlite:///{tmp_path / 'merged.db'}"
-    assert run_json("merge", sqlite_url, "--into", merged)["inserted"] == 1
+    assert run_json("merge", sqlite_url, "--into", merged)["new"] == 1
     assert _provenance(merged, key) == (None, {})
 
 
@@ -402,14 +402,14 @@ def test_export_and_merge_skip_a_row_holding_a_310_digit_number_with_one_warning
     why = sorted([(hashes[0], f"timings are {number}"),
                   (hashes[1], f"key is {number}"),
                   (hashes[2], '"tune_seconds" is inf, not a non-negative number')])
-    assert result.stderr.splitlines() == ["exported 1 entries; skipped 3 invalid"] + [
+    assert result.stderr.splitlines() == ["exported 1 entry; skipped 3 invalid"] + [
         f"  skipped {h[:16]}: {reason}" for h, reason in why]
     assert [json.loads(line)["key_hash"] for line in result.stdout.splitlines()[1:]] == [
         hashes[3]]
     merged = f"sqlite:///{tmp_path / 'merged.db'}"
     out = run("merge", db_url, "--into", merged, "--skip-invalid")
     assert out.exit_code == 0, out.output
-    assert out.stdout.startswith(f"imported into {merged}: 1 new, 0 replaced, 0 kept, 0 busy "
+    assert out.stdout.startswith(f"merged into {merged}: 1 new, 0 replaced, 0 kept, 0 busy "
                                  "(being tuned), 3 invalid")
     # Each line names the source (as the database shows it) and the entry.
     assert [line.split(": entry ", 1)[1] for line in out.stderr.splitlines()] == [
@@ -435,7 +435,7 @@ def test_export_and_merge_keep_an_entry_whose_meta_holds_nan_without_its_meta_an
     merged = f"sqlite:///{tmp_path / 'merged.db'}"
     out = run("merge", db_url, "--into", merged)
     assert out.exit_code == 0, out.output
-    assert out.stdout.splitlines()[0].startswith(f"imported into {merged}: 3 new, 0 replaced")
+    assert out.stdout.splitlines()[0].startswith(f"merged into {merged}: 3 new, 0 replaced")
     [line] = out.stderr.splitlines()
     assert line.endswith(": 2 entries kept without their family or meta, which could not be "
                          "read")
@@ -454,7 +454,7 @@ def test_import_takes_only_a_sha256_hex_digest_as_a_family(db_url, tmp_path):
     path = tmp_path / "families.jsonl"
     path.write_text("\n".join(lines) + "\n")
     data = json.loads(run("import", str(path), "--db", db_url, "--json").stdout)
-    assert (data["inserted"], data["invalid"]) == (1, 3)
+    assert (data["new"], data["invalid"]) == (1, 3)
     assert {b["reason"] for b in data["bad"]} == {
         '"family" is not a sha256 hex digest (64 characters 0-9, a-f)'}
     assert _provenance(db_url, gemm_key("mm", 3))[0] == FAMILY
@@ -614,7 +614,7 @@ def test_ctrl_c_during_a_merge_says_up_to_which_entry_it_is_committed_and_exits_
         engine.dispose()
     assert proc.returncode == 130, (stdout, stderr)
     match = re.fullmatch(
-        rf"interrupted by Ctrl-C: imported {re.escape(src)} up to entry ([0-9a-f]{{16}}), all "
+        rf"interrupted by Ctrl-C: merged {re.escape(src)} up to entry ([0-9a-f]{{16}}), all "
         r"committed \((\d+) new, 0 replaced, 0 kept, 0 busy \(being tuned\), 0 invalid\); the "
         r"rest is not; run the same command again to finish \(what is in already stays as it "
         r"is\)\n", stdout)
@@ -623,7 +623,7 @@ def test_ctrl_c_during_a_merge_says_up_to_which_entry_it_is_committed_and_exits_
     assert (through, new) in ((hashes[499][:16], 500), (hashes[999][:16], 1000))
     assert _rows(pg_url) == new
     again = run_json("merge", src, "--into", pg_url)
-    assert (again["inserted"], again["unchanged"]) == (1100 - new, new)
+    assert (again["new"], again["kept"]) == (1100 - new, new)
 
 
 @pytest.mark.timeout(300)
@@ -665,3 +665,47 @@ def test_an_import_shows_its_progress_on_a_terminal_counted_from_the_header(sqli
     assert proc.returncode == 0, (stdout, seen)
     assert re.search(r"importing.*\b1200/1200\b", seen), seen
     assert ": 1200 new" in stdout
+
+
+@pytest.mark.parametrize("policy", ["replace", "faster"])
+def test_a_best_only_file_never_replaces_full_timings(db_url, tmp_path, policy):
+    # --on-conflict replace of a --best-only file silently replaced an entry's full
+    # timings with the winner's alone. The full entry is kept, and the report says why.
+    key = gemm_key("mm", 0)
+    populate(db_url, [key])  # aten 1.0, triton 2.0
+    best = tmp_path / "best.jsonl"
+    best.write_text("\n".join([HEADER, _entry(key, {"aten": 0.5, "triton": None}),
+                               _entry(gemm_key("mm", 1), {"aten": 0.5, "triton": None})])
+                    + "\n")
+    out = run("import", str(best), "--db", db_url, "--on-conflict", policy)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.split(": ", 1)[1] == ("1 new, 0 replaced, 1 kept (1 of them "
+                          "with full timings, which the file's winner-only ones would have "
+                          f"replaced), 0 busy (being tuned), 0 invalid (on conflict: {policy})"
+                          "\n")
+    assert out.stdout.startswith("imported into ")
+    shown = run_json("show", "--db", db_url, tunecache.keys.key_hash(key)[0])
+    assert {t["candidate"]: t["ms"] for t in shown["timings"]} == {"aten": 1.0, "triton": 2.0}
+    data = run_json("import", str(best), "--db", db_url, "--on-conflict", policy)
+    assert (data["kept"], data["kept_full"], data["replaced"]) == (2, 1, 0)
+    # A full file still replaces a full entry.
+    full = tmp_path / "full.jsonl"
+    full.write_text("\n".join([HEADER, _entry(key, {"aten": 0.5, "triton": 0.7})]) + "\n")
+    assert run_json("import", str(full), "--db", db_url, "--on-conflict", policy)[
+        "replaced"] == 1
+
+
+def test_a_file_cut_mid_line_counts_the_cut_line_as_invalid(db_url, tmp_path):
+    header = json.dumps({"format": "tunecache-export", "version": 1, "entries": 5,
+                         "graphs": 0})
+    lines = [header] + [_entry(gemm_key("mm", i), {"aten": 1.0}) for i in range(3)]
+    path = tmp_path / "cut.jsonl"
+    path.write_text("\n".join(lines)[:-10])  # the third entry cut mid-line
+    result = run("import", str(path), "--db", db_url, "--skip-invalid")
+    assert result.exit_code == 1
+    assert ": 2 new, 0 replaced, 0 kept, 0 busy (being tuned), 1 invalid" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {path}: the file ends after 3 of the 5 lines its header counts: it was cut "
+        "short (of the 3 present, 2 were imported and 1 was invalid); import a whole copy "
+        "for the rest")
+    assert len(run_json("ls", "--db", db_url)) == 2

@@ -63,13 +63,13 @@ def test_rows_with_deeply_nested_columns_are_shown_skipped_and_pruned(db_url, tm
     assert exported.exit_code == 0
     assert [json.loads(line)["key_hash"] for line in exported.stdout.splitlines()[1:]] == [
         good.key_hash]
-    assert exported.stderr.splitlines()[0] == "exported 1 entries; skipped 2 invalid"
+    assert exported.stderr.splitlines()[0] == "exported 1 entry; skipped 2 invalid"
 
     target = f"sqlite:///{tmp_path / 'target.db'}"
     merged = run("merge", db_url, "--into", target, "--json")
     assert merged.exit_code == 1
     data = json.loads(merged.stdout)
-    assert (data["inserted"], data["invalid"]) == (1, 2)
+    assert (data["new"], data["invalid"]) == (1, 2)
     assert sorted(b["reason"] for b in data["bad"]) == [
         "key is nested too deeply", "timings are nested too deeply"]
 

@@ -296,7 +296,7 @@ def test_operator_commands_cover_kernel_entries(db_url, keys, tmp_path):
     assert run("export", "--db", db_url, "-o", str(dump)).exit_code == 0
     target = f"sqlite:///{tmp_path / 'target.db'}"
     imported = run_json("import", "--db", target, str(dump))
-    assert imported["graphs"] == {"inserted": 2, "unchanged": 0}
+    assert imported["graphs"] == {"new": 2, "kept": 0}
     out = _compile(target, tmp_path / "node2", **_consumer(keys))
     assert out["outcome"] == "hit", "an imported kernel still verifies"
 

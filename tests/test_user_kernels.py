@@ -301,7 +301,7 @@ def test_operators_list_prune_and_move_user_kernel_entries(sqlite_url, tmp_path)
     dump = tmp_path / "dump.jsonl"
     assert run("export", "--db", sqlite_url, "-o", str(dump)).exit_code == 0
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    assert run_json("import", "--db", other, str(dump))["inserted"] == 1
+    assert run_json("import", "--db", other, str(dump))["new"] == 1
     moved, _ = _job(other, tmp_path, "moved", "--sizes", "1000")
     assert moved["benchmarks"] == 0 and moved["winners"] == first["winners"]
 

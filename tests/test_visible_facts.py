@@ -154,4 +154,4 @@ def test_graph_loads_are_counted_and_their_last_use_is_recorded_to_the_second(db
     assert row["hits"] == 4
     assert row["last_used_at"] >= before - 1
     human = run("stats", "--db", db_url).stdout
-    assert "graphs    1 compiled graphs, 19 B (fxgraph 1), 4 loads" in human
+    assert "graphs    1 compiled graph, 19 B (fxgraph 1), 4 loads" in human

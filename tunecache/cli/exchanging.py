@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
@@ -15,7 +15,7 @@ import click
 from ..settings import Settings
 from . import format as fmt
 from .app import BadArgument
-from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_says, ctrl_c_stops
 from .options import Invocation, LibraryChoice, Selection, common, entry_filters, opened
 
 if TYPE_CHECKING:
@@ -24,6 +24,24 @@ if TYPE_CHECKING:
 __all__ = ["export", "import_", "merge"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _export_stopped(options: Mapping[str, Any]) -> str:
+    output = options["output"]
+    if output == "-":
+        return "the export on stdout is incomplete; use none of it"
+    if os.path.exists(output) and not os.path.isfile(output):
+        return f"the export into {output} is incomplete; use none of it"
+    return f"nothing exported; {output} is not written (an earlier file there is as it was)"
+
+
+def _import_stopped(options: Mapping[str, Any]) -> str:
+    # A real import or merge stops after the batch in hand (ctrl_c_stops) and says what it
+    # committed; this is a dry run, or the second Ctrl-C that ends one at once.
+    if options["dry_run"]:
+        return "a dry run; nothing was written"
+    return ("stopped at once (a second Ctrl-C): the batches committed so far stay; run the "
+            "same command again to finish")
 
 
 @click.command()
@@ -37,6 +55,7 @@ F = TypeVar("F", bound=Callable[..., Any])
                    "--op or --device select none), with their signatures.")
 @entry_filters()
 @common
+@ctrl_c_says(_export_stopped)
 def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
            selection: Selection) -> None:
     """Write done entries as versioned JSON lines.
@@ -57,8 +76,8 @@ def export(inv: Invocation, output: str, best_only: bool, graphs: bool,
         with fmt.progress("exporting", output != "-" and not inv.as_json) as (total, step):
             report = ops.export(db, f, best_only=best_only, env=selection.entry_filter(),
                                 graphs=graphs, progress=step, on_total=total)
-    summary = (f"exported {report.exported} entries"
-               + (f", {report.graphs} compiled graphs" if report.graphs else "")
+    summary = (f"exported {fmt.plural(report.exported, 'entry')}"
+               + (f", {fmt.plural(report.graphs, 'compiled graph')}" if report.graphs else "")
                + (f"; skipped {len(report.skipped_invalid)} invalid" if report.skipped_invalid
                   else "")
                + (f"; {report.provenance_dropped} {_DROPPED}" if report.provenance_dropped
@@ -114,8 +133,9 @@ def _umask() -> int:
 _CONFLICT_HELP = (
     "For a key already in the target: keep (default) leaves a done entry as it is (done "
     "entries are immutable); replace overwrites it; faster overwrites it only when the "
-    "incoming fastest timing is lower. Under every policy a live claim is left alone and a "
-    "failed key or expired claim is replaced."
+    "incoming fastest timing is lower; neither overwrites measured timings with a "
+    "--best-only file's unmeasured ones (the full entry is kept). Under every policy a live "
+    "claim is left alone and a failed key or expired claim is replaced."
 )
 
 
@@ -135,48 +155,56 @@ def _import_options(skip_invalid_help: str) -> Callable[[F], F]:
 
 
 def _import_report(ctx: click.Context, inv: Invocation, report: ImportReport,
-                   skip_invalid: bool, what: str) -> None:
-    """The report of an import or a merge, and its exit code: 130 when Ctrl-C stopped it,
-    1 for invalid entries unless ``skip_invalid``, or for a file cut short."""
-    counts = (f"{report.inserted} new, {report.replaced} replaced, "
-              f"{report.unchanged} kept, {report.busy} busy (being tuned), "
-              f"{report.invalid} invalid")
+                   skip_invalid: bool, what: str, verb: str = "import") -> None:
+    """The report of an import or a merge (``verb``), and its exit code: 130 when Ctrl-C
+    stopped it, 1 for invalid entries unless ``skip_invalid``, or for a file cut short."""
+    full = (f" ({report.kept_full} of them with full timings, which the file's "
+            "winner-only ones would have replaced)" if report.kept_full else "")
+    counts = (f"{report.new} new, {report.replaced} replaced, {report.kept} kept{full}, "
+              f"{report.busy} busy (being tuned), {report.invalid} invalid")
+    done = "merged" if verb == "merge" else "imported"
 
     def human() -> None:
         if report.interrupted:
             through = report.done_through
-            click.echo(f"interrupted by Ctrl-C: imported {what} "
+            click.echo(f"interrupted by Ctrl-C: {done} {what} "
                        + (f"up to {fmt.safe(through)}, all committed ({counts})"
                           if through else "nothing yet")
                        + "; the rest is not; run the same command again to finish (what "
                        "is in already stays as it is)")
             return
-        verb = "would import" if report.dry_run else "imported"
-        click.echo(f"{verb} into {report.database}: {counts} (on conflict: "
-                   f"{report.on_conflict})")
+        click.echo(f"{'would ' + verb if report.dry_run else done} into {report.database}: "
+                   f"{counts} (on conflict: {report.on_conflict})")
         graphs = report.graphs
-        if graphs.inserted or graphs.unchanged:
-            click.echo(f"compiled graphs: {graphs.inserted} new, {graphs.unchanged} "
-                       "already there (first publish wins)")
+        if graphs.new or graphs.kept:
+            click.echo(f"compiled graphs: {graphs.new} new, {graphs.kept} kept (already "
+                       "there: first publish wins)")
         for bad in report.bad:
             click.echo(f"{what}: {fmt.safe(bad.where)}: {fmt.safe(bad.reason)}", err=True)
         if report.provenance_dropped:
-            click.echo(f"{what}: {report.provenance_dropped} entries {_DROPPED}", err=True)
+            click.echo(f"{what}: {fmt.plural(report.provenance_dropped, 'entry')} {_DROPPED}",
+                       err=True)
 
     inv.emit(report, human)
     if report.interrupted:
         ctx.exit(EXIT_INTERRUPTED)
     if report.cut_short and report.lines is not None:
         lines = report.lines
+        # Honest counts: the line the cut went through is one of those read, and invalid.
+        taken = lines.read - report.invalid
+        were = "would be" if report.dry_run else "were"
+        present = (f"the {lines.read} present {were} imported" if not report.invalid else
+                   f"of the {lines.read} present, {taken} {were} imported and "
+                   f"{report.invalid} {'was' if report.invalid == 1 else 'were'} invalid")
         click.echo(f"Error: {what}: the file ends after {lines.read} of the {lines.header} "
-                   f"lines its header counts: it was cut short (the {lines.read} present "
-                   f"{'would be' if report.dry_run else 'were'} imported); import a "
+                   f"lines its header counts: it was cut short ({present}); import a "
                    "whole copy for the rest", err=True)
         ctx.exit(1)
     if report.invalid and not skip_invalid:
         if not inv.as_json:
-            click.echo(f"Error: {report.invalid} invalid entries skipped; fix them or pass "
-                       "--skip-invalid to accept the rest silently", err=True)
+            click.echo(f"Error: {fmt.plural(report.invalid, 'invalid entry', 'invalid entries')}"
+                       " skipped; fix them or pass --skip-invalid to accept the rest silently",
+                       err=True)
         ctx.exit(1)
 
 
@@ -185,6 +213,7 @@ def _import_report(ctx: click.Context, inv: Invocation, report: ImportReport,
 @_import_options("Exit 0 even if some lines were invalid (they are skipped either way).")
 @common
 @click.pass_context
+@ctrl_c_says(_import_stopped)
 def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str, skip_invalid: bool,
             dry_run: bool) -> None:
     """Import an export file (FILE, or - for stdin).
@@ -223,6 +252,7 @@ def import_(ctx: click.Context, inv: Invocation, file: TextIO, on_conflict: str,
 @_import_options("Exit 0 even if some source entries were invalid (skipped either way).")
 @common
 @click.pass_context
+@ctrl_c_says(_import_stopped)
 def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on_conflict: str,
           skip_invalid: bool, dry_run: bool) -> None:
     """Merge the done entries of SRC_DB into the target, validated like an import.
@@ -243,5 +273,5 @@ def merge(ctx: click.Context, inv: Invocation, src_db: str, into: str | None, on
         # on_conflict: as for import.
         report = ops.merge(src, target, on_conflict=on_conflict,  # type: ignore[arg-type]
                            dry_run=dry_run, progress=step, on_total=total, stop=stop)
-    _import_report(ctx, inv, report, skip_invalid, src.display_url)
+    _import_report(ctx, inv, report, skip_invalid, src.display_url, "merge")
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import click
 
-__all__ = ["clip", "safe", "dur", "size", "when", "table", "dumps", "progress"]
+__all__ = ["clip", "safe", "dur", "span", "plain", "ms", "times", "plural", "size", "when",
+           "table", "dumps", "progress"]
 
 # Characters a terminal acts on rather than shows: C0 controls (newline, ESC that starts a
 # colour or cursor sequence), DEL, C1 controls (NEL, CSI), the Unicode line and paragraph
@@ -68,6 +69,65 @@ def dur(seconds: Any) -> str:
     if s < 86400:
         return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
     return f"{int(s // 86400)}d {int(s % 86400 // 3600):02d}h"
+
+
+def span(seconds: float) -> str:
+    """A window an operator typed ('7d', '12h'), as :func:`dur` writes it but without the
+    zeros of a whole unit: '7d', not '7d 00h'."""
+    text = dur(seconds)
+    for zeros in (" 00h", " 00m", " 00s"):
+        text = text.removesuffix(zeros)
+    return text.replace(".0s", "s")
+
+
+def plain(value: Any, digits: int = 3) -> str:
+    """A number to about ``digits`` significant digits in plain decimals, never in
+    e-notation ('0.0123', '1.85', '12,345'); '?' where it is no finite number."""
+    number = _number(value) if not isinstance(value, float) or math.isfinite(value) else None
+    if number is None:
+        return "?"
+    magnitude = abs(number)
+    if magnitude == 0:
+        return "0"
+    if magnitude >= 10 ** digits:
+        return f"{number:,.0f}"
+    if magnitude < 1e-6:
+        return "<0.000001" if number > 0 else "-<0.000001"
+    decimals = min(6, max(0, digits - 1 - math.floor(math.log10(magnitude))))
+    return f"{number:.{decimals}f}"
+
+
+def ms(value: Any) -> str:
+    """A time in milliseconds: '0.0123 ms', '850 ms', past a second as :func:`dur` writes
+    it ('12.5s', '3m 07s'); '-' for None."""
+    if value is None:
+        return "-"
+    number = _number(value)
+    if number is None:
+        return "?"
+    if abs(number) >= 1000:
+        return ("-" if number < 0 else "") + dur(abs(number) / 1000)
+    return f"{plain(number)} ms"
+
+
+def times(value: Any) -> str:
+    """A ratio such as a speedup: '1.85x', '2,400x'; '-' for None."""
+    return "-" if value is None else f"{plain(value)}x"
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """'1 entry', '2 entries', '1 GEMM', '3 GEMMs': ``count`` and ``noun`` agreeing (the
+    plural form given where adding s or ies is wrong)."""
+    if count == 1:
+        return f"{count} {noun}"
+    if plural_form is None:
+        if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+            plural_form = noun[:-1] + "ies"
+        elif noun.endswith(("s", "sh", "ch", "x")):
+            plural_form = noun + "es"
+        else:
+            plural_form = noun + "s"
+    return f"{count} {plural_form}"
 
 
 def size(n: int | None) -> str:

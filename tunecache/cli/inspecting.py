@@ -13,10 +13,14 @@ import click
 
 from . import format as fmt
 from .app import BadArgument
-from .options import Invocation, Selection, common, entry_filters, opened
+from .options import Duration, Invocation, Selection, common, entry_filters, opened
+
+# The per-day view's bound (tunecache.ops.statistics.DAYS_SHOWN; not imported from there:
+# tunecache.ops loads SQLAlchemy, which `tunecache --help` starts without).
+DAYS_SHOWN = 366
 
 if TYPE_CHECKING:
-    from ..ops.statistics import GainsReport, TransferredReport
+    from ..ops.statistics import GainsReport, Headline, TransferredReport, UsageDay
 
 __all__ = ["stats", "ls", "show", "doctor"]
 
@@ -27,16 +31,25 @@ GAINS_OPS_SHOWN = 10
 
 
 @click.command()
+@click.option("--since", type=Duration(), default=None, metavar="DURATION",
+              help="Count only what the jobs reported in this last while (7d, 12h); the "
+                   "stored entries are counted whole.")
+@click.option("--by-day", is_flag=True,
+              help="Also list the jobs' reports per UTC day, newest first (the --since "
+                   f"window's days, at most {DAYS_SHOWN}).")
 @common
-def stats(inv: Invocation) -> None:
-    """Entries by state, environment and op; size; hits; time saved; claims; failures;
-    what tuning bought (untuned vs tuned time); transferred entries and their regret."""
+def stats(inv: Invocation, since: float | None, by_day: bool) -> None:
+    """What the cache bought (three lines first), then entries by state, environment and
+    op; size; hits; claims; failures; what tuning bought per kind and op; transferred
+    entries and their regret."""
     from .. import ops
 
     with opened(inv, read_only=True) as db:
-        data = ops.stats(db)
+        data = ops.stats(db, since=since, by_day=by_day)
 
     def human() -> None:
+        assert data.headline is not None
+        _human_headline(data.headline, data.usage.invalid)
         size = data.size
         free = f", {fmt.size(size['free_bytes'])} free" if size["free_bytes"] else ""
         click.echo(f"database  {data.database} ({data.backend}, {fmt.size(size['bytes'])}"
@@ -50,37 +63,41 @@ def stats(inv: Invocation) -> None:
         # and keep counting pruned entries.
         click.echo(f"hits      {data.hits} results served by the stored entries (cache hits "
                    f"and peers' results); tuning stored {fmt.dur(data.tune_seconds)}, "
-                   f"saved {fmt.dur(data.seconds_saved)}")
+                   f"compile time avoided {fmt.dur(data.seconds_saved)}")
         u = data.usage
-        click.echo(f"processes {u.reports} reported: {u.hits} cache hits, {u.peer} "
-                   f"peers' results, {u.tuned} tuned, {u.local} tuned without the "
-                   f"database; saved {fmt.dur(u.seconds_saved)}, "
-                   f"tuning {fmt.dur(u.seconds_tuning)}")
+        window = f" in the last {fmt.span(u.since_seconds)}" if u.since_seconds else ""
+        click.echo(f"processes {fmt.plural(u.reports, 'report')}{window}: "
+                   f"{fmt.plural(u.hits, 'cache hit')}, {u.peer} peers' results, {u.tuned} "
+                   f"tuned, {u.local} tuned without the database; compile time avoided "
+                   f"{fmt.dur(u.seconds_saved)}, tuning {fmt.dur(u.seconds_tuning)}"
+                   + (f"; {fmt.plural(u.invalid, 'report')} with counts or times no job "
+                      "records (not counted)" if u.invalid else ""))
         claims = data.claims
         click.echo(f"claims    {claims.in_flight} in flight, {claims.expired} expired")
-        click.echo(f"failed    {data.failed.count} keys")
+        click.echo(f"failed    {fmt.plural(data.failed.count, 'key')}")
         graphs = data.graphs
         kinds = ", ".join(f"{fmt.safe(r['kind'])} {r['count']}" for r in graphs.by_kind)
-        click.echo(f"graphs    {graphs.count} compiled graphs, {fmt.size(graphs.bytes)}"
-                   + (f" ({kinds})" if kinds else "") + f", {graphs.hits} loads"
+        click.echo(f"graphs    {fmt.plural(graphs.count, 'compiled graph')}, "
+                   f"{fmt.size(graphs.bytes)}" + (f" ({kinds})" if kinds else "")
+                   + f", {fmt.plural(graphs.hits, 'load')}"
                    + (f"; {graphs.invalid} with an invalid size (not counted; prune "
                       "--max-graph-bytes removes them)" if graphs.invalid else ""))
         _human_gains(data.gains, data.transferred)
         if data.by_kind:
             click.echo("by kind:")
-            fmt.table(("kind", "entries", "done", "hits", "tuning", "saved"),
+            fmt.table(("kind", "entries", "done", "hits", "tuning", "avoided"),
                    [(r["kind"], r["entries"], r["done"], r["hits"], fmt.dur(r["tune_seconds"]),
                      fmt.dur(r["seconds_saved"])) for r in data.by_kind])
         if data.by_environment:
             click.echo("by environment:")
-            fmt.table(("device", "torch", "triton", "entries", "done", "hits", "saved"),
+            fmt.table(("device", "torch", "triton", "entries", "done", "hits", "avoided"),
                    [(r["device"], r["torch"], r["triton"], r["entries"], r["done"], r["hits"],
                      fmt.dur(r["seconds_saved"])) for r in data.by_environment])
         if data.by_op:
             # One op per Triton kernel name: a large cache has thousands.
             shown = data.by_op[:BY_OP_SHOWN]
             click.echo("by op:")
-            fmt.table(("kind", "op", "entries", "done", "hits", "tuning", "saved"),
+            fmt.table(("kind", "op", "entries", "done", "hits", "tuning", "avoided"),
                    [(r["kind"], r["op"], r["entries"], r["done"], r["hits"],
                      fmt.dur(r["tune_seconds"]), fmt.dur(r["seconds_saved"])) for r in shown])
             if len(data.by_op) > len(shown):
@@ -102,35 +119,63 @@ def stats(inv: Invocation) -> None:
             fmt.table(("key", "op", "attempts", "error"),
                    [(f["key_hash"][:12], f["op"], f["attempts"], (f["error"] or "")[:60])
                     for f in data.failed.keys])
+        if data.by_day is not None:
+            _human_days(data.by_day)
 
     inv.emit(data, human)
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g} ms"
+def _human_headline(h: Headline, invalid: int) -> None:
+    """The three lines an operator reads first: compile time avoided, tuning spent, and
+    what the tuned kernels gained against untuned."""
+    window = f" in the last {fmt.span(h.since_seconds)}" if h.since_seconds else ""
+    click.echo(f"avoided   {fmt.dur(h.compile_seconds_avoided)} of compile time{window}, by "
+               f"{fmt.plural(h.results_served, 'result')} from the database (cache hits and "
+               "peers' results)")
+    click.echo(f"spent     {fmt.dur(h.tuning_seconds_spent)} tuning{window}, "
+               f"{fmt.plural(h.keys_tuned, 'key')} tuned")
+    if not h.entries_with_baseline:
+        click.echo("gained    - (no stored entry records an untuned baseline)")
+    else:
+        click.echo(f"gained    tuned kernels {fmt.times(h.speedup)} as fast as untuned: one "
+                   f"call of each of {fmt.plural(h.entries_with_baseline, 'stored entry')} "
+                   f"{fmt.ms(h.tuned_ms_per_call)} against {fmt.ms(h.untuned_ms_per_call)}, "
+                   f"{fmt.ms(h.ms_gained_per_call)} gained per call")
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}x"
+def _human_days(days: tuple[UsageDay, ...]) -> None:
+    click.echo("by day (UTC, the jobs' reports):")
+    if not days:
+        click.echo("  no reports")
+        return
+    fmt.table(("day", "reports", "cache hits", "peers' results", "tuned", "avoided",
+               "tuning"),
+              [(d.day, d.reports, d.hits, d.peer, d.tuned + d.local, fmt.dur(d.seconds_saved),
+                fmt.dur(d.seconds_tuning)) for d in days])
+
+
+_ms = fmt.ms
+_x = fmt.times
 
 
 def _human_gains(gains: GainsReport, transferred: TransferredReport) -> None:
     """stats' "what tuning bought" and "transferred" lines (--json has every op)."""
-    skipped = (f"; {gains.skipped} entries skipped (their meta or timings do not read)"
-               if gains.skipped else "")
+    skipped = (f"; {fmt.plural(gains.skipped, 'entry')} skipped (their meta or timings "
+               "do not read)" if gains.skipped else "")
     t = gains.total
     if not t["entries"]:
         click.echo(f"bought    no entry records an untuned baseline{skipped}")
     else:
-        click.echo(f"bought    {t['entries']} entries with a baseline: one call of each "
-                   f"{_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
-                   f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} saved), found in "
+        click.echo(f"bought    {fmt.plural(t['entries'], 'entry')} with a baseline: one call "
+                   f"of each {_ms(t['baseline_ms'])} untuned, {_ms(t['best_ms'])} tuned "
+                   f"({_x(t['speedup'])}, {_ms(t['ms_saved_per_call'])} gained), found in "
                    f"{fmt.dur(t['tune_seconds'])} of tuning{skipped}")
     moved = transferred.by_kind
     if moved:
         parts = []
         for r in moved:
-            regret = (f"regret mean {r['regret_mean']:.3g}, max {r['regret_max']:.3g}"
+            regret = (f"regret mean {fmt.plain(r['regret_mean'])}, max "
+                      f"{fmt.plain(r['regret_max'])}"
                       if r["regret_measured"] else "no regret measured yet")
             parts.append(f"{fmt.safe(r['kind'])} {r['entries']} ({r['benchmarked']} of "
                          f"{r['generated']} candidates benchmarked; {r['regret_measured']} "
@@ -141,7 +186,7 @@ def _human_gains(gains: GainsReport, transferred: TransferredReport) -> None:
             [("op", r["kind"], r["op"]) for r in gains.by_op[:GAINS_OPS_SHOWN]]
         click.echo("what tuning bought (per call, by kind, then by op):")
         table = gains.by_kind + gains.by_op[:GAINS_OPS_SHOWN]
-        fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "saved",
+        fmt.table(("by", "kind", "op", "entries", "untuned", "tuned", "speedup", "gained",
                    "tuning"),
                   [(*label, r["entries"], _ms(r["baseline_ms"]), _ms(r["best_ms"]),
                     _x(r["speedup"]), _ms(r["ms_saved_per_call"]), fmt.dur(r["tune_seconds"]))
@@ -149,8 +194,8 @@ def _human_gains(gains: GainsReport, transferred: TransferredReport) -> None:
         if len(gains.by_op) > GAINS_OPS_SHOWN:
             click.echo(f"  ... and {len(gains.by_op) - GAINS_OPS_SHOWN} more ops "
                        "(--json lists all)")
-        click.echo("top keys by time saved per call:")
-        fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "saved", "tuning",
+        click.echo("top keys by time gained per call:")
+        fmt.table(("key", "kind", "op", "untuned", "tuned", "speedup", "gained", "tuning",
                    "hits"),
                   [(k["key_hash"][:12], k["kind"], k["op"], _ms(k["baseline_ms"]),
                     _ms(k["best_ms"]), _x(k["speedup"]), _ms(k["ms_saved_per_call"]),

@@ -10,7 +10,7 @@ import click
 
 from . import format as fmt
 from .app import BadArgument
-from .interrupt import EXIT_INTERRUPTED, ctrl_c_stops
+from .interrupt import EXIT_INTERRUPTED, ctrl_c_says, ctrl_c_stops
 from .options import KINDS, ByteSize, Duration, Invocation, common, kind_option, op_option, opened
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ __all__ = ["prune"]
                    "is invalid (a size below 0 or over the 512 MiB a graph may have) go "
                    "before any.")
 @click.option("--dry-run", is_flag=True, help="Show what would go; delete nothing.")
+# The default is tunecache.ops.pruning.DRY_RUN_LISTED (not imported: tunecache.ops loads
+# SQLAlchemy, which `tunecache --help` starts without).
+@click.option("--limit", type=click.IntRange(0, None), default=20, show_default=True,
+              help="--dry-run: list at most this many entries (it counts them all).")
 @click.option("--vacuum/--no-vacuum", default=None,
               help="SQLite: VACUUM after deleting (default: only when a quarter of the "
                    "file is free and it is at most 256 MiB, since VACUUM holds the write "
@@ -60,12 +64,15 @@ __all__ = ["prune"]
               help="SQLite: no 0.1 s pause between batches (for a maintenance window: "
                    "running jobs would wait for the whole prune).")
 @common
+@ctrl_c_says(lambda options: "a dry run; nothing was deleted" if options["dry_run"] else
+             "stopped at once (a second Ctrl-C): the batches deleted so far are gone; run "
+             "the same prune again to finish")
 def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...],
           keep_triton: tuple[str, ...], keep_device: tuple[str, ...], torch_: tuple[str, ...],
           triton: tuple[str, ...], device: tuple[str, ...], op: tuple[str, ...],
           kind: tuple[str, ...], failed: bool,
           expired_claims: bool, invalid: bool, max_graph_bytes: int | None, dry_run: bool,
-          vacuum: bool | None,
+          vacuum: bool | None, limit: int,
           batch_size: int | None, no_pause: bool) -> None:
     """Delete entries, in small batches, safely while jobs run.
 
@@ -100,7 +107,7 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
             (ctrl_c_stops() if not dry_run else contextlib.nullcontext(None)) as stop:
         report = ops.prune(
             db, spec, dry_run=dry_run, batch=batch_size, pause=not no_pause,
-            progress=step, on_total=total, stop=stop,
+            progress=step, on_total=total, stop=stop, listed=limit,
             on_deleted=lambda n: step(0, f"{n} deleted"),
             vacuum="auto" if vacuum is None else ("always" if vacuum else "never"))
     if report.interrupted:
@@ -117,20 +124,22 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
         graph_line = bool(g.selected or g.over_budget or orphans["orphan_blobs"]
                           or g.max_graph_bytes is not None)
         if dry_run:
-            click.echo(f"would delete {report.would_delete} entries (dry run)")
+            would = report.would_delete or 0
+            click.echo(f"would delete {fmt.plural(would, 'entry')} (dry run)")
             rows = report.entries or ()
             if rows:
                 fmt.table(("key", "state", "op", "device", "torch", "triton", "last used", "why"),
                        [(r["key_hash"][:12], r["state"], r["op"], r["device"], r["torch"],
                          r["triton"], fmt.when(r["last_used_at"] or r["updated_at"]),
-                         r["why"]) for r in rows[:20]])
-                if len(rows) > 20:
-                    click.echo(f"  ... and {len(rows) - 20} more (--json lists all)")
+                         r["why"]) for r in rows[:limit]])
+            if would > len(rows[:limit]):
+                click.echo(f"  ... and {would - len(rows[:limit])} more (--limit lists more)")
             if graph_line:
                 listed = g.graphs or ()
-                click.echo(f"would delete {g.would_delete} compiled graphs "
-                           f"({fmt.size(g.bytes)}) and {orphans['orphan_blobs']} orphan "
-                           f"blob files ({fmt.size(orphans['orphan_bytes'])})")
+                click.echo(f"would delete {fmt.plural(g.would_delete or 0, 'compiled graph')} "
+                           f"({fmt.size(g.bytes)}) and "
+                           f"{fmt.plural(orphans['orphan_blobs'], 'orphan blob file')} "
+                           f"({fmt.size(orphans['orphan_bytes'])})")
                 fmt.table(("kind", "key", "size", "torch", "last used"),
                           [(x["kind"], fmt.clip(x["key"], 24), fmt.size(x["size"]),
                             x["torch_version"], fmt.when(x["last_used_at"] or x["created_at"]))
@@ -138,8 +147,8 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
                 if len(listed) > 20:
                     click.echo(f"  ... and {len(listed) - 20} more (--json lists all)")
             return
-        click.echo(f"deleted {report.deleted} entries in {report.batches} batches "
-                   f"({fmt.dur(report.seconds)})")
+        click.echo(f"deleted {fmt.plural(report.deleted or 0, 'entry')} in "
+                   f"{fmt.plural(report.batches or 0, 'batch')} ({fmt.dur(report.seconds)})")
         v = report.vacuum
         assert v is not None and report.size_before is not None \
             and report.size_after is not None  # a prune that finished has them
@@ -149,22 +158,24 @@ def prune(inv: Invocation, older_than: float | None, keep_torch: tuple[str, ...]
         if graph_line:
             kept = (f"; {g.kept_because_used} kept, used meanwhile"
                     if g.kept_because_used else "")
-            click.echo(f"deleted {g.deleted} compiled graphs "
-                       f"({fmt.size(g.freed_bytes)}){kept}, {orphans['orphan_blobs']} "
-                       f"orphan blob files ({fmt.size(orphans['orphan_bytes'])})")
+            click.echo(f"deleted {fmt.plural(g.deleted or 0, 'compiled graph')} "
+                       f"({fmt.size(g.freed_bytes)}){kept}, "
+                       f"{fmt.plural(orphans['orphan_blobs'], 'orphan blob file')} "
+                       f"({fmt.size(orphans['orphan_bytes'])})")
 
     inv.emit(report, human)
 
 
 def _interrupted(inv: Invocation, report: PruneReport) -> None:
     """Ctrl-C: say what was deleted (all of it committed), then exit 130 like a shell."""
-    graphs = report.graphs.deleted if report.graphs else 0
+    graphs = (report.graphs.deleted if report.graphs else 0) or 0
 
     def human() -> None:
-        click.echo(f"interrupted: deleted {report.deleted} entries (of them "
-                   f"{report.invalid_deleted} invalid) in {report.batches} batches and "
-                   f"{graphs} compiled graphs before Ctrl-C; the rest is left as it was "
-                   "(run the same prune again to finish)")
+        click.echo(f"interrupted: deleted {fmt.plural(report.deleted or 0, 'entry')} (of "
+                   f"them {report.invalid_deleted} invalid) in "
+                   f"{fmt.plural(report.batches or 0, 'batch')} and "
+                   f"{fmt.plural(graphs, 'compiled graph')} before Ctrl-C; the rest is left "
+                   "as it was (run the same prune again to finish)")
 
     inv.emit(report, human)
     click.get_current_context().exit(EXIT_INTERRUPTED)

@@ -24,7 +24,7 @@ from ..settings import Settings, default_db_path, unknown_variables
 from ..store import Database, probe
 from ..store.migrate import current_revision, head_revision, known_revisions
 
-__all__ = ["Check", "run_checks", "NETWORK_FILESYSTEMS", "filesystem_of"]
+__all__ = ["Check", "run_checks", "NETWORK_FILESYSTEMS", "filesystem_of", "write_problem"]
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -107,6 +107,30 @@ def _lock_works(path: str) -> tuple[bool | None, str]:
         return None, "the lock test's child process failed"
     finally:
         os.close(fd)
+
+
+def write_problem(path: str, error: int) -> tuple[str, str]:
+    """(what is wrong, the fix) when this user cannot open ``path`` for writing, by the
+    errno that opening it gave: a group mode asks for chmod, but an immutable file or a
+    read-only mount would refuse root as well, and chmod would change nothing."""
+    if error == errno.EPERM:
+        return (f"{path} cannot be written by anyone: it is immutable or append-only (a "
+                "file attribute; lsattr shows it)", f"as root: chattr -i -a {path}")
+    if error == errno.EROFS:
+        return (f"{path} is on a filesystem mounted read-only",
+                "remount it read-write, or point --db / TUNECACHE_DB at a writable one")
+    return (f"this user cannot read and write {path}",
+            f"chmod g+rw {path} and add this user to its group")
+
+
+def _open_error(path: str) -> int | None:
+    """The errno of opening ``path`` for reading and writing (nothing is written), or
+    None if it opens."""
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as e:
+        return e.errno or errno.EACCES
+    return None
 
 
 def _describe_mode(st: os.stat_result) -> str:
@@ -210,6 +234,16 @@ class _Doctor:
                 return
             version = probe.pg_server_version(db)
             self.add("reachable", "ok", f"{db.display_url} (PostgreSQL {version})")
+            user, superuser = probe.pg_login(db)
+            if superuser:
+                self.add("login", "warn", f"connected as {user}, a superuser: the role's "
+                         "CONNECTION LIMIT and the database's do not bind it, so a cold job "
+                         "can take every connection the server has",
+                         "give tunecache a role of its own: CREATE ROLE tunecache LOGIN; "
+                         "CREATE DATABASE tunecache OWNER tunecache CONNECTION LIMIT n; "
+                         "and name it in TUNECACHE_DB")
+            else:
+                self.add("login", "ok", f"connected as {user} (not a superuser)")
             self.schema(revision, db.display_url)
             self.pg_clock(db)
         finally:
@@ -364,9 +398,9 @@ class _Doctor:
                      "(SQLite writes its journal beside the database)",
                      f"chmod g+w {directory} and add this user to its group")
             return
-        if exists and not os.access(path, os.R_OK | os.W_OK):
-            self.add("permissions", "fail", f"this user cannot read and write {path}",
-                     f"chmod g+rw {path} and add this user to its group")
+        error = _open_error(path) if exists else None
+        if error is not None:
+            self.add("permissions", "fail", *write_problem(path, error))
             return
         if os.path.realpath(path) == os.path.realpath(default_db_path()):
             # The embedded default lives in this user's own cache directory: a cache of

@@ -44,7 +44,7 @@ from .entries import PAGE, loads, noop, pages, stored_key
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "GRAPHS_EXPORT_VERSION", "READABLE_VERSIONS",
            "CONFLICT_POLICIES", "ConflictPolicy", "IMPORT_BATCH", "SkippedEntry", "ExportReport",
            "ExportFile", "export", "parse_export", "Incoming", "IncomingGraph", "stored_entry",
-           "validated_entry", "validated_graph"]
+           "validated_entry", "validated_graph", "graph_loads", "MAX_GRAPH_LOADS"]
 
 EXPORT_FORMAT = "tunecache-export"
 EXPORT_VERSION = 1
@@ -59,6 +59,8 @@ _ENTRY_LINE_MAX = MAX_KEY_BYTES + 2 * 1024 * 1024
 _GRAPH_LINE_MAX = 4 * (MAX_PAYLOAD_BYTES // 3 + 1) + 4 * MAX_SIGNATURE_BYTES + 64 * 1024
 CONFLICT_POLICIES = ("keep", "replace", "faster")
 ConflictPolicy = Literal["keep", "replace", "faster"]
+# A graph's loads past this are no count (the column is 32-bit on PostgreSQL).
+MAX_GRAPH_LOADS = 2**31 - 1
 IMPORT_BATCH = 500  # also bounded by SQLite's bound-parameter limit (999 before 3.32)
 # An export's lines are spooled until the header, which counts only what was written, is
 # out: in memory up to this size, then in a temporary file.
@@ -181,12 +183,21 @@ def _export_lines(db: Database, out: IO[str], store: ArtifactStore, where: Graph
                 "signature": base64.b64encode(found.signature).decode("ascii"),
                 "payload": base64.b64encode(found.payload).decode("ascii"),
                 "torch": found.torch_version, "created_at": found.created_at,
+                # Kept by import, so that an imported graph ages from its last use and
+                # keeps its loads, as an entry does.
+                "last_used_at": info.last_used_at, "hits": graph_loads(info.hits),
             }}
             out.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
             graphs_written += 1
         progress(len(infos))
     return ExportReport(db.display_url, written, graphs_written, tuple(skipped), dropped[0],
                         best_only)
+
+
+def graph_loads(hits: Any) -> int:
+    """A graph's recorded loads as an export carries them: 0 for a count no job records."""
+    count = columns.integer(hits)
+    return count if count is not None and 0 <= count <= MAX_GRAPH_LOADS else 0
 
 
 # -- import / merge ----------------------------------------------------------------------
@@ -263,13 +274,14 @@ def _provenance(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return family, meta_json
 
 
-def _times(record: Mapping[str, Any]) -> dict[str, float | None]:
-    """The entry's created/updated/last-used times as given (None where absent), each a
-    time no later than now: a time in the future would keep the entry from every
-    `prune --older-than`."""
+def _times(record: Mapping[str, Any],
+           names: tuple[str, ...] = _TIMES) -> dict[str, float | None]:
+    """The entry's (or graph's) created/updated/last-used times as given (None where
+    absent), each a time no later than now: a time in the future would keep the entry
+    from every `prune --older-than`."""
     now = time.time()
     times: dict[str, float | None] = {}
-    for name in _TIMES:
+    for name in names:
         value = record.get(name)
         seconds = columns.time(value)
         if value is not None and (seconds is None or seconds < 0):
@@ -318,6 +330,10 @@ class IncomingGraph:
     payload: bytes
     signature: bytes
     torch_version: str
+    # Kept from the source, as an entry's are (None: the import's time); loads by jobs.
+    created_at: float | None = None
+    last_used_at: float | None = None
+    hits: int = 0
 
 
 def _decoded(value: Any, name: str, limit: int) -> bytes:
@@ -362,7 +378,14 @@ def validated_graph(record: Any) -> IncomingGraph:
     torch_version = record.get("torch")
     if not isinstance(torch_version, str) or len(torch_version) > MAX_TORCH_CHARS:
         raise ValueError(f'"torch" is not a string of at most {MAX_TORCH_CHARS} characters')
-    return IncomingGraph(kind, key, payload, signature, torch_version)
+    hits = record.get("hits", 0)
+    if hits is None:
+        hits = 0
+    if columns.integer(hits) is None or not 0 <= hits <= MAX_GRAPH_LOADS:
+        raise ValueError(f'"hits" is {columns.clip(hits)}, not a count of loads')
+    times = _times(record, ("created_at", "last_used_at"))
+    return IncomingGraph(kind, key, payload, signature, torch_version,
+                         times["created_at"], times["last_used_at"], hits)
 
 
 class ExportFile:

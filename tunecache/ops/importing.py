@@ -25,6 +25,7 @@ from .exchange import (
     ConflictPolicy,
     ExportFile,
     Incoming,
+    graph_loads,
     stored_entry,
     validated_entry,
     validated_graph,
@@ -39,8 +40,8 @@ __all__ = ["GraphCounts", "BadRecord", "LineCounts", "ImportReport", "import_rec
 class GraphCounts:
     """The compiled graphs of an import: stored, and already there (first publish wins)."""
 
-    inserted: int = 0
-    unchanged: int = 0
+    new: int = 0
+    kept: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +71,9 @@ class ImportReport:
     database: str
     on_conflict: str
     dry_run: bool
-    inserted: int
+    new: int
     replaced: int
-    unchanged: int
+    kept: int
     busy: int
     graphs: GraphCounts
     bad: tuple[BadRecord, ...]
@@ -82,6 +83,9 @@ class ImportReport:
     cut_short: bool = False
     source: str | None = None
     provenance_dropped: int = 0
+    # Of ``kept``: done entries with full timings that the file's winner-only ones (a
+    # --best-only export's) would have replaced under replace or faster.
+    kept_full: int = 0
 
     @property
     def invalid(self) -> int:
@@ -112,8 +116,8 @@ class _Import:
         self.db, self.on_conflict, self.dry_run, self.progress = (db, on_conflict, dry_run,
                                                                   progress)
         self.owner = f"import:{socket.gethostname()[:200]}:{os.getpid()}"
-        self.counts: Counter[str] = Counter(inserted=0, replaced=0, unchanged=0, busy=0)
-        self.graphs: Counter[str] = Counter(inserted=0, unchanged=0)
+        self.counts: Counter[str] = Counter(new=0, replaced=0, kept=0, busy=0)
+        self.graphs: Counter[str] = Counter(new=0, kept=0)
         self.bad: list[BadRecord] = []
         self.seen: set[str] = set()
         self.seen_graphs: set[tuple[str, str]] = set()
@@ -152,7 +156,7 @@ class _Import:
             return
         if inc.key_hash in self.seen:
             # Two entries of one key in one file: the first wins, like `keep` would.
-            self.counts["unchanged"] += 1
+            self.counts["kept"] += 1
             self.progress(1)
             return
         self.seen.add(inc.key_hash)
@@ -165,14 +169,16 @@ class _Import:
         --on-conflict policy: a graph's bytes are checked by its signature, not ranked)."""
         g = validated_graph(record)
         if (g.kind, g.key) in self.seen_graphs:
-            self.graphs["unchanged"] += 1
+            self.graphs["kept"] += 1
             return
         self.seen_graphs.add((g.kind, g.key))
         if self.dry_run:
             new = not self.store.exists(g.kind, g.key)
         else:
-            new = self.store.put(g.kind, g.key, g.payload, g.signature, g.torch_version)
-        self.graphs["inserted" if new else "unchanged"] += 1
+            new = self.store.put(g.kind, g.key, g.payload, g.signature, g.torch_version,
+                                 created_at=g.created_at, last_used_at=g.last_used_at,
+                                 hits=g.hits)
+        self.graphs["new" if new else "kept"] += 1
 
     def flush(self) -> None:
         """Write the batch, one transaction, and count its outcomes."""
@@ -201,15 +207,18 @@ class _Import:
             outcome = self._against(inc, row)
             if outcome == "overwrite":
                 overwrites.append((entry, row))
+            elif outcome == "kept_full":
+                got["kept"] += 1
+                got["kept_full"] += 1
             else:
                 got[outcome] += 1
         if self.dry_run:
-            got["inserted"] += len(inserts)
+            got["new"] += len(inserts)
             got["replaced"] += len(overwrites)
             return got
         if inserts:
             done = exchange_queries.insert_done_rows(conn, self.owner, inserts)
-            got["inserted"] += done
+            got["new"] += done
             got["busy"] += len(inserts) - done  # claimed by a job meanwhile (PG)
         for entry, row in overwrites:
             if exchange_queries.overwrite_done(conn, entry, token=row.token, state=row.state,
@@ -221,27 +230,32 @@ class _Import:
 
     def _against(self, inc: Incoming, row: Any) -> str:
         """What the policy does with ``inc`` where the target holds ``row``: "busy",
-        "unchanged" or "overwrite"."""
+        "kept", "kept_full" (kept: see below) or "overwrite"."""
         if row.state == "claimed" and not lease_passed(row.lease_expires_at, row.now):
             return "busy"
         if row.state == "done":
             if self.on_conflict == "keep" or row.timings_json == inc.timings_json:
-                return "unchanged"
-            if self.on_conflict == "faster":
-                try:
-                    old = _fastest(validate_timings(row.timings_json, row.key_hash))
-                except InvalidEntryError:
-                    old = math.inf  # an invalid stored entry loses to any result
-                if not _fastest(inc.timings) < old:
-                    return "unchanged"
+                return "kept"
+            try:
+                stored = validate_timings(row.timings_json, row.key_hash)
+            except InvalidEntryError:
+                stored = {}  # an invalid stored entry loses to any result
+            # Full timings are never lost to fewer: a --best-only file's entry (the
+            # winner's timing, the others unmeasured) would leave later jobs nothing to
+            # rank the other candidates by, and `warm --exhaustive` nothing to compare.
+            if any(math.isfinite(ms) and c in inc.timings and not math.isfinite(inc.timings[c])
+                   for c, ms in stored.items()):
+                return "kept_full"
+            if self.on_conflict == "faster" and not _fastest(inc.timings) < _fastest(stored):
+                return "kept"
         return "overwrite"
 
     def report(self, interrupted: bool, done_through: str | None) -> ImportReport:
         return ImportReport(
-            self.db.display_url, self.on_conflict, self.dry_run, self.counts["inserted"],
-            self.counts["replaced"], self.counts["unchanged"], self.counts["busy"],
-            GraphCounts(self.graphs["inserted"], self.graphs["unchanged"]), tuple(self.bad),
-            interrupted, done_through)
+            self.db.display_url, self.on_conflict, self.dry_run, self.counts["new"],
+            self.counts["replaced"], self.counts["kept"], self.counts["busy"],
+            GraphCounts(self.graphs["new"], self.graphs["kept"]), tuple(self.bad),
+            interrupted, done_through, kept_full=self.counts["kept_full"])
 
 
 def import_records(
@@ -263,7 +277,9 @@ def import_records(
     For a key already in the target:
 
     - done: ``keep`` leaves it as it is (a done entry is immutable); ``replace`` overwrites
-      it; ``faster`` overwrites it only if the incoming fastest timing is lower;
+      it; ``faster`` overwrites it only if the incoming fastest timing is lower; neither
+      overwrites a timing with an unmeasured one (a --best-only file's entry over a full
+      one): that entry is kept, and counted in ``kept_full``;
     - claimed and its lease running: left alone under every policy (someone is tuning it;
       reported as busy);
     - failed, or a claim whose lease has passed: replaced by the done entry under every
@@ -305,7 +321,10 @@ def _source_records(src: Database, dropped: list[int]) -> Iterator[tuple[str, An
                 continue
             yield where, {"graph": {"kind": found.kind, "key": found.key,
                                     "payload": found.payload, "signature": found.signature,
-                                    "torch": found.torch_version}}
+                                    "torch": found.torch_version,
+                                    "created_at": found.created_at,
+                                    "last_used_at": info.last_used_at,
+                                    "hits": graph_loads(info.hits)}}
 
 
 def merge(

@@ -43,6 +43,11 @@ def open_database(settings: Settings, *, create: bool = False,
     if writes and settings.mode == "readonly":
         raise ReadonlyModeError(db.display_url, writes)
     path = db.sqlite_path
+    # A missing directory first, in a job's words (a missing file in it is then no
+    # wonder); tunecache's own default directory is made by the first job.
+    problem = db.sqlite_path_problem("--db")  # a directory; a missing directory
+    if problem is not None and not settings.owns_directory:
+        raise StoreUnavailableError(db.display_url, problem)
     if path and not os.path.exists(path) and (read_only or not create):
         raise StoreUnavailableError(
             db.display_url,

@@ -6,6 +6,7 @@ are mappings, as --json prints them."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import heapq
 import json
@@ -20,13 +21,18 @@ from ..store import gains as gain_columns
 from ..store.migrate import current_revision
 from .entries import pages
 
-__all__ = ["stats", "database_size", "graph_stats", "gains", "TOP_KEYS", "StatsReport",
-           "EntryCounts", "UsageTotals", "ClaimsReport", "FailedKeys", "GraphStats",
+__all__ = ["stats", "database_size", "graph_stats", "gains", "usage", "usage_by_day",
+           "headline", "TOP_KEYS", "DAYS_SHOWN", "StatsReport", "EntryCounts", "UsageTotals",
+           "Headline", "UsageDay", "ClaimsReport", "FailedKeys", "GraphStats",
            "GainsReport", "TransferredReport"]
 
 # Rows per page of the entries whose gain columns no writer computed (read one by one).
 GAINS_PAGE = 2000
 TOP_KEYS = 10
+# Days of the per-day view: the --since window's, at most this many (a year and a day).
+DAYS_SHOWN = 366
+# "All of it": a window no recorded time falls out of (stored times are at most 2^53).
+_EVER = stored_json.MAX_NUMBER * 2
 
 Row = Mapping[str, Any]  # a row of one of the report's tables
 
@@ -39,7 +45,9 @@ class EntryCounts:
 
 @dataclasses.dataclass(frozen=True)
 class UsageTotals:
-    """What the processes reported (tunecache_usage), pruned entries included."""
+    """What the processes reported (tunecache_usage), pruned entries included; within
+    ``since_seconds`` (None: all of it). ``invalid``: rows whose counts or times no
+    tunecache writes, counted here and summed nowhere."""
 
     reports: int
     hits: int
@@ -50,6 +58,42 @@ class UsageTotals:
     seconds_tuning: float
     first_at: float | None
     last_at: float | None
+    invalid: int = 0
+    since_seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """The three figures `stats` prints first. Compile time avoided: the tuning time of
+    the results jobs took from the database (cache hits and peers' results) instead of
+    tuning; tuning spent: what the jobs' own tuning took; and, over the stored entries
+    with an untuned baseline, one call of each untuned against tuned. The first two are
+    the processes' reports (within ``since_seconds``), the third the entries as stored."""
+
+    compile_seconds_avoided: float
+    results_served: int  # cache hits and peers' results
+    tuning_seconds_spent: float
+    keys_tuned: int  # tuned with and without the database
+    entries_with_baseline: int
+    untuned_ms_per_call: float
+    tuned_ms_per_call: float
+    ms_gained_per_call: float
+    speedup: float | None
+    since_seconds: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageDay:
+    """One UTC day of the processes' reports (``day``: YYYY-MM-DD)."""
+
+    day: str
+    reports: int
+    hits: int
+    peer: int
+    tuned: int
+    local: int
+    seconds_saved: float
+    seconds_tuning: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +167,14 @@ class StatsReport:
     usage: UsageTotals
     claims: ClaimsReport
     failed: FailedKeys
+    headline: Headline | None = None
+    by_day: tuple[UsageDay, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "graphs": self.graphs.to_json()}
+        data = {**dataclasses.asdict(self), "graphs": self.graphs.to_json()}
+        if self.by_day is None:
+            del data["by_day"]
+        return data
 
 
 def database_size(db: Database) -> dict[str, Any]:
@@ -338,8 +387,55 @@ def gains(db: Database, *, top: int = TOP_KEYS) -> tuple[GainsReport, Transferre
         key=lambda r: (-r["entries"], json.dumps(r["kind"], default=str)))))
 
 
-def stats(db: Database, *, listed: int = 20) -> StatsReport:
-    """Everything `tunecache stats` reports."""
+def _int(value: Any) -> int:
+    return int(_number(value))
+
+
+def usage(db: Database, since: float | None = None) -> UsageTotals:
+    """The processes' reports of the last ``since`` seconds (None: all), summed within
+    bounds (tunecache.store.stats_queries: a row out of them is counted in ``invalid``)."""
+    u, invalid = db.run(lambda c: stats_queries.usage_totals(c, _EVER if since is None
+                                                             else since))
+    return UsageTotals(
+        reports=_int(u.reports), hits=_int(u.hits), tuned=_int(u.tuned), peer=_int(u.peer),
+        local=_int(u.local), seconds_saved=_number(u.seconds_saved),
+        seconds_tuning=_number(u.seconds_tuning), first_at=columns.time(u.first),
+        last_at=columns.time(u.last), invalid=invalid, since_seconds=since)
+
+
+def usage_by_day(db: Database, since: float | None = None,
+                 days: int = DAYS_SHOWN) -> tuple[UsageDay, ...]:
+    """The processes' reports per UTC day, newest first: the days of the last ``since``
+    seconds (None: all), at most ``days`` of them."""
+    rows = db.run(lambda c: stats_queries.usage_by_day(
+        c, _EVER if since is None else since, days))
+    return tuple(UsageDay(
+        day=datetime.datetime.fromtimestamp(_int(r.day) * 86400,
+                                            datetime.timezone.utc).strftime("%Y-%m-%d"),
+        reports=_int(r.reports), hits=_int(r.hits), peer=_int(r.peer), tuned=_int(r.tuned),
+        local=_int(r.local), seconds_saved=_number(r.seconds_saved),
+        seconds_tuning=_number(r.seconds_tuning)) for r in rows)
+
+
+def headline(used: UsageTotals, bought: GainsReport) -> Headline:
+    total = bought.total
+    return Headline(
+        compile_seconds_avoided=used.seconds_saved,
+        results_served=used.hits + used.peer,
+        tuning_seconds_spent=used.seconds_tuning,
+        keys_tuned=used.tuned + used.local,
+        entries_with_baseline=total["entries"],
+        untuned_ms_per_call=total["baseline_ms"],
+        tuned_ms_per_call=total["best_ms"],
+        ms_gained_per_call=total["ms_saved_per_call"],
+        speedup=total["speedup"],
+        since_seconds=used.since_seconds)
+
+
+def stats(db: Database, *, listed: int = 20, since: float | None = None,
+          by_day: bool = False) -> StatsReport:
+    """Everything `tunecache stats` reports; the processes' reports (usage, headline,
+    per day) of the last ``since`` seconds only, where given."""
     groups = db.run(stats_queries.stats_groups)
     by_state: dict[str, int] = {}
     by_env: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -368,7 +464,7 @@ def stats(db: Database, *, listed: int = 20) -> StatsReport:
             if g.state == "done":
                 row["done"] += g.entries
                 row["tune_seconds"] += float(g.tune_seconds)
-    usage = db.run(stats_queries.usage_totals)
+    used = usage(db, since)
     live = db.run(lambda c: stats_queries.live_claims(c, listed))
     expired = db.run(stats_queries.expired_claims_count)
     failed = db.run(lambda c: stats_queries.failed_keys(c, listed))
@@ -395,17 +491,7 @@ def stats(db: Database, *, listed: int = 20) -> StatsReport:
         hits=hits,
         tune_seconds=tune_seconds,
         seconds_saved=saved,
-        usage=UsageTotals(
-            reports=int(usage.reports),
-            hits=int(usage.hits),
-            tuned=int(usage.tuned),
-            peer=int(usage.peer),
-            local=int(usage.local),
-            seconds_saved=float(usage.seconds_saved),
-            seconds_tuning=float(usage.seconds_tuning),
-            first_at=usage.first,
-            last_at=usage.last,
-        ),
+        usage=used,
         claims=ClaimsReport(
             in_flight=claimed - expired,
             expired=expired,
@@ -421,4 +507,6 @@ def stats(db: Database, *, listed: int = 20) -> StatsReport:
             keys=tuple({"key_hash": r.key_hash, "op": r.op, "attempts": r.attempts,
                         "error": r.error} for r in failed),
         ),
+        headline=headline(used, bought),
+        by_day=usage_by_day(db, since) if by_day else None,
     )

@@ -151,7 +151,11 @@ def _insert_statement(dialect: str) -> Any:
         .values(kind=bindparam("p_kind"), cache_key=bindparam("p_key"),
                 digest=bindparam("p_digest"), signature=bindparam("p_signature"),
                 size=bindparam("p_size"), torch_version=bindparam("p_torch_version"),
-                created_at=NOW, last_used_at=NOW, payload=bindparam("p_payload"))
+                # An import keeps the source's times and loads; a job's publish is now.
+                created_at=func.coalesce(bindparam("p_created_at", type_=Float), NOW),
+                last_used_at=func.coalesce(bindparam("p_last_used_at", type_=Float),
+                                           bindparam("p_created_at", type_=Float), NOW),
+                hits=bindparam("p_hits"), payload=bindparam("p_payload"))
         .on_conflict_do_nothing(index_elements=["kind", "cache_key"])
         .returning(artifacts.c.kind)
     )
@@ -326,8 +330,11 @@ class ArtifactStore:
             logger.debug("tunecache: last use of a compiled graph not recorded: %s", e)
 
     def put(self, kind: str, key: str, payload: bytes, signature: bytes,
-            torch_version: str) -> bool:
+            torch_version: str, *, created_at: float | None = None,
+            last_used_at: float | None = None, hits: int = 0) -> bool:
         """Publish; True when this call published, False when (kind, key) was there.
+        ``created_at``, ``last_used_at`` and ``hits``: an import's, kept from its source
+        (by default the publish is now, and its own first use).
 
         Raises ValueError for arguments that cannot be stored (key over 512 characters,
         payload over MAX_PAYLOAD_BYTES, ...), ReadonlyModeError on a readonly database,
@@ -335,6 +342,7 @@ class ArtifactStore:
         """
         payload, digest, params = self._row_to_write(
             "publishing", kind, key, payload, signature, torch_version)
+        params.update(p_created_at=created_at, p_last_used_at=last_used_at, p_hits=hits)
         # One graph is published once per cluster: when the row is there, nothing is
         # written (ranks that compiled it too read this and return).
         existing = self.db.run(lambda c: c.execute(_EXISTS, params).first())

@@ -19,7 +19,7 @@ from .engine import Database
 from .migrate import current_revision
 
 __all__ = ["SQLITE_VERSION", "sqlite_path_of", "sqlite_look", "pg_server_version",
-           "server_time"]
+           "pg_login", "server_time"]
 
 SQLITE_VERSION = sqlite3.sqlite_version
 
@@ -51,6 +51,15 @@ def sqlite_look(path: str) -> tuple[str | None, str]:
 
 def pg_server_version(db: Database) -> str:
     return str(db.run(lambda c: c.execute(text("SHOW server_version")).scalar_one()))
+
+
+_LOGIN = text("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
+
+
+def pg_login(db: Database) -> tuple[str, bool]:
+    """(the role this connection logged in as, whether it is a superuser)."""
+    row = db.run(lambda c: c.execute(_LOGIN).one())
+    return str(row[0]), bool(row[1])
 
 
 def server_time(db: Database) -> float:

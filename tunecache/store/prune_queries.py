@@ -45,6 +45,7 @@ from .schema import artifacts, entries
 __all__ = [
     "prune_condition",
     "select_pruned",
+    "select_pruned_among",
     "count_pruned",
     "SQLITE_ROWID",
     "prune_walk_column",
@@ -106,6 +107,11 @@ def select_pruned(condition: ColumnElement[bool], after: str, limit: int) -> Sel
         .order_by(entries.c.key_hash)
         .limit(limit)
     )
+
+
+def select_pruned_among(condition: ColumnElement[bool], hashes: Sequence[str]) -> Select[Any]:
+    """Which of ``hashes`` (at most a few hundred) a prune's ``condition`` takes."""
+    return select(entries.c.key_hash).where(condition, entries.c.key_hash.in_(list(hashes)))
 
 
 def count_pruned(condition: ColumnElement[bool]) -> Select[Any]:

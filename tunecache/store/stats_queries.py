@@ -11,16 +11,20 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Integer,
     Select,
     and_,
     bindparam,
     case,
     func,
+    not_,
     null,
     or_,
     select,
     text,
 )
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from .. import stored_json
 from ..keys import MAX_LABEL, MAX_META_BYTES, MAX_TIMINGS_BYTES
@@ -31,6 +35,7 @@ from .schema import entries, usage
 __all__ = [
     "STATS_GROUPS",
     "USAGE_TOTALS",
+    "USAGE_INVALID",
     "CLAIMS_LIVE",
     "CLAIMS_EXPIRED_COUNT",
     "FAILED_KEYS",
@@ -41,6 +46,9 @@ __all__ = [
     "SQLITE_PAGE_SIZE",
     "stats_groups",
     "usage_totals",
+    "usage_by_day",
+    "USAGE_BY_DAY",
+    "USAGE_FIELDS",
     "live_claims",
     "expired_claims_count",
     "failed_keys",
@@ -81,16 +89,62 @@ STATS_GROUPS = select(
     func.coalesce(func.sum(_HITS * _TUNE_SECONDS), 0.0).label("saved_seconds"),
 ).group_by(*_STATS_GROUP)
 
+# The processes' reports (tunecache_usage), each row summed only if every count and time
+# in it is one a writer stores, as above: two planted rows with hits of 2^62 overflowed
+# SQLite's SUM and two of 1e308 seconds PostgreSQL's, and `stats` failed until they were
+# deleted. A row out of bounds is counted apart (``invalid``), never summed.
+_USAGE_COUNTS = (usage.c.hits, usage.c.tuned, usage.c.peer, usage.c.local)
+_USAGE_TIMES = (usage.c.seconds_saved, usage.c.seconds_tuning, usage.c.recorded_at)
+_USAGE_VALID = and_(*(and_(c >= 0, c <= gains.MAX_COUNT) for c in _USAGE_COUNTS),
+                    *(and_(c >= 0, c <= stored_json.MAX_NUMBER) for c in _USAGE_TIMES))
+# Within the window: reports recorded at most p_since seconds ago (the database's clock,
+# which wrote recorded_at).
+_USAGE_SHOWN = and_(_USAGE_VALID, usage.c.recorded_at >= _NOW - bindparam("p_since"))
+USAGE_FIELDS = ("hits", "tuned", "peer", "local", "seconds_saved", "seconds_tuning")
+
+
+# The reports of the window, filtered once per row (a CASE in each sum tested every bound
+# once per column: 0.3 s on 100,000 reports against 0.05 s), and the invalid ones counted
+# in a scan of their own.
 USAGE_TOTALS = select(
     func.count().label("reports"),
-    func.coalesce(func.sum(usage.c.hits), 0).label("hits"),
-    func.coalesce(func.sum(usage.c.tuned), 0).label("tuned"),
-    func.coalesce(func.sum(usage.c.peer), 0).label("peer"),
-    func.coalesce(func.sum(usage.c.local), 0).label("local"),
-    func.coalesce(func.sum(usage.c.seconds_saved), 0.0).label("seconds_saved"),
-    func.coalesce(func.sum(usage.c.seconds_tuning), 0.0).label("seconds_tuning"),
+    *(func.coalesce(func.sum(c), 0).label(c.name)
+      for c in (*_USAGE_COUNTS, usage.c.seconds_saved, usage.c.seconds_tuning)),
     func.min(usage.c.recorded_at).label("first"),
     func.max(usage.c.recorded_at).label("last"),
+).where(_USAGE_SHOWN)
+USAGE_INVALID = select(func.count()).where(not_(_USAGE_VALID))
+
+
+class utc_day(FunctionElement[int]):
+    """The UTC day (days since the epoch) of a time in seconds that is not negative."""
+
+    type = Integer()
+    inherit_cache = True
+
+
+@compiles(utc_day)
+def _utc_day_sqlite(element: utc_day, compiler: Any, **kw: Any) -> str:
+    # SQLite has no floor() unless built with its math functions; a cast truncates, which
+    # for a time that is not negative is the floor.
+    return f"CAST(({compiler.process(element.clauses, **kw)}) / 86400 AS INTEGER)"
+
+
+@compiles(utc_day, "postgresql")
+def _utc_day_postgresql(element: utc_day, compiler: Any, **kw: Any) -> str:
+    return f"floor(({compiler.process(element.clauses, **kw)}) / 86400)::bigint"
+
+
+_DAY = utc_day(usage.c.recorded_at)
+# The reports per UTC day, newest first, at most p_days of them.
+USAGE_BY_DAY = (
+    select(_DAY.label("day"), func.count().label("reports"),
+           *(func.sum(c).label(c.name)
+             for c in (*_USAGE_COUNTS, usage.c.seconds_saved, usage.c.seconds_tuning)))
+    .where(_USAGE_SHOWN)
+    .group_by(_DAY)
+    .order_by(_DAY.desc())
+    .limit(bindparam("p_days"))
 )
 
 _CLAIM_COLUMNS = (
@@ -225,8 +279,16 @@ def stats_groups(conn: Connection) -> list[Any]:
     return list(conn.execute(STATS_GROUPS).all())
 
 
-def usage_totals(conn: Connection) -> Any:
-    return conn.execute(USAGE_TOTALS).one()
+def usage_totals(conn: Connection, since: float) -> tuple[Any, int]:
+    """The processes' reports of the last ``since`` seconds, summed within bounds, and
+    the count of reports out of them (of any time)."""
+    return (conn.execute(USAGE_TOTALS, {"p_since": since}).one(),
+            int(conn.execute(USAGE_INVALID).scalar_one()))
+
+
+def usage_by_day(conn: Connection, since: float, days: int) -> list[Any]:
+    """The last ``days`` UTC days with reports in the last ``since`` seconds, newest first."""
+    return list(conn.execute(USAGE_BY_DAY, {"p_since": since, "p_days": days}).all())
 
 
 def live_claims(conn: Connection, limit: int) -> list[Any]:
