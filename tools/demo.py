@@ -27,7 +27,8 @@ the first job after set-up pays for reading torch into the page cache, and in ro
 is a tunecache job, so one round never flatters tunecache. The summary gives the minimum,
 median and maximum of every process's compile seconds per side, and calls a difference
 noise when the ranges overlap. The last line is the run's result: GEMM benchmarks and the
-seconds they took per job, tunecache off against on, which load does not blur.
+seconds they took per job (summed over its processes), tunecache off against on; the
+count of benchmarks does not depend on the machine's load, their seconds do.
 
 Every process has its own fresh TORCHINDUCTOR_CACHE_DIR (as on a new node) and the FX
 graph and AOTAutograd caches off, so each GEMM really reaches the autotuner, and only
