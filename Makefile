@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then run the main job (a real max-autotune compile in several
 #               processes sharing the cache, then a later job that starts warm; three
-#               rounds, each on a database of its own in a temporary directory)
+#               rounds, each on a database of its own in a temporary directory; the last
+#               round's is kept to explore). make demo ROUNDS=1 is the short form.
 #   make test   set up .venv, then run the whole test suite (PostgreSQL must be running)
 #   make lint   ruff and mypy (configured in pyproject.toml), and no import cycle among the
 #               modules, counting the imports under `if TYPE_CHECKING:` (type hints only);
@@ -12,6 +13,7 @@ PY := $(VENV)/bin/python
 # without CUDA, export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu first, or
 # pip takes a multi-GB CUDA build. A torch that is already importable is kept as it is.
 TORCH_SPEC ?= torch==2.13.0
+ROUNDS ?= 3
 
 .PHONY: demo test lint clean
 
@@ -23,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) tools/demo.py
+	$(PY) tools/demo.py --rounds $(ROUNDS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -1,5 +1,5 @@
 """The CLI starts without SQLAlchemy, Alembic or torch, and its spelled-out lists agree
-with the library's and the README's."""
+with the library's and the operator's page (docs/operating.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cli_helpers import run
 from tunecache.cli import exchanging, options
 from tunecache.ops import exchange
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPERATING = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
 HEAVY = ("sqlalchemy", "alembic", "torch")
 
 
@@ -40,8 +40,8 @@ def test_conflict_policies_offered_by_the_cli_are_the_librarys():
         assert tuple(option.type.choices) == exchange.CONFLICT_POLICIES
 
 
-def test_readme_and_prune_help_name_the_same_kinds():
-    assert f"# kinds: {options.KINDS}\n" in README.read_text()
+def test_the_operating_docs_and_prune_help_name_the_same_kinds():
+    assert f"# kinds: {options.KINDS}\n" in OPERATING.read_text()
     help_text = " ".join(run("prune", "--help").stdout.split())
     assert f"Only entries of these kinds: {options.KINDS}" in help_text
 

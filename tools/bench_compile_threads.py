@@ -4,7 +4,7 @@
 
 Coordinate descent compiles each candidate config of a kernel in the thread that
 benchmarks it, one after another; that is most of a full descent's seconds
-(docs/benchmarks.md). Compiling a round's candidates ahead in threads pays only where
+(docs/benchmarks/new-shapes.md). Compiling a round's candidates ahead in threads pays only where
 Triton's compile leaves the GIL for a good part of its time (LLVM, ptxas), which this
 measures: an Inductor-style looped reduction, compiled for a CUDA target (no GPU needed:
 nothing is launched) in each of several configs, first serially, then over a thread
