@@ -224,7 +224,7 @@ def _job(tmp: Path, name: str, db: str, *extra: str, **env: str) -> dict[str, An
         done = subprocess.run(
             [sys.executable, str(HERE / "inductor_worker.py"), "--ops", "bmm,linear",
              "--out", str(tmp / f"{name}.json"), *extra],
-            env=environ, stdout=subprocess.DEVNULL, stderr=log, timeout=600)
+            env=environ, stdout=subprocess.DEVNULL, stderr=log)
     assert done.returncode == 0, (tmp / f"{name}.log").read_text()[-3000:]
     return json.loads((tmp / f"{name}.json").read_text())
 
@@ -240,6 +240,7 @@ def _gemm_entries(url: str) -> list[tuple[dict[str, Any], Any]]:
         return [(k, cache.lookup(k)) for k in keys]
 
 
+@pytest.mark.timeout(1800)  # three compiling jobs in a row on a loaded 2-core machine
 def test_a_job_after_an_upgrade_starts_from_the_old_entries_and_the_next_hits(
         tmp_path, db_url):
     old = f"sqlite:///{tmp_path / 'old.db'}"
@@ -269,3 +270,22 @@ def test_a_job_after_an_upgrade_starts_from_the_old_entries_and_the_next_hits(
         assert upgraded["outputs"][op] == pytest.approx(values, rel=1e-4, abs=1e-5)
     again = _job(tmp_path, "again", db_url)
     assert again["stats"]["hits"] == 2 and again["stats"]["benchmarks"] == 0
+
+
+def test_an_old_entry_transferred_in_full_decides_and_one_transferred_in_part_does_not():
+    key = tunecache.keys.Key.of(new_key())
+    ids = tc_inductor.candidate_ids(choices())
+    timings = {ids[0]: 3.0, ids[6]: 1.0, ids[1]: 2.0}  # template 5 by 100%
+    libraries = {"torch": OLD_TORCH}
+
+    def plan(meta: dict[str, Any]) -> Any:
+        record = tunecache.Neighbour("old", old_key(), timings, meta)
+        found = upgrade.plan_upgrade(key, [(record, libraries)], decisive=True)
+        assert found is not None and found.from_version == libraries
+        return found.decided_id(ids)
+
+    assert plan({}) == ids[6]
+    assert plan({"transfer": {"benchmarked": 9, "generated": 9}}) == ids[6]
+    assert plan({"transfer": {"benchmarked": 3, "generated": 9}}) is None
+    assert plan({"transfer": {"benchmarked": 0, "generated": 1}}) is None
+    assert plan({"transfer": {"benchmarked": True, "generated": True}}) is None

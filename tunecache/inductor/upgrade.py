@@ -159,12 +159,27 @@ def plan_upgrade(key: Key, records: Sequence[tuple[Neighbour, Mapping[str, str]]
         for ms, tid in templates:
             if (not ids or ms <= best_ms * (1 + DECISIVE_MARGIN)) and tid not in ids:
                 ids.append(tid)
-        winner = decisive_winner([record]) if decisive else None
+        winner = decisive_winner([_as_tuned(record)]) if decisive else None
         changed = {f: str(libraries[f]) for f in LIBRARY_FIELDS
                    if f in libraries and libraries[f] != env.get(f)}
         return UpgradePlan(frozenset(ids[:FROM_NEAREST]), (record.key_hash,), winner,
                            best_ms if winner is not None else None, changed, first[0])
     return None
+
+
+def _as_tuned(record: Neighbour) -> Neighbour:
+    """``record``, read as tuned in full where its transfer benchmarked every candidate it
+    generated (a CPU GEMM has two or three): its runner-up is then the real one, which is
+    all that neighbours_agreement refuses a transferred entry for."""
+    moved = record.meta.get("transfer")
+    if not isinstance(moved, Mapping):
+        return record
+    benchmarked, generated = moved.get("benchmarked"), moved.get("generated")
+    if not (type(benchmarked) is int and type(generated) is int
+            and 0 < generated <= benchmarked):
+        return record
+    meta = {k: v for k, v in record.meta.items() if k != "transfer"}
+    return dataclasses.replace(record, meta=meta)
 
 
 class Upgrades:
