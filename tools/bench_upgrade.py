@@ -15,6 +15,11 @@
                  the upgrade carried, re-tuned in full, and its regret.
    With --age VERSION, the record is also relabelled as torch VERSION (tools/age_db.py)
    and the same three jobs run under this interpreter, tagged "aged".
+--recorded DB starts from a database recorded before (a copy of it) instead of step 1.
+--untested lets tunecache run on a torch newer than the newest it supports, for a
+measurement only (the version check is lifted in the measured processes): the parts of
+tunecache that then fail their own checks of Inductor's internals stay off, each with a
+warning in the job's log.
 Each job is a fresh process with its own Inductor cache directory; GEMM benchmarks are
 Inductor's own "AUTOTUNE benchmarking" lines, counted in the job's log, so plain and
 tunecache jobs are counted alike. Writes OUTDIR/bench.jsonl (one line per job) and
@@ -45,7 +50,14 @@ _BENCHMARKED = re.compile(r"AUTOTUNE benchmarking takes [0-9.]+ seconds")
 WIDTHS = (64, 96, 128, 160, 192, 224, 256)
 
 
-def job(out: Path) -> int:
+# What --untested does in `tunecache warm` (as in a job, below).
+_LIFT_VERSION_CHECK = (
+    "import torch, tunecache.inductor.compat as c; "
+    "c.SUPPORTED_TORCH = (c.SUPPORTED_TORCH[0], "
+    "tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]))")
+
+
+def job(out: Path, untested: bool) -> int:
     """One compiling process (see the module docstring)."""
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
@@ -54,6 +66,11 @@ def job(out: Path) -> int:
 
     enabled = False
     stats: dict[str, Any] = {}
+    if untested:
+        from tunecache.inductor import compat
+
+        minor = tuple(int(p) for p in str(torch.__version__).split("+")[0].split(".")[:2])
+        compat.SUPPORTED_TORCH = (compat.SUPPORTED_TORCH[0], (minor[0], minor[1]))
     if os.environ.get("TUNECACHE_DB"):
         from tunecache import inductor as tc_inductor
 
@@ -80,7 +97,8 @@ def job(out: Path) -> int:
     return 0
 
 
-def _run(python: str, tag: str, outdir: Path, db: str | None) -> dict[str, Any]:
+def _run(python: str, tag: str, outdir: Path, db: str | None,
+         untested: bool = False) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(outdir / f"inductor-{tag}")
@@ -89,7 +107,8 @@ def _run(python: str, tag: str, outdir: Path, db: str | None) -> dict[str, Any]:
     log = outdir / f"{tag}.log"
     result = outdir / f"{tag}.json"
     with open(log, "w") as f:
-        done = subprocess.run([python, __file__, "--job", str(result)], env=env,
+        done = subprocess.run([python, __file__, "--job", str(result),
+                               *(["--untested"] if untested else [])], env=env,
                               stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"{tag} failed; see {log}")
@@ -104,12 +123,14 @@ def _run(python: str, tag: str, outdir: Path, db: str | None) -> dict[str, Any]:
     return line
 
 
-def _regret(python: str, tag: str, outdir: Path, db: str) -> None:
+def _regret(python: str, tag: str, outdir: Path, db: str, untested: bool) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(outdir / f"inductor-{tag}")
-    done = subprocess.run([python, "-m", "tunecache.cli", "warm", "--db", db, "--exhaustive",
-                           "--json"], env=env, capture_output=True, text=True)
+    lift = _LIFT_VERSION_CHECK + "; " if untested else ""
+    done = subprocess.run([python, "-c", f"{lift}import tunecache.cli as t; t.main()", "warm",
+                           "--db", db, "--exhaustive", "--json"],
+                          env=env, capture_output=True, text=True)
     (outdir / f"{tag}.json").write_text(done.stdout)
     (outdir / f"{tag}.log").write_text(done.stderr)
     try:
@@ -125,14 +146,14 @@ def _regret(python: str, tag: str, outdir: Path, db: str) -> None:
         f.write(json.dumps({"tag": tag, "rc": done.returncode, "regrets": regrets}) + "\n")
 
 
-def _upgrade(python: str, name: str, outdir: Path, recorded: Path) -> None:
+def _upgrade(python: str, name: str, outdir: Path, recorded: Path, untested: bool) -> None:
     copy = outdir / f"db-{name}.sqlite"
     shutil.copy(recorded, copy)
     db = f"sqlite:///{copy}"
-    _run(python, f"plain-{name}", outdir, None)
-    _run(python, f"upgraded-{name}", outdir, db)
-    _run(python, f"again-{name}", outdir, db)
-    _regret(python, f"regret-{name}", outdir, db)
+    _run(python, f"plain-{name}", outdir, None, untested)
+    _run(python, f"upgraded-{name}", outdir, db, untested)
+    _run(python, f"again-{name}", outdir, db, untested)
+    _regret(python, f"regret-{name}", outdir, db, untested)
 
 
 def main() -> int:
@@ -141,18 +162,24 @@ def main() -> int:
     p.add_argument("outdir", nargs="?")
     p.add_argument("--new-python", action="append", default=[])
     p.add_argument("--age", default=None, help="also relabel the record as this torch")
+    p.add_argument("--recorded", default=None, help="a recorded SQLite file to start from")
+    p.add_argument("--untested", action="store_true",
+                   help="lift the torch version check in the measured processes")
     p.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.job:
-        return job(Path(args.job))
+        return job(Path(args.job), args.untested)
     if not args.outdir:
         p.error("OUTDIR is required")
     outdir = Path(args.outdir).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     recorded = outdir / "recorded.sqlite"
-    _run(sys.executable, "record", outdir, f"sqlite:///{recorded}")
+    if args.recorded:
+        shutil.copy(args.recorded, recorded)
+    else:
+        _run(sys.executable, "record", outdir, f"sqlite:///{recorded}")
     for python in args.new_python:
-        _upgrade(python, Path(python).parent.parent.name, outdir, recorded)
+        _upgrade(python, Path(python).parent.parent.name, outdir, recorded, args.untested)
     if args.age:
         aged = outdir / "aged.sqlite"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
@@ -160,7 +187,7 @@ def main() -> int:
         subprocess.run([sys.executable, str(ROOT / "tools" / "age_db.py"),
                         f"sqlite:///{recorded}", f"sqlite:///{aged}", "--torch", args.age],
                        check=True, env=env, stdout=subprocess.DEVNULL)
-        _upgrade(sys.executable, "aged", outdir, aged)
+        _upgrade(sys.executable, "aged", outdir, aged, False)
     return 0
 
 
