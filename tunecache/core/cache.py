@@ -37,7 +37,7 @@ from ..keys import (
     validate_timings,
 )
 from ..settings import MAX_LEASE_SECONDS, Settings
-from ..store import Claim, ClaimStore, Database, Entry, Publication
+from ..store import Claim, ClaimStore, Database, Entry, Publication, earlier_queries
 from .availability import Availability
 from .claimant import Claimant, Tuner
 from .result import Neighbour, Result, Source
@@ -170,6 +170,67 @@ class TuneCache:
             logger.warning("tunecache: skipped %d neighbour entr%s of a %s key that could "
                            "not be read (too large or malformed); further ones are skipped "
                            "silently", skipped, "y" if skipped == 1 else "ies", kind[:40])
+        return found
+
+    def recorded_versions(self, kind: str, device: str,
+                          limit: int = 32) -> list[tuple[str, str]]:
+        """The (torch, triton) versions that done entries of ``kind`` on ``device`` were
+        recorded under, at most ``limit`` of them (tunecache.store.earlier_queries); empty
+        while the store is unavailable. Only reads."""
+        if not self._available.ensure():
+            return []
+        try:
+            rows = earlier_queries.recorded_versions(self._db, kind, device, limit)
+        except StoreError as e:
+            self._available.disable(e)
+            return []
+        return [(torch, triton) for torch, triton in rows
+                if torch is not None and triton is not None]
+
+    def keys_of_version(self, kind: str, device: str, versions: tuple[str, str],
+                        limit: int = 4) -> list[dict[str, Any]]:
+        """Up to ``limit`` key mappings of done entries of ``kind`` on ``device`` under
+        ``versions`` (torch, triton): what a key of that version looked like (its other
+        library versions). An unreadable one is skipped. Only reads."""
+        if not self._available.ensure():
+            return []
+        try:
+            texts = earlier_queries.keys_of_version(self._db, kind, device, versions, limit)
+        except StoreError as e:
+            self._available.disable(e)
+            return []
+        found = []
+        for text in texts:
+            try:
+                mapping = stored_json.loads(text, MAX_KEY_BYTES)
+            except stored_json.StoredJSONError:
+                continue
+            if isinstance(mapping, dict):
+                found.append(mapping)
+        return found
+
+    def recorded(self, keys: Sequence[Key]) -> list[Neighbour]:
+        """The done entries of ``keys`` that validate, in ``keys``' order, as
+        :class:`Neighbour` objects; read without a claim, a wait or a hit counted (they
+        are where another key starts, not answers). Only reads."""
+        if not keys or not self._available.ensure():
+            return []
+        try:
+            rows = self._store.read([k.hash for k in keys])
+        except StoreError as e:
+            self._available.disable(e)
+            return []
+        found = []
+        for k in keys:
+            row = rows.get(k.hash)
+            if row is None or row.state != "done":
+                continue
+            try:
+                timings = validate_timings(row.timings_json, k.hash)
+            except InvalidEntryError:
+                continue
+            found.append(Neighbour(k.hash, dict(k.mapping), timings,
+                                   validate_meta(row.meta_json)))
         return found
 
     def update_meta(self, key: KeyLike, **fields: Any) -> bool:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..keys import Key, top_up_key
 from .transfer import Plan, plan_transfer
+from .upgrade import Upgrades
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..core.cache import TuneCache
@@ -63,6 +64,8 @@ class GemmEntries:
         self._decided: set[str] = set()
         # key hash -> the transfer plan for a key this process found no entry for
         self._plans: dict[str, Plan | None] = {}
+        # the library versions of older entries this database holds (upgrade.py)
+        self._upgrades = Upgrades()
         self._plan_warned = False
         # key hash -> templates narrowing did not generate for it (transfer.py)
         self._not_generated: dict[str, int] = {}
@@ -157,8 +160,10 @@ class GemmEntries:
             # neighbours are other keys' rows; here they only fail the transfer.
             try:
                 cache = self._cache()
-                plan = plan_transfer(key.mapping, cache.neighbours(key),
-                                     decisive="gemm" in cache.settings.levers.decisive)
+                decisive = "gemm" in cache.settings.levers.decisive
+                # The key's own entry under an older torch/Triton first, then neighbours.
+                plan = self._upgrades.plan(cache, key, decisive) or plan_transfer(
+                    key.mapping, cache.neighbours(key), decisive=decisive)
             except Exception as e:  # noqa: BLE001 - the key is tuned in full
                 with self._lock:
                     first, self._plan_warned = not self._plan_warned, True

@@ -12,7 +12,7 @@ import platform
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["CONFIG_FLAGS", "dist_version", "environment", "recorded_settings"]
+__all__ = ["CONFIG_FLAGS", "LIBRARY_FIELDS", "dist_version", "environment", "recorded_settings"]
 
 log = logging.getLogger("tunecache")
 
@@ -34,6 +34,12 @@ CONFIG_FLAGS = (
     "cuda.cutlass_op_allowlist_regex",
     "cuda.cutlass_op_denylist_regex",
 )
+
+
+# The fields of the fingerprint that are library versions: an upgrade changes them and
+# nothing else, so a key that differs from a recorded one only in these is the same key
+# under another version (tunecache.inductor.upgrade).
+LIBRARY_FIELDS = ("torch", "triton", "cuda", "hip")
 
 
 def dist_version(*names: str) -> str:

@@ -178,6 +178,18 @@ class Plan:
         return {"transfer": {"from": list(self.sources), "benchmarked": benchmarked,
                              "generated": generated}}
 
+    def applies(self, ids: Sequence[str]) -> bool:
+        """Whether the plan may narrow a lookup of candidate ``ids`` (else it is tuned in
+        full): always for neighbours; an upgrade's only where its old winner is one of
+        them (upgrade.py)."""
+        return True
+
+    def decided_id(self, ids: Sequence[str]) -> str | None:
+        """The one of a lookup's candidate ``ids`` this plan decides at the lookup itself,
+        with nothing benchmarked, or None. A neighbour's decision is made before
+        generation (narrow.py), never here; an upgrade's may be (upgrade.py)."""
+        return None
+
 
 def winner_and_margin(timings: Mapping[str, float]) -> tuple[str, float] | None:
     """A neighbour's winner as an identity across shapes, and its margin over the
@@ -296,7 +308,14 @@ def measure_by_plan(
     ``bench``, ``inf`` for the ``failed`` ones, and how many were benchmarked by the
     plan (None: tuned in full). Only the choices ``plan`` keeps are benchmarked where it
     keeps a template of this compile; all of them where it keeps none, or where no kept
-    template ran (one warning)."""
+    template ran (one warning). None where the plan decides the lookup
+    (:meth:`Plan.decided_id`): its one choice with the plan's time, 0 benchmarked."""
+    if plan is not None and not plan.applies(ids):
+        plan = None
+    decided = None if plan is None else plan.decided_id(ids)
+    if decided is not None and decided not in failed and plan is not None \
+            and plan.winner_ms is not None:
+        return {decided: plan.winner_ms}, 0
     kept = [c for c, i in zip(choices, ids) if plan is not None and plan.keeps(i)]
     matched = plan is not None and any(
         transfer_id(i) is not None for c, i in zip(choices, ids) if plan.keeps(i))
