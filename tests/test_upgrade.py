@@ -43,10 +43,10 @@ def _own_inductor_cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def hooks_off():
-    tc_inductor.stats.reset()
+    tunecache.reset_stats()
     yield
-    tc_inductor.disable()
-    tc_inductor.stats.reset()
+    tunecache.disable()
+    tunecache.reset_stats()
 
 
 def choices() -> list[Any]:
@@ -70,11 +70,11 @@ def age(src: str, dst: str) -> None:
 def record_old(tmp_path: Path, dst: str, times: dict[str, float]) -> None:
     """A key tuned in full under this torch, then the database aged into ``dst``."""
     old = f"sqlite:///{tmp_path / 'old.db'}"
-    assert tc_inductor.enable(db=old)
+    assert tunecache.enable(db=old)
     calls: list[list[str]] = []
     fakes.lookup(choices(), "mm", inputs_key(1024), fakes.fake_benchmark(calls, times))
     assert len(calls[0]) == 9
-    tc_inductor.disable()
+    tunecache.disable()
     age(old, dst)
 
 
@@ -97,7 +97,7 @@ def old_key() -> dict[str, Any]:
 def test_after_an_upgrade_a_key_benchmarks_only_its_old_winners_and_aten(
         tmp_path, db_url, hooks_off):
     record_old(tmp_path, db_url, close_times())
-    assert tc_inductor.enable(db=db_url)
+    assert tunecache.enable(db=db_url)
     calls: list[list[str]] = []
     truth = {**close_times(), "triton_mm_7": 0.9}  # under the new torch, 7 wins
     found = timings_by_name(fakes.lookup(choices(), "mm", inputs_key(1024),
@@ -112,8 +112,8 @@ def test_after_an_upgrade_a_key_benchmarks_only_its_old_winners_and_aten(
     assert moved["benchmarked"] == 4 and moved["generated"] == 9
     assert stored.best.startswith("triton:triton_mm:") and "BLOCK_M=2048" in stored.best
     # the next job hits the new version's entry
-    tc_inductor.disable()
-    assert tc_inductor.enable(db=db_url)
+    tunecache.disable()
+    assert tunecache.enable(db=db_url)
     again = timings_by_name(fakes.lookup(choices(), "mm", inputs_key(1024),
                                          fakes.fake_benchmark(calls, truth)))
     assert len(calls) == 1 and again == found
@@ -131,7 +131,7 @@ def test_an_old_winner_by_the_decisive_margin_is_taken_with_nothing_benchmarked(
         tmp_path, db_url, hooks_off):
     decisive = {**close_times(), "triton_mm_5": 0.5}  # 2.2x faster than the runner-up
     record_old(tmp_path, db_url, decisive)
-    assert tc_inductor.enable(db=db_url)
+    assert tunecache.enable(db=db_url)
     calls: list[list[str]] = []
     found = timings_by_name(fakes.lookup(choices(), "mm", inputs_key(1024),
                                          fakes.fake_benchmark(calls, close_times())))
@@ -142,11 +142,11 @@ def test_an_old_winner_by_the_decisive_margin_is_taken_with_nothing_benchmarked(
     assert stored.meta["transfer"]["benchmarked"] == 0
     assert stored.meta["transfer"]["from_version"] == {"torch": OLD_TORCH}
     assert list(stored.timings) == [stored.best]
-    # with TUNECACHE_DECISIVE's gemm part off, the old winner and its close rivals run
-    tc_inductor.disable()
+    # with the decisive_gemm lever off, the old winner and its close rivals run
+    tunecache.disable()
     other = f"sqlite:///{tmp_path / 'other.db'}"
     age(f"sqlite:///{tmp_path / 'old.db'}", other)
-    assert tc_inductor.enable(db=other, decisive=frozenset({"fusion"}))
+    assert tunecache.enable(db=other, levers="decisive_fusion,compile_ahead")
     fakes.lookup(choices(), "mm", inputs_key(1024), fakes.fake_benchmark(calls, close_times()))
     assert sorted(calls[0]) == ["aten", "triton_mm_5"]
 
@@ -164,7 +164,7 @@ def test_a_planted_old_record_naming_a_foreign_winner_decides_nothing(
     foreign = "triton:triton_mm:ACC_TYPE='tl.float32', BLOCK_K=32, BLOCK_M=1, GROUP_M=8"
     # decisive by its margin (5.0) or with one of ours close behind it (0.0105)
     plant_old(db_url, {foreign: 0.01, ids[3]: runner_up_ms})
-    assert tc_inductor.enable(db=db_url)
+    assert tunecache.enable(db=db_url)
     calls: list[list[str]] = []
     fakes.lookup(choices(), "mm", inputs_key(1024),
                  fakes.fake_benchmark(calls, close_times()))
@@ -178,7 +178,7 @@ def test_an_old_record_with_unusable_times_is_no_source(sqlite_url, hooks_off, p
     plant_old(sqlite_url, {"zero": {ids[6]: 0.0, ids[1]: 1.0},
                            "huge": {ids[6]: upgrade.MAX_MS * 2, ids[1]: 1.0},
                            "nothing ran": {ids[6]: math.inf}}[planted])
-    assert tc_inductor.enable(db=sqlite_url)
+    assert tunecache.enable(db=sqlite_url)
     calls: list[list[str]] = []
     fakes.lookup(choices(), "mm", inputs_key(1024),
                  fakes.fake_benchmark(calls, close_times()))
