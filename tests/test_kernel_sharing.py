@@ -59,6 +59,11 @@ def _compile(url: str, node: Path, *, key: str = KEY, name: str = NAME, seed: st
     return out
 
 
+# This process's kernel counters that moved, as the worker reports them.
+_NONZERO_KERNEL_COUNTS = ("{k: n for k, n in "
+                          "dataclasses.asdict(tunecache.stats().kernels).items() if n}")
+
+
 def _publisher(keys: Path) -> dict[str, str]:
     return {"TUNECACHE_SIGNING_KEY": str(keys / PRIVATE_KEY_NAME)}
 
@@ -120,8 +125,8 @@ def test_a_graph_kernel_is_published_once_inductor_keeps_it_not_when_compiled(
     assert compiled["outcome"] == "compiled" and "published" not in compiled["counts"]
     assert _rows(sqlite_url) == [] or not Path(sqlite_url.removeprefix("sqlite:///")).exists()
     kept = subprocess.run(
-        [sys.executable, "-c", f"from tunecache import triton_cache as t\n"
-                               f"print(t.publish_kept({KEY!r}), t.counts())"],
+        [sys.executable, "-c", f"import dataclasses, tunecache\nfrom tunecache import triton_cache as t\n"
+                               f"print(t.publish_kept({KEY!r}), {_NONZERO_KERNEL_COUNTS})"],
         env=_env(sqlite_url, tmp_path / "node1", **_publisher(keys)), capture_output=True,
         text=True, timeout=120)
     assert kept.stdout.split()[0] == "True", kept.stderr
@@ -139,8 +144,8 @@ def test_a_fifo_planted_in_a_kept_kernels_directory_publishes_nothing_and_never_
     cubin.unlink()
     os.mkfifo(cubin)  # no writer: a plain read waits forever
     kept = subprocess.run(
-        [sys.executable, "-c", f"from tunecache import triton_cache as t\n"
-                               f"t.publish_kept({KEY!r}); print(t.counts())"],
+        [sys.executable, "-c", f"import dataclasses, tunecache\nfrom tunecache import triton_cache as t\n"
+                               f"t.publish_kept({KEY!r}); print({_NONZERO_KERNEL_COUNTS})"],
         env=_env(sqlite_url, node, **_publisher(keys)), capture_output=True, text=True,
         timeout=60)
     assert kept.returncode == 0, kept.stderr
@@ -351,13 +356,13 @@ def test_the_autoload_names_the_manager_before_inductor_starts_its_workers(sqlit
 
 def _enable_in_a_process(env: dict[str, str], db: str) -> dict:
     code = (
-        "import json, os, sys, tunecache, tunecache.inductor as ti\n"
+        "import json, os, sys, tunecache\n"
         "from torch._inductor.codegen.triton import TritonScheduling\n"
         "before = TritonScheduling.define_kernel\n"
-        f"on = ti.enable(tunecache.open({db!r}))\n"
+        f"on = tunecache.enable(tunecache.open({db!r}))\n"
         "during = (os.environ.get('TRITON_CACHE_MANAGER'), "
         "TritonScheduling.define_kernel is not before)\n"
-        "ti.disable()\n"
+        "tunecache.disable()\n"
         "print(json.dumps({'on': on, 'during': during, 'after': "
         "(os.environ.get('TRITON_CACHE_MANAGER'), TritonScheduling.define_kernel is before)}))\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -391,13 +396,13 @@ def test_kernels_stay_local_when_the_environment_selects_another_database(sqlite
 def test_enable_publishes_the_launchers_inductor_keeps_and_disable_puts_them_back(
         sqlite_url, keys, tmp_path):
     code = (
-        "import json, tunecache, tunecache.inductor as ti\n"
+        "import json, tunecache\n"
         "from torch._inductor.runtime.triton_heuristics import CachingAutotuner as C\n"
         "names = ('precompile', 'autotune_to_one_config', 'coordinate_descent_tuning')\n"
         "before = [C.__dict__[n] for n in names]\n"
-        f"on = ti.enable(tunecache.open({sqlite_url!r}))\n"
+        f"on = tunecache.enable(tunecache.open({sqlite_url!r}))\n"
         "during = [C.__dict__[n] is not b for n, b in zip(names, before)]\n"
-        "ti.disable()\n"
+        "tunecache.disable()\n"
         "after = [C.__dict__[n] is b for n, b in zip(names, before)]\n"
         "print(json.dumps([on, during, after]))\n")
     # Triton sharing (stored configs) off: it wraps the same methods.
@@ -407,7 +412,7 @@ def test_enable_publishes_the_launchers_inductor_keeps_and_disable_puts_them_bac
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, [True] * 3, [True] * 3]
-    env["TUNECACHE_SHARE"] = "-kernels"
+    env["TUNECACHE_SHARE"] = "-triton,-kernels"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert json.loads(done.stdout.strip().splitlines()[-1])[1] == [False] * 3, \
@@ -420,10 +425,10 @@ def _ptxas_after_enable(env: dict[str, str], db: str, torch_tree: Path) -> str:
     into ``torch_tree`` (a CUDA wheel's layout; the CPU wheel has none)."""
     module = torch_tree / "_inductor" / "runtime" / "compile_tasks.py"
     code = (
-        "import os, tunecache, tunecache.inductor as ti\n"
+        "import os, tunecache\n"
         "from torch._inductor.runtime import compile_tasks\n"
         f"compile_tasks.__file__ = {str(module)!r}\n"
-        f"ti.enable(tunecache.open({db!r}))\n"
+        f"tunecache.enable(tunecache.open({db!r}))\n"
         "print(os.environ.get('TRITON_PTXAS_PATH'))\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)

@@ -364,7 +364,7 @@ def test_transfer_off_runs_the_full_descent(transfer, monkeypatch):
     transfer.cache.close()
     monkeypatch.setenv("TUNECACHE_SHARE", "-transfer")
     transfer.cache = tunecache.open(transfer.cache.settings.db_url)
-    assert transfer.cache.settings.transfer is False
+    assert not transfer.cache.settings.shares("transfer")
     assert tunecache.enable(transfer.cache)
     tunecache.reset_stats()
     k = transfer.load(SILU, 2048)

@@ -56,7 +56,7 @@ def test_triton_sharing_is_off_when_opted_out(tmp_path):
 def test_triton_sharing_is_on_by_default(tmp_path):
     remote = inductor_config.autotune_remote_cache
     cache = tunecache.open(str(tmp_path / "tune.db"))
-    assert cache.settings.triton_configs
+    assert cache.settings.shares("triton")
     assert tunecache.enable(cache)
     try:
         assert inductor_config.autotune_remote_cache is True
