@@ -412,3 +412,25 @@ def test_by_default_a_clear_winner_is_decided(gemm, monkeypatch):
         gemm.compile()
     assert gemm.generated == [CONFIGS[FASTEST]]
     assert tunecache.stats().gemm.as_dict()["choice_lists_decided"] == 1
+
+
+@pytest.mark.parametrize("first", ["torch._inductor.choices", "torch._inductor.select_algorithm"])
+def test_narrowing_comes_on_whichever_inductor_module_a_job_imports_first(tmp_path, first):
+    # torch._inductor.choices imports select_algorithm while it is only half initialised:
+    # a job (or a custom InductorChoices subclass) that imports it first once turned
+    # narrowing off with a circular-import warning.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
+    env["TUNECACHE_DB"] = str(tmp_path / "tune.db")
+    code = (f"import torch, importlib\nimportlib.import_module({first!r})\n"
+            "import torch._inductor.choices, torch._inductor.select_algorithm\n"
+            "import json\nfrom tunecache.switch import parts_on\nprint(json.dumps(parts_on()))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert {"gemm", "narrowing"} <= set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "tunecache" not in done.stderr, done.stderr

@@ -56,8 +56,10 @@ def test_a_job_with_every_part_on_holds_one_ledger_and_one_cache_in_each_process
     assert main["ledgers"] - main["scoped_ledgers"] == 1, main
     assert main["tune_caches"] == 1, main
     assert main["settings_read"] == 1, main  # the autoload hook's one reading
-    for pid, worker in counts.items():  # Inductor's compile workers, where it started any
-        assert worker["ledgers"] - worker["scoped_ledgers"] == 1, (pid, worker)
+    # Inductor's compile workers, where it started any; one that never imports what a
+    # part hooks (the pool's launcher) holds none.
+    for pid, worker in counts.items():
+        assert worker["ledgers"] - worker["scoped_ledgers"] <= 1, (pid, worker)
         assert worker["tune_caches"] <= 1, (pid, worker)
 
 
@@ -103,6 +105,7 @@ def _patched_objects() -> list[Any]:
     from torch._dynamo import config as dynamo_config
     from torch._functorch import config as functorch_config
     from torch._inductor import choices, config, remote_cache, scheduler, select_algorithm
+    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codegen import simd, triton, wrapper
     from torch._inductor.runtime import autotune_cache, coordinate_descent_tuner, triton_heuristics
     from triton.runtime.autotuner import Autotuner
@@ -112,7 +115,7 @@ def _patched_objects() -> list[Any]:
             autotune_cache.AutotuneCache, triton_heuristics.CachingAutotuner,
             coordinate_descent_tuner.CoordescTuner, triton.TritonScheduling,
             simd.SIMDScheduling, wrapper.PythonWrapperCodegen, scheduler.Scheduler,
-            remote_cache, config, functorch_config, dynamo_config]
+            AsyncCompile, remote_cache, config, functorch_config, dynamo_config]
 
 
 def _own(owner: Any) -> dict[str, Any]:
@@ -132,8 +135,11 @@ def test_disable_gives_back_every_patched_object_tritons_autotuner_included(tmp_
     owners = _patched_objects()
     before = [_own(o) for o in owners]
     manager = os.environ.get("TRITON_CACHE_MANAGER")
-    assert tunecache.enable(db=str(tmp_path / "tune.db"),
-                            signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME))
+    # In the environment, as a job sets them: compiled kernels are shared only where the
+    # compile workers, which read the environment, select the same database and key.
+    monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "tune.db"))
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", str(tmp_path / "keys" / PRIVATE_KEY_NAME))
+    assert tunecache.enable()
     try:
         on = set(tunecache.switch.parts_on())
         assert {"user_kernels", "triton", "gemm", "graphs", "kernels", "profiles"} <= on

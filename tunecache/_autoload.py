@@ -15,8 +15,10 @@ there makes ``import torch`` itself fail:
   a module already imported: ``triton.runtime.autotuner`` (users' autotuners, before any
   library decorates a kernel), ``torch._inductor.runtime.autotune_cache`` (Triton configs:
   Inductor's compile workers import it, never select_algorithm, when they load a kernel)
-  and ``torch._inductor.select_algorithm`` (the GEMM hooks and the other Inductor parts,
-  just before the first autotuned op can be lowered). We never import ``torch._inductor``
+  ``torch._inductor.select_algorithm`` (the GEMM hooks and the other Inductor parts,
+  just before the first autotuned op can be lowered) and ``torch._inductor.choices``
+  (narrowing, which wraps its InductorChoices; that module imports select_algorithm
+  before it is whole). We never import ``torch._inductor``
   ourselves here: ``torch`` is only half initialised while entry points run, and a job
   that never compiles should not pay for Inductor.
 * with a signing or verify key (and kernels shared), the switch sets

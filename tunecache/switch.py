@@ -38,6 +38,9 @@ __all__ = ["PARTS", "TARGETS", "enable", "disable", "is_enabled", "enable_target
 log = logging.getLogger("tunecache")
 
 SELECT = "torch._inductor.select_algorithm"
+# Narrowing wraps InductorChoices: a job (or a custom choices subclass) may import this
+# module first, and it imports select_algorithm while only half initialised itself.
+CHOICES = "torch._inductor.choices"
 AUTOTUNE_CACHE = "torch._inductor.runtime.autotune_cache"
 AUTOTUNER = "triton.runtime.autotuner"
 
@@ -63,7 +66,7 @@ PARTS: tuple[PartEntry, ...] = (
     PartEntry("triton", AUTOTUNE_CACHE, "tunecache.inductor.triton.install:TRITON",
               "Triton configs"),
     PartEntry("gemm", SELECT, "tunecache.inductor.gemm_hooks:GEMM", "GEMM autotuning"),
-    PartEntry("narrowing", SELECT, "tunecache.inductor.narrow:NARROWING",
+    PartEntry("narrowing", CHOICES, "tunecache.inductor.narrow:NARROWING",
               "narrowed GEMM choices"),
     PartEntry("fusion", SELECT, "tunecache.inductor.triton.install:FUSION",
               "fusion decisions"),
@@ -73,7 +76,7 @@ PARTS: tuple[PartEntry, ...] = (
     PartEntry("profiles", SELECT, "tunecache.inductor.pgo:PGO", "shape profiles"),
 )
 TARGETS: tuple[str, ...] = tuple(dict.fromkeys(p.target for p in PARTS))
-_INDUCTOR_TARGETS = (AUTOTUNE_CACHE, SELECT)
+_INDUCTOR_TARGETS = (AUTOTUNE_CACHE, SELECT, CHOICES)
 
 
 def _wanted(entry: PartEntry, settings: Settings) -> bool:
@@ -207,7 +210,7 @@ def _enable_target_locked(target: str, settings: Settings, environment: Settings
         if entry.target != target or entry.name in PROCESS.on \
                 or entry.name not in wanted or not _wanted(entry, settings):
             continue
-        if target == SELECT and entry.name != "gemm" and "gemm" not in PROCESS.on:
+        if target in (SELECT, CHOICES) and entry.name != "gemm" and "gemm" not in PROCESS.on:
             break  # every Inductor part relies on the GEMM hooks
         part = _load(entry)
         if install(part, PROCESS.ledger, opener, settings, environment):
