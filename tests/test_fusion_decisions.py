@@ -1,5 +1,5 @@
 """Epilogue-fusion decisions shared across sizes, graphs and ranks
-(tunecache/inductor/triton/decisions.py, sites.py, replay.py).
+(tunecache/inductor/triton/decisions.py, sites.py, decision_replay.py).
 
 The store side runs on real SQLite files and the real PostgreSQL server, with a real
 second process. The site's structure is read from the scheduler nodes of real CPU
@@ -30,7 +30,7 @@ from torch._inductor.scheduler import FusionResult, Scheduler  # noqa: E402
 from torch._inductor.select_algorithm import TritonTemplateCaller  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache.inductor.triton import decisions, replay  # noqa: E402
+from tunecache.inductor.triton import decision_replay, decisions  # noqa: E402
 from tunecache.inductor.triton.decisions import Decision  # noqa: E402
 from tunecache.inductor.triton.sites import FusionSite, epilogue_structure  # noqa: E402
 
@@ -314,7 +314,7 @@ def fusing(tmp_path, monkeypatch):
                name: str = "site") -> tuple[bool, _Template]:
         template = _Template()
         site = FusionSite(template, ["gemm", "epilogue"], _key(tokens), _sizes(tokens))
-        monkeypatch.setattr(replay, "fusion_site", lambda sched, n1, n2: site)
+        monkeypatch.setattr(decision_replay, "fusion_site", lambda sched, n1, n2: site)
 
         def generate(nodes: Any, benchmark_kernel: bool) -> str:
             if not generates:
@@ -329,7 +329,7 @@ def fusing(tmp_path, monkeypatch):
             ms1 = template.get_min_choice()[1]
             ms2, _ = TritonScheduling.benchmark_codegened_module(
                 self, module(f"{name}-{tokens}-epilogue", 0.5))
-            ranked = replay._ranked_choices(template)
+            ranked = decision_replay._ranked_choices(template)
 
             def benchmark_when_ready() -> bool:
                 timings = {}
@@ -345,7 +345,7 @@ def fusing(tmp_path, monkeypatch):
 
             return FusionResult.from_callable(benchmark_when_ready)
 
-        wrapped = replay._sharing_speedup_by_fusion(inductors)
+        wrapped = decision_replay._sharing_speedup_by_fusion(inductors)
         result = wrapped(scheduler, "gemm", "epilogue")
         fused = result.should_fuse if result.callable_fn is None else result.callable_fn()
         return fused, template

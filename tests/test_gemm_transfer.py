@@ -327,3 +327,16 @@ def test_a_process_looks_for_a_transferred_entrys_top_up_once(hooked, monkeypatc
     top_ups = [k for k in asked
                if tunecache.keys.top_up_base(tunecache.keys.Key.of(k).mapping) is not None]
     assert len(top_ups) == 1 and len(calls) == 2
+
+
+def test_one_distance_bounds_each_size_or_the_sum_and_refuses_what_is_not_a_size():
+    from tunecache.keys import octaves_apart
+
+    assert octaves_apart([4096, 64], [8192, 64]) == 1.0
+    assert octaves_apart([4096, 64], [16384, 128], most_each=2.0) == 3.0
+    assert octaves_apart([4096, 64], [32768, 64], most_each=2.0) is None  # one size, 3
+    assert octaves_apart([4096, 64], [16384, 128], most_total=2.5) is None  # the sum, 3
+    assert octaves_apart([4096, "float16"], [8192, "float16"]) == 1.0
+    for theirs in ([4096, "bfloat16"], [4096], [0, 64], [-1, 64], [float("nan"), 64],
+                   [float("inf"), 64], [True, 64], "4096"):
+        assert octaves_apart([2048, 64], theirs) is None, theirs

@@ -38,7 +38,7 @@ import tunecache  # noqa: E402
 from tunecache import inductor as tc_inductor  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
 from tunecache.inductor.triton.compile_ahead import THREAD_NAME  # noqa: E402
-from tunecache.inductor.triton.keys import (  # noqa: E402
+from tunecache.inductor.triton.kernel_keys import (  # noqa: E402
     size_distance,
     triton_kernel_info,
     triton_key,

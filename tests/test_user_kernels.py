@@ -314,7 +314,7 @@ def test_operators_list_prune_and_move_user_kernel_entries(sqlite_url, tmp_path)
 
 
 def test_a_configs_id_is_what_it_launches_with():
-    from tunecache.user_kernels.keys import config_id
+    from tunecache.user_kernels.tuning_keys import config_id
 
     a = triton.Config({"BLOCK": 64}, num_warps=4)
     assert config_id(a) == config_id(triton.Config({"BLOCK": 64}, num_warps=4))
@@ -323,7 +323,7 @@ def test_a_configs_id_is_what_it_launches_with():
 
 
 def test_tuning_values_keep_their_types():
-    from tunecache.user_kernels.keys import tuning_values
+    from tunecache.user_kernels.tuning_keys import tuning_values
 
     assert tuning_values((1, 1.0, True, "1", "torch.float16")) == \
         [1, 1.0, True, "1", "torch.float16"]

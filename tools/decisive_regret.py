@@ -22,7 +22,7 @@ that choice cost there:
 
 The neighbours are the entries of the same family (and, for a fusion site or a Triton
 kernel, within the same size bounds) created before the entry, ranked by the library's own
-rules (tunecache.inductor.transfer, .triton.decisions, .triton.keys). The margins are
+rules (tunecache.inductor.transfer, .triton.decisions, .triton.kernel_keys). The margins are
 gathered into a table: for each threshold, how many keys it decides and their worst
 regret. That is the measurement behind DECISIVE_MARGIN and FUSION_DECISIVE_MARGIN.
 
@@ -59,7 +59,7 @@ from tunecache.inductor.triton.decisions import (
     nearest_sites,
     sites_agreement,
 )
-from tunecache.inductor.triton.keys import (
+from tunecache.inductor.triton.kernel_keys import (
     SIZES_FIELD,
     config_text,
     coordesc_result,

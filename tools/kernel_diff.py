@@ -19,7 +19,7 @@ the wrapper code of the graphs it compiled and Triton's cache under ``triton/``)
 name (same source, so same name: tunecache names kernels by content), and for each one that
 is not, the old kernel of the same descriptive name (the part before the content suffix)
 whose source is nearest, as a unified diff. Then the new job's benchmarked modules whose
-tunecache key (the kernel's identity in :mod:`tunecache.inductor.triton.keys`) no old
+tunecache key (the kernel's identity in :mod:`tunecache.inductor.triton.kernel_keys`) no old
 module has, with the nearest old one's diff; then the new job's Triton keys that were not
 in the database, by kernel name: what the job compiled rather than loaded.
 """
@@ -87,7 +87,7 @@ def _likeness(a: str, b: str) -> float:
 
 
 def _benchmarked(old: dict[str, str], new: dict[str, str]) -> None:
-    from tunecache.inductor.triton.keys import triton_kernel_info
+    from tunecache.inductor.triton.kernel_keys import triton_kernel_info
 
     def identity(source: str) -> str:
         return str(triton_kernel_info(source, {})["kernel"])

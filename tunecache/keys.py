@@ -28,6 +28,7 @@ __all__ = [
     "top_up_key",
     "top_up_base",
     "validate_timings",
+    "octaves_apart",
     "to_ms",
     "timings_to_json",
     "best_candidate",
@@ -274,3 +275,29 @@ def best_candidate(timings: Mapping[str, float]) -> str | None:
     """The fastest candidate; ties go to the smallest name, so every process agrees."""
     finite = [(ms, name) for name, ms in timings.items() if math.isfinite(ms)]
     return min(finite)[1] if finite else None
+
+
+def octaves_apart(ours: Any, theirs: Any, *, most_each: float = math.inf,
+                  most_total: float = math.inf) -> float | None:
+    """How far apart two keys' sizes are, in octaves: ``|log2 a - log2 b|`` summed over
+    the values that differ (4096 and 8192: 1.0). The one distance every transfer ranks
+    neighbours by (GEMM, Triton kernels, fusion sites, users' kernels), each under its
+    own bound: None where one value is more than ``most_each`` octaves away, the sum is
+    more than ``most_total``, or the two are not comparable (another length, another
+    non-number such as a dtype, a number that is not positive where they differ)."""
+    if not isinstance(ours, (list, tuple)) or not isinstance(theirs, (list, tuple)) \
+            or len(ours) != len(theirs):
+        return None
+    total = 0.0
+    for a, b in zip(ours, theirs):
+        if a == b and type(a) is type(b):
+            continue
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        if not numbers or not a > 0 or not b > 0 or not math.isfinite(a) \
+                or not math.isfinite(b):
+            return None
+        d = abs(math.log2(a) - math.log2(b))
+        if d > most_each:
+            return None
+        total += d
+    return total if total <= most_total else None

@@ -81,7 +81,7 @@ def test_a_stored_config_the_kernel_could_not_have_is_refused_with_one_warning(
 
 
 def test_the_hostile_cases_are_refused_by_entry_validation():
-    from tunecache.inductor.triton.keys import triton_config_problem
+    from tunecache.inductor.triton.kernel_keys import triton_config_problem
 
     for hostile in ({"num_warps": 64}, {"XBLOCK": 1 << 20}, {"R0_BLOCK": 1 << 20},
                     {"num_stages": 17}, {"XBLOCK": 2.0}, {"maxnreg": 1 << 20},
@@ -95,7 +95,7 @@ def test_the_hostile_cases_are_refused_by_entry_validation():
 def test_a_config_without_xblock_fits_only_a_kernel_without_an_x_dimension():
     # cached_autotune drops XBLOCK (1 there) from such a kernel's configs, and a config
     # saved for it has none; a kernel that has an x dimension needs it.
-    from tunecache.inductor.triton.keys import kernel_config_problem
+    from tunecache.inductor.triton.kernel_keys import kernel_config_problem
 
     stored = TritonConfig({"R0_BLOCK": 256}, 4, 1)
     assert kernel_config_problem(stored, [FakeConfig(4, XBLOCK=1, R0_BLOCK=128)]) is None

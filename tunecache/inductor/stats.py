@@ -159,7 +159,7 @@ class TritonStats(Counters):
     # those not compiled because their timing was stored (triton/candidates.py)
     fusion_candidates_compiled: int = 0
     fusion_compiles_skipped: int = 0
-    # Epilogue-fusion decisions (triton/replay.py): replayed without benchmarks (stored,
+    # Epilogue-fusion decisions (triton/decision_replay.py): replayed without benchmarks (stored,
     # or decided by neighbours: also counted in _decided), and Inductor's own decisions
     # replaced by the one a peer published first.
     fusion_decisions_replayed: int = 0

@@ -126,19 +126,11 @@ def gemm_sizes(key: Mapping[str, Any]) -> list[int] | None:
 
 
 def octaves(a: Sequence[int], b: Sequence[int], bound: float) -> float | None:
-    """The distance of two size lists in octaves, the sum over sizes of
-    ``|log2 a - log2 b|`` (a size below 1 counts as 1), or None where the lists differ in
-    length or one size is more than ``bound`` octaves away. GEMM and Triton transfer both
-    rank neighbours by it, each under its own bound."""
-    if len(a) != len(b):
-        return None
-    total = 0.0
-    for x, y in zip(a, b):
-        d = abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))
-        if d > bound:
-            return None
-        total += d
-    return total
+    """The distance of two size lists in octaves (tunecache.keys.octaves_apart; a size
+    below 1 counts as 1), or None where one size is more than ``bound`` octaves away.
+    GEMM and Triton transfer both rank neighbours by it, each under its own bound."""
+    return tc_keys.octaves_apart([max(x, 1) for x in a], [max(y, 1) for y in b],
+                                 most_each=bound)
 
 
 def transfer_id(candidate: str) -> str | None:

@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..parts import Part
 from ..process import PROCESS
-from .keys import distinct_ids, kernel_name, user_kernel_key
-from .replay import describe
+from .calls import describe
 from .sharing import UserKernelSharing, UserKernelStats
+from .tuning_keys import distinct_ids, kernel_name, user_kernel_key
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..opener import CacheOpener

@@ -34,10 +34,10 @@ from typing import Any
 from ..core.cache import TuneCache
 from ..core.result import Tuned
 from ..errors import KeyFailedError
-from ..keys import Key, meta_to_json
+from ..keys import Key, meta_to_json, octaves_apart
 from ..settings import Settings
-from .keys import config_id, kernel_name, octaves_apart
-from .replay import REPLAY
+from .calls import REPLAY
+from .tuning_keys import config_id, kernel_name
 
 __all__ = ["UserKernelStats", "UserKernelSharing", "Settled", "TransferPlan",
            "TRANSFER_NEIGHBOURS", "TRANSFER_MAX_OCTAVES"]
@@ -237,8 +237,9 @@ class UserKernelSharing:
             return None
         near = []
         for neighbour in found:
-            apart = octaves_apart(key["tuning_key"], neighbour.key.get("tuning_key"))
-            if apart is None or apart > TRANSFER_MAX_OCTAVES:
+            apart = octaves_apart(key["tuning_key"], neighbour.key.get("tuning_key"),
+                                  most_total=TRANSFER_MAX_OCTAVES)
+            if apart is None:
                 continue
             if any(name not in own for name in neighbour.timings):
                 continue

@@ -29,7 +29,7 @@ from ..keys import canonical_json, validate_meta
 from ..settings import Settings
 from ..store import Database, columns, warm_queries
 from ..store.entry_filter import EntryFilter
-from .replay import REPLAY, ReplayError, rebuild
+from .calls import REPLAY, ReplayError, rebuild
 
 __all__ = ["UserKernelTask", "select_user_kernels", "warm_user_kernel", "in_packages",
            "find_autotuner", "device_for_rank", "settings_for_warm"]

@@ -5,7 +5,12 @@ adapter, coordinate descent, fusion and split-size benchmarks, and their install
 from __future__ import annotations
 
 from .install import FUSION, TRITON
-from .keys import fusion_benchmark_key, triton_config_from_entry, triton_kernel_info, triton_key
+from .kernel_keys import (
+           fusion_benchmark_key,
+           triton_config_from_entry,
+           triton_kernel_info,
+           triton_key,
+)
 from .remote import TRITON_LEASE_SECONDS, TritonCache
 
 __all__ = ["TRITON_LEASE_SECONDS", "TritonCache", "TRITON", "FUSION", "fusion_benchmark_key",

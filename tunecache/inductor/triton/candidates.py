@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compat import param_names
 from ..state import REGISTRY
-from .keys import fusion_benchmark_key, fusion_ms_from_entry
+from .kernel_keys import fusion_benchmark_key, fusion_ms_from_entry
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...patching import Ledger

@@ -17,7 +17,7 @@ from ...keys import to_ms
 from ...patching import Ledger
 from ..state import REGISTRY
 from .compile_ahead import AheadCompiler, compiling_ahead, compiling_descent_ahead
-from .keys import config_fields, kernel_config_problem
+from .kernel_keys import config_fields, kernel_config_problem
 from .stored import FirstLaunch, decided_from, load_fn, neighbour_config
 
 log = logging.getLogger("tunecache")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compat import param_names
 from ..state import REGISTRY, InstalledTritonCache
-from .keys import fusion_benchmark_key
+from .kernel_keys import fusion_benchmark_key
 from .signals import PeerMeasuring, released_as, stop_unless_wanted
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -43,7 +43,7 @@ def _sharing_fusion_benchmark(orig: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             REGISTRY.triton_stats.add(fusion_seconds=time.perf_counter() - t0)
         noted = getattr(REGISTRY.fusion_local, "decision", None)
-        if noted is not None:  # a fusion decision is being made on it (replay.py)
+        if noted is not None:  # a fusion decision is being made on it (decision_replay.py)
             noted.append(float(result[0]))
         return result
 

@@ -18,10 +18,10 @@ from ..compat import InductorChanged, param_names, require, warn_off
 from ..state import REGISTRY, InstalledTritonCache
 from .candidates import install_candidate_skip
 from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
+from .decision_replay import install_decision_replay
 from .fusion import install_fusion_sharing
-from .keys import triton_kernel_info
+from .kernel_keys import triton_kernel_info
 from .remote import TritonCache, remote_cache_class
-from .replay import install_decision_replay
 from .split import splitting_single_field, stopping_unwanted
 from .stored import checking_read_best, falling_back_precompile
 from .worker import workers_read_cache

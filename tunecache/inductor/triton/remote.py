@@ -19,7 +19,7 @@ from ... import stored_json
 from ..state import REGISTRY
 from ..transfer import AGREE
 from .attempt import Attempt
-from .keys import (
+from .kernel_keys import (
     FAMILY_FIELD,
     NO_SAVE_HEURISTICS,
     SIZES_FIELD,
@@ -219,7 +219,7 @@ class TritonCache:
 
     def refuse(self, inductor_key: str, key_text: str, reason: str, config: Any) -> None:
         """A stored config that is not one this kernel could have (``reason``, from
-        triton/keys.py): this process leaves the entry alone and Inductor tunes the
+        triton/kernel_keys.py): this process leaves the entry alone and Inductor tunes the
         kernel. One warning per reason, not one per kernel."""
         _, key = self._key(inductor_key, key_text)
         key_hash = key.hash

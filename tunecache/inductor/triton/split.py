@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..state import REGISTRY
-from .keys import fusion_ms_from_entry
+from .kernel_keys import fusion_ms_from_entry
 from .signals import NoLongerWanted, PeerMeasuring, stop_unless_wanted
 
 __all__ = ["SPLIT_STEPS_AHEAD", "splitting_single_field", "stopping_unwanted"]

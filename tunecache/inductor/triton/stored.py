@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..state import REGISTRY
-from .keys import kernel_config_problem
+from .kernel_keys import kernel_config_problem
 
 __all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "FirstLaunch",
            "neighbour_config"]

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .keys import config_id
+from .tuning_keys import config_id
 
 __all__ = ["REPLAY", "describe", "rebuild", "Rebuilt", "ReplayError", "MAX_REPLAY_BYTES"]
 

@@ -33,7 +33,6 @@ import functools
 import hashlib
 import inspect
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +40,7 @@ from typing import Any
 from ..keys import Key, canonical_json
 
 __all__ = ["KIND", "config_id", "distinct_ids", "tuning_values", "kernel_name",
-           "user_kernel_key", "octaves_apart"]
+           "user_kernel_key"]
 
 KIND = "user_kernel"
 
@@ -84,23 +83,6 @@ def tuning_values(tuning_key: Sequence[Any]) -> list[Any]:
     types kept, so 1, 1.0, True and "1" stay apart), anything else (a dtype) as its text."""
     return [v if isinstance(v, (bool, int, str)) or (isinstance(v, float) and v == v)
             else f"{type(v).__name__}:{v}" for v in tuning_key]
-
-
-def octaves_apart(ours: Any, theirs: Any) -> float | None:
-    """How far apart two keys' tuning values are, in octaves summed over the numbers that
-    differ (4096 and 8192: 1.0); None where they are not comparable: another length,
-    another non-number (a dtype), or a number that is not positive where they differ."""
-    if not isinstance(ours, list) or not isinstance(theirs, list) or len(ours) != len(theirs):
-        return None
-    apart = 0.0
-    for a, b in zip(ours, theirs):
-        if a == b and type(a) is type(b):
-            continue
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-        if not numbers or a <= 0 or b <= 0:
-            return None
-        apart += abs(math.log2(a / b))
-    return apart
 
 
 def kernel_name(autotuner: Any) -> str:
