@@ -88,3 +88,23 @@ def compiles_started(monkeypatch) -> Iterator[CompilesStarted]:
     yield started
     CompilesStarted.join_threads()
 
+
+
+# The test files that touch torch or Triton internals (hooks, Inductor's and Triton's own
+# objects, real compiles through the parts): marked `internals`, which CI runs on every
+# other tested torch (.ci/run). A new such file goes here.
+INTERNALS = (
+    "test_compile_ahead.py", "test_fusion_candidates.py", "test_fusion_decisions.py",
+    "test_gemm_narrowing.py", "test_gemm_transfer.py", "test_graph_sharing.py",
+    "test_inductor.py", "test_kernel_sharing.py", "test_patches.py", "test_pgo_sharing.py",
+    "test_torch_versions.py", "test_triton_transfer.py", "test_upgrade.py",
+    "test_user_kernels.py", "test_user_kernels_warm.py", "triton_autotune/",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        path = os.path.relpath(str(item.path), here).replace(os.sep, "/")
+        if path.startswith(INTERNALS[-1]) or path in INTERNALS:
+            item.add_marker(pytest.mark.internals)

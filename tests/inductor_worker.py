@@ -56,6 +56,7 @@ def main() -> int:
     import torch._inductor.config as inductor_config
 
     import tunecache
+    import tunecache.switch
 
     if args.activation == "enable":
         tunecache.enable()
@@ -90,6 +91,7 @@ def main() -> int:
     result = {
         "pid": os.getpid(),
         "enabled": tunecache.is_enabled(),
+        "parts": tunecache.switch.parts_on(),
         "stats": tunecache.stats().gemm.as_dict(),
         "outputs": outputs,
         "compile_seconds": compile_seconds,

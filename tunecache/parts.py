@@ -43,13 +43,17 @@ class Part(NamedTuple):
     # Run once the process is found to compile (the GEMM part came on after this part),
     # for a part that behaves otherwise in Inductor's compile workers.
     compiling: Callable[[Ledger, Settings, Settings | None], None] | None = None
+    # Raises (InductorChanged) where the internals the part hooks are not those it was
+    # written against. enable calls it before patching anything (once its settings ask
+    # for the part); `tunecache doctor` calls it alone. None: nothing to probe.
+    probe: Callable[[], None] | None = None
 
 
 def install(part: Part, ledger: Ledger, opener: CacheOpener, settings: Settings,
-            environment: Settings | None) -> bool:
-    """Turn ``part`` on; returns whether it is. One that fails is stopped, undone back to
-    the ledger's mark, and warned of once; an interruption (not an Exception) is let out
-    after the same undo."""
+            environment: Settings | None, name: str = "") -> bool:
+    """Turn ``part`` (the switch's ``name``) on; returns whether it is. One that fails is
+    stopped, undone back to the ledger's mark, and warned of once, naming the part; an
+    interruption (not an Exception) is let out after the same undo."""
     mark = ledger.mark()
     try:
         return part.enable(ledger, opener, settings, environment)
@@ -60,5 +64,6 @@ def install(part: Part, ledger: Ledger, opener: CacheOpener, settings: Settings,
             ledger.undo(mark)
         if not isinstance(e, Exception):
             raise
-        PROCESS.warn_off(part.off, e, part.still)
+        why = f"{type(e).__name__}: {e}"
+        PROCESS.warn_off(part.off, f"the {name} part: {why}" if name else why, part.still)
         return False

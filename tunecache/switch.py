@@ -146,13 +146,14 @@ def enable(cache: TuneCache | None = None, *, count_only: bool = False,
 
 
 def _install_count_only() -> bool:
-    from .inductor.compat import unsupported
+    from .inductor.compat import say_untested, too_old
     from .inductor.gemm_hooks import enable_gemm
 
-    reason = unsupported()
+    reason = too_old()
     if reason is not None:
         PROCESS.warn_off("not enabled for Inductor", reason, "Inductor autotunes as usual")
         return False
+    say_untested()
     mark = PROCESS.ledger.mark()
     try:
         enable_gemm(PROCESS.ledger, None, None, None)
@@ -198,13 +199,15 @@ def enable_target(target: str) -> None:
 def _enable_target_locked(target: str, settings: Settings, environment: Settings | None,
                           wanted: Collection[str]) -> None:
     if target in _INDUCTOR_TARGETS:
-        from .inductor.compat import unsupported
+        from .inductor.compat import say_untested, too_old
 
-        reason = unsupported()
+        reason = too_old()
         if reason is not None:
             PROCESS.warn_off("not enabled for Inductor", reason,
                              "Inductor autotunes as usual")
             return
+        # No upper bound: each part below probes what it hooks (tunecache.parts.install).
+        say_untested()
     opener = PROCESS.cache_opener(settings)
     for entry in PARTS:
         if entry.target != target or entry.name in PROCESS.on \
@@ -213,7 +216,7 @@ def _enable_target_locked(target: str, settings: Settings, environment: Settings
         if target in (SELECT, CHOICES) and entry.name != "gemm" and "gemm" not in PROCESS.on:
             break  # every Inductor part relies on the GEMM hooks
         part = _load(entry)
-        if install(part, PROCESS.ledger, opener, settings, environment):
+        if install(part, PROCESS.ledger, opener, settings, environment, entry.name):
             PROCESS.on.append(entry.name)
             if entry.name == "gemm":
                 _now_compiling(settings, environment)

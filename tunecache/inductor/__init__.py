@@ -27,7 +27,8 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "SUPPORTED_TORCH",
+    "MIN_TORCH",
+    "TESTED_TORCH",
     "candidate_id",
     "candidate_ids",
     "environment",
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 _WHERE = {
-    "SUPPORTED_TORCH": "compat",
+    "MIN_TORCH": "compat",
+    "TESTED_TORCH": "compat",
     "environment": "fingerprint",
     "recorded_settings": "fingerprint",
     "candidate_id": "gemm",

@@ -151,20 +151,39 @@ def device_type_of(choices: Sequence[Any], inputs: str) -> str:
     return inputs.split("'")[1] if inputs.count("'") >= 2 else "unknown"
 
 
+# torch 2.15 times each op under a benchmark policy and passes lookup() its inputs key
+# with the policy appended (select_algorithm.create_benchmark_cache_key).
+_POLICY = ":benchmark_policy="
+
+
+def split_benchmark_policy(inputs: str) -> tuple[str, str | None]:
+    """(inputs key, policy) of what lookup() got: the policy is None for an older torch's
+    key and for 2.15's ``eager`` one, which times as the older versions do, so that their
+    keys are one key and an upgrade finds the older entry."""
+    head, sep, policy = inputs.partition(_POLICY)
+    if not sep or policy == "eager":
+        return head, None
+    return head, policy
+
+
 def make_key(
     op: str, inputs: str, hint_override: int | None, device_type: str
 ) -> dict[str, Any]:
     """The shared-cache key of one autotuned op (see this module's docstring)."""
     import torch
 
-    return {
+    inputs_key, policy = split_benchmark_policy(inputs)
+    key: dict[str, Any] = {
         "kind": "gemm",
         "op": op,
         "env": environment(device_type),
-        "inputs": inputs,
+        "inputs": inputs_key,
         "precision": torch.get_float32_matmul_precision(),
         "hint_override": hint_override,
     }
+    if policy is not None:  # CUDA graphs timings are not eager ones: another key
+        key["benchmark_policy"] = policy
+    return key
 
 
 def gemm_key(op: str, inputs: str, hint_override: int | None, device_type: str) -> tc_keys.Key:

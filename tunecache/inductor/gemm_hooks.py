@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..parts import Part
 from ..process import PROCESS
-from .compat import LOOKUP_PARAMS, PRECOMPILE_PARAMS, InductorChanged, param_names
+from .compat import (
+    LOOKUP_PARAMS,
+    PRECOMPILE_PARAMS,
+    PRECOMPILE_PARAMS_215,
+    InductorChanged,
+    param_names,
+)
 from .deferred import make_pre_fusion_pass
 from .gemm import GemmHooks
 from .state import REGISTRY
@@ -38,20 +44,33 @@ def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | No
     hooks were written against."""
     from torch._inductor import select_algorithm
 
+    probe_gemm()
     selector = select_algorithm.get_algorithm_selector_cache()
     cls = type(selector)
-    if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
-        cls.make_precompile_fn
-    ) != PRECOMPILE_PARAMS:
-        raise InductorChanged(
-            "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
     hooks = GemmHooks(selector, opener)
-    _install_gemm_hooks(hooks, selector, cls)
+    _install_gemm_hooks(hooks, selector, cls,
+                        param_names(cls.make_precompile_fn) == PRECOMPILE_PARAMS_215)
     if opener is not None:
         _install_pre_fusion_pass(hooks)
     REGISTRY.hooks = hooks
     log.debug("tunecache: Inductor hooks installed (count_only=%s)", opener is None)
     return True
+
+
+def probe_gemm() -> None:
+    """Raise :class:`InductorChanged` where the selector's hooked methods differ from
+    those the hooks were written against (2.11-2.14, or 2.15's)."""
+    from torch._inductor import select_algorithm
+
+    cls = getattr(select_algorithm, "AlgorithmSelectorCache", None)
+    if cls is None or not callable(getattr(select_algorithm, "get_algorithm_selector_cache",
+                                           None)):
+        raise InductorChanged("this torch lacks select_algorithm.AlgorithmSelectorCache")
+    if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
+        cls.make_precompile_fn
+    ) not in (PRECOMPILE_PARAMS, PRECOMPILE_PARAMS_215):
+        raise InductorChanged(
+            "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
 
 
 def disable_gemm() -> bool:
@@ -61,12 +80,14 @@ def disable_gemm() -> bool:
 
 
 GEMM = Part(enable_gemm, disable_gemm, "not enabled for Inductor",
-            "Inductor autotunes as usual")
+            "Inductor autotunes as usual", probe=probe_gemm)
 
 
-def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any) -> None:
+def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
+                        benchmark_key: bool) -> None:
     """The selector's lookup and make_precompile_fn through ``hooks`` (count-only hooks
-    too), through REGISTRY.patches."""
+    too), through REGISTRY.patches. ``benchmark_key``: make_precompile_fn takes 2.15's
+    ``benchmark_inputs_key``, the string lookup() then gets as ``inputs``."""
     patch = PROCESS.ledger.patch
     orig_lookup = cls.lookup.__get__(selector, cls)
     orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
@@ -86,16 +107,23 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any) -> None:
         choices: list[Any],
         name: str,
         inputs_key: str,
+        benchmark_inputs_key: str | None = None,
         precompilation_timeout_seconds: int | None = 60 * 60,
     ) -> Callable[[], dict[Any, float]]:
         try:
-            hooks.note_choices(choices, name, inputs_key)
+            # Recorded under the string lookup() will get, to match the two.
+            hooks.note_choices(choices, name, benchmark_inputs_key or inputs_key)
         except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
             hooks.warn_once("recording a deferred GEMM", e)
+        if not benchmark_key:
+            return orig_precompile(
+                choices, name, inputs_key,
+                precompilation_timeout_seconds=precompilation_timeout_seconds)
         return orig_precompile(
             choices,
             name,
             inputs_key,
+            benchmark_inputs_key=benchmark_inputs_key,
             precompilation_timeout_seconds=precompilation_timeout_seconds,
         )
 

@@ -240,4 +240,5 @@ def disable_graphs() -> bool:
 
 
 GRAPHS = Part(enable_graphs, disable_graphs, "compiled graphs are not shared",
-              "tuning is shared as usual", after_undo=clear_autograd_remote_cache)
+              "tuning is shared as usual", after_undo=clear_autograd_remote_cache,
+              probe=_require_internals)

@@ -59,7 +59,9 @@ def content_suffix(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def _install_content_names() -> None:
+def probe_kernels() -> None:
+    """Raise :class:`InductorChanged` where the kernel naming kernel sharing wraps
+    differs (the Triton runtime's methods are checked as they are wrapped)."""
     from torch._inductor.codegen.triton import TritonScheduling
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
@@ -67,6 +69,13 @@ def _install_content_names() -> None:
             or param_names(PythonWrapperCodegen.next_kernel_suffix) != ():
         raise InductorChanged("TritonScheduling.define_kernel or next_kernel_suffix changed "
                               "signature")
+
+
+def _install_content_names() -> None:
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    probe_kernels()
     orig_define = TritonScheduling.define_kernel
     orig_suffix = PythonWrapperCodegen.next_kernel_suffix
     local = REGISTRY.kernel_names_local
@@ -193,4 +202,4 @@ def disable_kernels() -> bool:
 
 
 KERNELS = Part(enable_kernels, disable_kernels, "compiled kernels are not shared",
-               "graphs and tuning are shared as usual")
+               "graphs and tuning are shared as usual", probe=probe_kernels)

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import keys as tc_keys
 from ..parts import Part
-from .compat import InductorChanged, param_names, require
+from .compat import InductorChanged, inductor_config, param_names, require
 from .gemm import candidate_id, gemm_key
 from .state import REGISTRY
 from .transfer import Plan, transfer_id
@@ -126,9 +126,8 @@ def predicted_id(ktc: Any) -> str | None:
 
 
 def _keep_count(has_extern: bool) -> int:
-    from torch._inductor import config
-
-    n = max(1, int(getattr(config, "max_epilogue_benchmarked_choices", 1) or 1))
+    n = max(1, int(inductor_config("max_template_fusion_benchmarked_choices",
+                                   "max_epilogue_benchmarked_choices", 1) or 1))
     return n if has_extern else max(2, n)
 
 
@@ -330,6 +329,19 @@ def install_narrowing(ledger: Ledger, cache: CacheOpener, settings: Settings,
                       environment: Settings | None) -> bool:
     """Wrap InductorChoices.get_template_configs and _finalize_template_configs, through
     ``ledger`` (whatever the settings: a stored GEMM's entry decides); returns True."""
+    from torch._inductor.choices import InductorChoices
+
+    probe_narrowing()
+    get = InductorChoices.__dict__.get("get_template_configs")
+    fin = InductorChoices.__dict__.get("_finalize_template_configs")
+    REGISTRY.narrowing_off = False
+    ledger.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
+    ledger.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))
+    return True
+
+
+def probe_narrowing() -> None:
+    """Raise :class:`InductorChanged` where what narrowing wraps differs."""
     from torch._inductor import select_algorithm
     from torch._inductor.choices import InductorChoices
 
@@ -344,10 +356,6 @@ def install_narrowing(ledger: Ledger, cache: CacheOpener, settings: Settings,
             "template_choices", "kernel_inputs", "templates", "op_name"):
         raise InductorChanged("InductorChoices._finalize_template_configs(template_choices, "
                               "kernel_inputs, templates, op_name, ...) changed")
-    REGISTRY.narrowing_off = False
-    ledger.patch(InductorChoices, "get_template_configs", _checking_get_template_configs(get))
-    ledger.patch(InductorChoices, "_finalize_template_configs", _narrowing_finalize(fin))
-    return True
 
 
 def _stop_narrowing() -> bool:
@@ -355,4 +363,5 @@ def _stop_narrowing() -> bool:
 
 
 NARROWING = Part(install_narrowing, _stop_narrowing,
-                 "a stored GEMM still generates all its template choices")
+                 "a stored GEMM still generates all its template choices",
+                 probe=probe_narrowing)

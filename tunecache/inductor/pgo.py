@@ -205,4 +205,4 @@ def disable_pgo() -> bool:
 
 
 PGO = Part(enable_pgo, disable_pgo, "Dynamo's shape profiles are not shared",
-           "tuning is shared as usual")
+           "tuning is shared as usual", probe=_require_internals)

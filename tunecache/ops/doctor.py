@@ -203,6 +203,33 @@ class _Doctor:
         self.add("graphs", "ok", f"{what} graphs signed by key {share.fingerprint}; "
                  f"kernels {kernels}")
 
+    def libraries(self) -> None:
+        """The torch and Triton versions, and each part: on, or why it would be off in a
+        job on this host (its probe failed, its library is missing, the settings)."""
+        from ..switch import PARTS, _wanted
+        from .libraries import report
+
+        data = report([e.name for e in PARTS if _wanted(e, self.settings)])
+        if "error" in data:
+            self.add("libraries", "warn", f"could not probe torch and Triton: {data['error']}")
+            return
+        torch_v, triton_v = data["torch"] or "not installed", data["triton"] or "not installed"
+        keyed = {"graphs": self.settings.graph_sharing().state,
+                 "kernels": self.settings.graph_sharing().state,
+                 "profiles": self.settings.pgo_sharing().state}
+        for part in data["parts"]:
+            if part["on"] and keyed.get(part["name"], "publish") not in ("publish", "verify"):
+                part["on"], part["why"] = False, "not asked for (no key: the graphs check)"
+        on = [p["name"] for p in data["parts"] if p["on"]]
+        self.add("libraries", "warn" if data["untested"] else "ok",
+                 f"torch {torch_v}, Triton {triton_v}; parts on: {', '.join(on) or 'none'}",
+                 data["untested"])
+        for part in data["parts"]:
+            if not part["on"]:
+                asked = not part["why"].startswith("not asked for")
+                self.add(f"part {part['name']}", "warn" if asked else "ok",
+                         f"{part['what']}: off ({part['why']})")
+
     def pgo(self) -> None:
         """Dynamo's shape profiles (``profiles`` in TUNECACHE_SHARE), with the graphs'
         keys (checked above)."""
@@ -443,6 +470,7 @@ def run_checks(settings: Settings) -> list[Check]:
     doctor.variables(os.environ)
     doctor.graphs()
     doctor.pgo()
+    doctor.libraries()
     if settings.is_postgresql:
         doctor.postgresql()
     else:

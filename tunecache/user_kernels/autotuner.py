@@ -44,6 +44,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..inductor.compat import InductorChanged, param_names, require
 from ..parts import Part
 from ..process import PROCESS
 from .calls import describe
@@ -71,6 +72,21 @@ def installed() -> UserKernelSharing | None:
     return sharing
 
 
+def probe_user_kernels() -> None:
+    """Raise :class:`InductorChanged` where Triton's ``Autotuner`` lacks what sharing
+    wraps (its run, its disk cache check and the ``cache_results`` flag)."""
+    from triton.runtime.autotuner import Autotuner
+
+    check = getattr(Autotuner, "check_disk_cache", None)
+    require(("Autotuner.run", callable(getattr(Autotuner, "run", None))),
+            ("Autotuner.check_disk_cache", callable(check)),
+            ("Autotuner(cache_results=...)",
+             "cache_results" in param_names(Autotuner.__init__)))
+    if not callable(check) or param_names(check)[:3] != ("tuning_key", "configs", "bench_fn"):
+        raise InductorChanged("Autotuner.check_disk_cache(tuning_key, configs, bench_fn) "
+                              "changed")
+
+
 def enable_user_kernels(ledger: Ledger, opener: CacheOpener, settings: Settings,
                         environment: Settings | None) -> bool:
     """Put tunecache in front of every Triton autotuner of this process, where
@@ -80,6 +96,7 @@ def enable_user_kernels(ledger: Ledger, opener: CacheOpener, settings: Settings,
         return False
     from triton.runtime.autotuner import Autotuner
 
+    probe_user_kernels()
     if PROCESS.user_kernel_stats is None:
         PROCESS.user_kernel_stats = UserKernelStats()
     sharing = UserKernelSharing(settings, opener, PROCESS.user_kernel_stats)
@@ -99,7 +116,7 @@ def disable_user_kernels() -> bool:
 
 USER_KERNELS = Part(enable_user_kernels, disable_user_kernels,
                     "users' Triton kernels' autotuning is not shared",
-                    "Triton autotunes them as usual")
+                    "Triton autotunes them as usual", probe=probe_user_kernels)
 
 
 def _cache_results(self: Any) -> bool:

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..compat import param_names
+from ..compat import inductor_config, param_names
 from ..state import REGISTRY
 from .kernel_keys import fusion_benchmark_key, fusion_ms_from_entry
 
@@ -55,7 +55,10 @@ def _benchmarked(nodes: Any) -> bool:
         template = any(n.is_template() for n in nodes)
     except Exception:  # noqa: BLE001 - unknown node kinds: compile as usual
         return False
-    return bool(config.benchmark_epilogue_fusion if template else config.benchmark_fusion)
+    if template:
+        return bool(inductor_config("benchmark_template_fusion", "benchmark_epilogue_fusion",
+                                    False))
+    return bool(config.benchmark_fusion)
 
 
 def stored_fusion_ms(source: str) -> float | None:

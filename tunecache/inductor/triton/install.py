@@ -221,14 +221,9 @@ def rekey_create(orig: Callable[..., Any], ours: type) -> Callable[..., Any]:
     return create
 
 
-def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
-                  environment: Settings | None) -> bool:
-    """Plug tunecache in as Inductor's remote autotune cache (see the notes above) where
-    ``settings`` share Triton configs; returns whether it is. Every change goes through
-    ``ledger``. It starts as a compile worker's (reads only, the stored-config checks);
-    :func:`_compiling` makes it the compiling process's once the GEMM part is on."""
-    if not settings.shares("triton"):
-        return False
+def probe_triton() -> None:
+    """Raise :class:`InductorChanged` where what Triton config sharing plugs into differs
+    (the runtime hooks check theirs as they install: :func:`ensure_runtime_hooks`)."""
     from torch._inductor import config
     from torch._inductor import remote_cache as rc
     from torch._inductor.runtime import autotune_cache as ac
@@ -245,6 +240,22 @@ def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
     if param_names(create.__func__) != ("inductor_meta", "filename", "configs_hash"):
         raise InductorChanged("AutotuneCache.create(inductor_meta, filename, configs_hash) "
                               "changed")
+
+
+def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
+                  environment: Settings | None) -> bool:
+    """Plug tunecache in as Inductor's remote autotune cache (see the notes above) where
+    ``settings`` share Triton configs; returns whether it is. Every change goes through
+    ``ledger``. It starts as a compile worker's (reads only, the stored-config checks);
+    :func:`_compiling` makes it the compiling process's once the GEMM part is on."""
+    if not settings.shares("triton"):
+        return False
+    from torch._inductor import config
+    from torch._inductor import remote_cache as rc
+    from torch._inductor.runtime import autotune_cache as ac
+
+    probe_triton()
+    create = ac.AutotuneCache.__dict__["create"]
     ours = remote_cache_class()
     REGISTRY.triton = TritonCache(cache, worker=True)
     ledger.patch(rc, "RemoteAutotuneCache", ours)
@@ -278,6 +289,25 @@ def _compiling(ledger: Ledger, settings: Settings, environment: Settings | None)
         )
 
 
+def probe_fusion() -> None:
+    """Raise :class:`InductorChanged` where the scheduler methods fusion sharing wraps
+    are missing or take other leading parameters (each piece checks the rest)."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codegen.triton import TritonScheduling
+    from torch._inductor.scheduler import Scheduler
+
+    for what, fn, lead in (
+            ("TritonScheduling.benchmark_codegened_module",
+             TritonScheduling.__dict__.get("benchmark_codegened_module"), ("mod",)),
+            ("Scheduler.speedup_by_fusion", Scheduler.__dict__.get("speedup_by_fusion"),
+             ("node1", "node2")),
+            ("Scheduler.compile_kernel", Scheduler.__dict__.get("compile_kernel"), ("nodes",)),
+            ("AsyncCompile.triton", AsyncCompile.__dict__.get("triton"),
+             ("kernel_name", "source_code"))):
+        if not callable(fn) or param_names(fn)[:len(lead)] != lead:
+            raise InductorChanged(f"{what}({', '.join(lead)}, ...) changed")
+
+
 def enable_fusion(ledger: Ledger, cache: CacheOpener, settings: Settings,
                   environment: Settings | None) -> bool:
     """Fusion and split-size benchmark timings, the candidates they spare, and epilogue-
@@ -285,6 +315,7 @@ def enable_fusion(ledger: Ledger, cache: CacheOpener, settings: Settings,
     compiling process benchmarks fusions); returns whether they are."""
     if REGISTRY.triton is None:
         return False
+    probe_fusion()
     install_fusion_sharing(ledger)
     _install_part(ledger, install_candidate_skip, "fusion candidates with a stored "
                   "timing are still compiled")
@@ -324,9 +355,9 @@ def _no_state() -> bool:
 
 
 TRITON = Part(enable_triton, disable_triton, "Triton kernel autotuning is not shared",
-              "GEMM autotuning is", compiling=_compiling)
+              "GEMM autotuning is", compiling=_compiling, probe=probe_triton)
 FUSION = Part(enable_fusion, _no_state, "fusion benchmark timings are not shared",
-              "Triton configs are")
+              "Triton configs are", probe=probe_fusion)
 
 
 def flush_triton() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from ...keys import Key
+from ..compat import inductor_config
 from ..fingerprint import environment
 from .decisions import decision_key
 
@@ -91,7 +92,8 @@ def fusion_site(scheduler: Any, node1: Any, node2: Any) -> FusionSite | None:
     without tunecache."""
     from torch._inductor import config, ir
 
-    if config.multi_kernel_hints or not config.benchmark_epilogue_fusion:
+    if config.multi_kernel_hints or not inductor_config(
+            "benchmark_template_fusion", "benchmark_epilogue_fusion", False):
         return None
     if not node1.is_template() or node2.is_template() or node2.is_foreach():
         return None
