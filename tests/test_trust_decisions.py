@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import inductor_fakes as fakes  # noqa: E402
+from test_fusion_decisions import _key, _sizes, fusing  # noqa: E402,F401 - fixture
 from test_gemm_narrowing import decisive, gemm  # noqa: E402,F401 - fixtures
 from test_gemm_transfer import choices, inputs_key  # noqa: E402
 
@@ -43,6 +44,11 @@ EVIL = "extern:evil"
 
 @pytest.fixture
 def gemm_db(db_url) -> str:
+    return db_url
+
+
+@pytest.fixture
+def fusing_db(db_url) -> str:
     return db_url
 
 
@@ -208,6 +214,82 @@ def test_an_entry_whose_candidates_all_failed_is_not_tuned_again(hooked):
     with tunecache.open(hooked) as cache:
         entry = cache.lookup(mapping)
     assert entry is not None and all(math.isinf(v) for v in entry.timings.values())
+
+
+# -- fusion decisions: ranks within the template's choices, neighbours by their own key
+
+
+def _plant_sites(url: str, rank: int, site: Any = None) -> None:
+    """Three sites around 4096 tokens that fused candidate ``rank`` by far; with
+    ``site``, rows of that other site filed under this site's family."""
+    from tunecache.inductor.triton import decisions
+
+    with tunecache.open(url) as writer:
+        for tokens in (2048, 8192, 16384):
+            key = _key(tokens)
+            if site is not None:
+                other = decisions.decision_key({"device": "H200", "torch": "2.11"}, site,
+                                               _sizes(tokens))
+                key = Key.of(other.mapping, family=key.family)
+            claim = writer.claim(key)
+            assert claim is not None and not isinstance(claim, tunecache.Result)
+            assert writer.publish(claim, {"unfused": 2.0, "fused": 1.0, "runner_up": 1.5},
+                                  meta={"sizes": _sizes(tokens), "rank": rank}) is not None
+
+
+def _fusion_warnings(caplog) -> list[str]:
+    return [w for w in _warnings(caplog) if "fusion" in w]
+
+
+@pytest.mark.parametrize("rank", [5, 63])
+def test_neighbours_agreeing_on_a_rank_the_template_lacks_decide_nothing(
+        fusing, caplog, rank):  # noqa: F811
+    from tunecache.inductor.triton import decisions
+
+    _plant_sites(fusing.cache.settings.db_url, rank)
+    fusing.reopen(decisive=True)
+    calls = fusing.inductor_calls
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        fused, template = fusing.decide(4096, [1.0, 1.3, 1.4])
+    assert fusing.inductor_calls == calls + 1  # measured, not decided
+    assert fused and template.finalized == "triton_mm_a"
+    stored = decisions.stored_decision(fusing.cache, _key(4096))
+    assert stored is not None and stored.rank == 0
+    assert _fusion_warnings(caplog) == []
+
+
+def test_rows_of_another_site_filed_under_this_family_decide_nothing(fusing):  # noqa: F811
+    other = {"gemm": {"inputs": [["torch.float16", 2, [0, 1]]] * 2}, "epilogue": ["relu"]}
+    _plant_sites(fusing.cache.settings.db_url, 0, site=other)
+    fusing.reopen(decisive=True)
+    calls = fusing.inductor_calls
+    fusing.decide(4096, [5.0, 5.0, 5.0])
+    assert fusing.inductor_calls == calls + 1
+
+
+@pytest.mark.parametrize("rank", [5, 63])
+def test_a_fusion_entry_no_process_can_follow_is_replaced_by_the_next_that_measures(
+        fusing, caplog, rank):  # noqa: F811
+    from tunecache.inductor.triton import decisions
+
+    planted = decisions.Decision(2.0, 1.0, 1.5, rank)
+    with tunecache.open(fusing.cache.settings.db_url) as writer:
+        assert decisions.settle(writer, _key(4096), planted, _sizes(4096)) == planted
+    fusing.reopen(decisive=True)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        fused, template = fusing.decide(4096, [1.0, 1.3, 1.4])
+    assert fused and template.finalized == "triton_mm_a"
+    assert len(_fusion_warnings(caplog)) <= 1
+    stored = decisions.stored_decision(fusing.cache, _key(4096))
+    assert stored is not None and stored.rank == 0
+    caplog.clear()
+    fusing.reopen(decisive=True)
+    calls = fusing.inductor_calls
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        fused, template = fusing.decide(4096, [9.0, 9.0, 9.0], name="next-job")
+    assert fused and template.finalized == "triton_mm_a"
+    assert fusing.inductor_calls == calls  # replayed
+    assert _fusion_warnings(caplog) == []
 
 
 # -- real CPU jobs
