@@ -154,6 +154,24 @@ def test_neighbours_agreeing_on_the_calls_own_aten_kernel_still_decide(
     assert entry is not None and set(entry.timings) == {extern}
 
 
+def test_rows_of_another_gemm_structure_filed_under_this_family_are_no_neighbours(
+        db_url):
+    """The family column is what the row's writer put there; the row's own key says
+    which family it is of."""
+    ids = tc_inductor.candidate_ids(choices())
+    timings = {i: 0.1 if n == 3 else 1.0 for n, i in enumerate(ids)}
+    ours = tc_inductor.make_key("mm", inputs_key(2048), None, "cpu")
+    family = gemm_family(ours)
+    with tunecache.open(db_url) as cache:
+        for m in (1024, 4096):
+            other = tc_inductor.make_key("mm", inputs_key(m, transposed=True), None, "cpu")
+            assert gemm_family(other) != family
+            cache.get_or_tune(Key.of(other, family=family), lambda: timings)
+        found = cache.neighbours(Key.of(ours, family=family))
+    assert len(found) == 2  # the store reads them by the column
+    assert transfer.plan_transfer(ours, found, decisive=True) is None
+
+
 # -- a decided entry no compile can use is replaced by the first that measures
 
 

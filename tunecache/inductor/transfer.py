@@ -277,9 +277,11 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
     or None: no neighbour near enough, or none with a runnable template. ``decisive``:
     also name the winner where the nearest neighbours decide it."""
     sizes = gemm_sizes(key)
-    if sizes is None:
+    family = gemm_family(key)
+    if sizes is None or family is None:
         return None
-    nearest = nearest_neighbours(sizes, neighbours)
+    # A neighbour by its own key, not only by the family column its writer filled in.
+    nearest = nearest_neighbours(sizes, [n for n in neighbours if gemm_family(n.key) == family])
     ids: list[str] = []
     sources = []
     for i, n in enumerate(nearest):
