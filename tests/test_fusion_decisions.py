@@ -277,7 +277,14 @@ class _Template:
 
 
 @pytest.fixture
-def fusing(tmp_path, monkeypatch):
+def fusing_db(tmp_path) -> str:
+    """The database of the fusing fixture (tests/test_trust_decisions.py runs it on both
+    backends)."""
+    return str(tmp_path / "tune.db")
+
+
+@pytest.fixture
+def fusing(tmp_path, monkeypatch, fusing_db):
     """tunecache enabled with Triton sharing on a SQLite file; .decide(tokens, fused_ms)
     runs the wrapped speedup_by_fusion on one site, whose Inductor decision times the
     epilogue (0.5 ms) and then fuses candidates with the given timings."""
@@ -295,7 +302,7 @@ def fusing(tmp_path, monkeypatch):
         # True/"1": every part decisive; False/"0": none; else the parts listed.
         parts = {"gemm", "triton", "fusion"} if decisive in (True, "1") else \
             set() if decisive in (False, "0") else set(str(decisive).split(","))
-        cache = tunecache.open(str(tmp_path / "tune.db"),
+        cache = tunecache.open(fusing_db,
                                levers=tunecache.Levers(decisive=frozenset(parts)))
         assert tunecache.enable(cache)
         tunecache.reset_stats()

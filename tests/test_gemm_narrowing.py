@@ -67,7 +67,14 @@ def inductors_description(kwargs: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def gemm(tmp_path, monkeypatch):
+def gemm_db(tmp_path) -> str:
+    """The database the gemm fixture's entries are in (tests/test_trust_decisions.py
+    runs it on both backends)."""
+    return str(tmp_path / "tune.db")
+
+
+@pytest.fixture
+def gemm(gemm_db, monkeypatch):
     """tunecache enabled; .compile(with_aten) runs get_template_configs for one mm and
     returns its choices; .generated lists the Triton configs generated."""
     template = _template()
@@ -108,7 +115,7 @@ def gemm(tmp_path, monkeypatch):
     monkeypatch.setattr(InductorChoices, "get_ktc", get_ktc)  # Inductor's heuristics
     graph = SimpleNamespace(sizevars=SizeVarAllocator(), buffer_layout_constraints={})
     # Decisive off: most tests here are about the plan; the decisive fixture turns it on.
-    cache = tunecache.open(str(tmp_path / "tune.db"), levers="-decisive_gemm,-decisive_fusion")
+    cache = tunecache.open(gemm_db, levers="-decisive_gemm,-decisive_fusion")
     assert tunecache.enable(cache)
     tunecache.reset_stats()
 

@@ -541,6 +541,21 @@ def test_a_neighbour_that_was_itself_decided_decides_nothing(decisive, db_url):
     assert k.autotune_cache_info["autotune_cache_state"] == "miss"
 
 
+def test_a_neighbour_whose_own_key_is_of_another_kind_of_kernel_decides_nothing(
+        decisive, db_url):
+    """The family column is the row writer's; the row's own key must say the kernel's
+    heuristic, environment and tag are this kernel's."""
+    from sqlalchemy import text
+
+    recorded = _record(decisive, 1024)
+    planted = {**decisive.key(recorded), "heuristic": "reduction"}
+    decisive.cache.store.db.run(lambda c: c.execute(
+        text("UPDATE tunecache_entries SET key_json = :k WHERE key_hash = :h"),
+        {"k": json.dumps(planted), "h": key_hash(decisive.key(recorded))[0]}), write=True)
+    k = decisive.load(SILU, 2048, index=1)
+    assert k.autotune_cache_info["autotune_cache_state"] == "miss"
+
+
 @pytest.mark.parametrize("parts", ["-decisive_gemm,-decisive_fusion",
                                    "decisive_gemm,decisive_fusion"])
 def test_decisive_without_its_triton_part_loads_no_neighbour_config(transfer, monkeypatch,

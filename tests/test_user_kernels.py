@@ -173,6 +173,21 @@ def test_a_stored_config_that_is_not_the_kernels_own_is_refused(sqlite_url, tmp_
     assert "stored tuning refused" in warning and "not among the kernel's own" in warning
 
 
+def test_a_refused_entry_is_replaced_by_the_job_that_measures_and_the_next_hits(db_url,
+                                                                              tmp_path):
+    """Left in place, a refused entry was refused (with a warning) by every job."""
+    _job(db_url, tmp_path, "first", "--sizes", "1000")
+    _plant(db_url, {'{"EVIL":1,"num_ctas":1,"num_stages":3,"num_warps":2}': 1e-6})
+    second, stderr = _job(db_url, tmp_path, "second", "--sizes", "1000")
+    assert second["stats"]["refused"] == 1 and second["benchmarks"] == CONFIGS
+    assert len(_warnings(stderr)) == 1
+    [(_, replaced)] = _user_kernel_rows(db_url)
+    assert "EVIL" not in replaced and len(json.loads(replaced)) == CONFIGS
+    third, stderr = _job(db_url, tmp_path, "third", "--sizes", "1000")
+    assert third["stats"]["hits"] == 1 and third["benchmarks"] == 0
+    assert _warnings(stderr) == []
+
+
 def test_a_stored_config_that_fails_to_launch_falls_back_to_tritons_tuning(sqlite_url, tmp_path):
     _job(sqlite_url, tmp_path, "first", "--sizes", "1000")
     [(_, stored)] = _user_kernel_rows(sqlite_url)

@@ -35,7 +35,8 @@ PACKAGE = "tunecache"
 # switch (the only ones that touch torch or Triton) and the switch; the operator library
 # and warm; the CLI, the autoload hook and the package's front.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "errors", "patching", "stored_json", "files", "keys", "settings"),
+    ("_version", "errors", "patching", "stored_json", "files", "keys", "settings",
+     "measured"),
     ("store",),
     ("core",),
     ("process", "opener", "parts"),

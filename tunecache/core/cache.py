@@ -38,6 +38,7 @@ from ..keys import (
 )
 from ..settings import MAX_LEASE_SECONDS, Settings
 from ..store import Claim, ClaimStore, Database, Entry, Publication, earlier_queries
+from ..store.reclaim import reclaim
 from .availability import Availability
 from .claimant import Claimant, Tuner
 from .result import Neighbour, Result, Source
@@ -319,6 +320,30 @@ class TuneCache:
                     if row is None or not row.live_claim:
                         break
                 source = "peer"
+        except StoreError as e:
+            self._available.disable(e)
+            return None
+
+    def reclaim(self, key: KeyLike, found: Result) -> Result | Claim | None:
+        """Claim ``key`` again to replace its done entry, which the caller read as
+        ``found`` and cannot use (it names none of the caller's candidates: a planted or
+        foreign decision); tune it and :meth:`publish`. Returns a :class:`Claim`; the
+        entry that replaced ``found`` meanwhile (a :class:`Result`, source ``peer``); or
+        None: tune locally (the store is unavailable or not writable, the row is not
+        ``found`` any more and not done, or a peer re-claimed it first)."""
+        k = Key.of(key)
+        if not self._available.ensure() or self.settings.mode != "readwrite":
+            return None
+        try:
+            row = self._store.read([k.hash]).get(k.hash)
+            if row is None or row.state != "done":
+                return None
+            now = self._claimant.result_from_row(row, "peer")
+            if now is None or (now.timings, dict(now.meta)) != (found.timings,
+                                                                 dict(found.meta)):
+                return now
+            return reclaim(self._db, row, self._claimant.owner_id(),
+                           self.settings.lease_seconds)
         except StoreError as e:
             self._available.disable(e)
             return None

@@ -32,7 +32,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import SigningKeyError, StoreError
 from ..settings import GraphSharing
@@ -214,7 +214,7 @@ class SignedArtifactShare:
         leaves the entry to the other ("raced")."""
         digest = hashlib.sha256(payload).hexdigest()
         for _ in range(3):
-            found, old_digest, old_signature = store.examine(kind, key)
+            found, old_digest, old_signature = self._examine(store, kind, key)
             if found is None:
                 if store.put(kind, key, payload, signature, torch_version):
                     return "rewritten"  # pruned meanwhile: published afresh
@@ -226,13 +226,21 @@ class SignedArtifactShare:
                 return "rewritten"
         return "raced"
 
+    def _examine(self, store: ArtifactStore, kind: str, key: str
+                 ) -> tuple[Artifact | str | None, Any, Any]:
+        """The row a publish found there, read within the kind's bound as load() reads
+        it."""
+        if self.max_stored_bytes is None:
+            return store.examine(kind, key)
+        return store.examine(kind, key, limit=self.max_stored_bytes)
+
     def _reclaim(self, store: ArtifactStore, kind: str, key: str, payload: bytes,
                  signature: bytes, torch_version: str) -> bool:
         """Our publish found (kind, key) taken: if the entry there is one load() refuses
         (signed with a retired key, planted, damaged), it would block the key for every
         job forever, so replace it with ours, only if it is still the row we read. True
         when this call replaced it."""
-        found, old_digest, old_signature = store.examine(kind, key)
+        found, old_digest, old_signature = self._examine(store, kind, key)
         if found is None:
             return False  # deleted meanwhile (a prune): the next compile publishes it
         if not isinstance(found, str):

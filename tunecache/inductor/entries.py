@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..keys import Key, top_up_key
+from .. import measured
+from ..keys import Key, best_candidate, top_up_key
 from .transfer import Plan, plan_transfer
 from .upgrade import Upgrades
 
@@ -67,6 +69,7 @@ class GemmEntries:
         # the library versions of older entries this database holds (upgrade.py)
         self._upgrades = Upgrades()
         self._plan_warned = False
+        self._replace_warned = False
         # key hash -> templates narrowing did not generate for it (transfer.py)
         self._not_generated: dict[str, int] = {}
         # (key hash, candidate ids) of transferred entries whose top-up was looked for
@@ -128,6 +131,46 @@ class GemmEntries:
         self.note(key, timings, result.meta)
         return timings, result.source
 
+    def replace(self, key: Key, ids: Sequence[str],
+                tune: Callable[[], Mapping[str, float]]) -> dict[str, float] | None:
+        """The key's timings once its entry, of no use to a compile of candidate ``ids``
+        (none of them has a finite timing there: a planted or foreign decision), is
+        replaced: re-claimed, tuned by ``tune`` and published, or the entry
+        a peer replaced it with; None where it cannot be replaced (the caller falls back).
+        Left alone, every later job warned about it and tuned in full, for good."""
+        from ..core.result import Result
+
+        cache = self._cache()
+        stored = cache.lookup(key)
+        if stored is None or stored.source == "failed" or best_candidate(
+                {i: stored.timings.get(i, math.inf) for i in ids}) is not None:
+            return None
+        claim = cache.reclaim(key, stored)
+        if isinstance(claim, Result):
+            result: Result | None = claim
+        elif claim is None:
+            return None
+        else:
+            with self._lock:
+                first, self._replace_warned = not self._replace_warned, True
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "tunecache: the stored entry of GEMM key %s names none of this "
+                    "compile's candidates; tuning the key again to replace it",
+                    key.hash[:16])
+            try:
+                tuned = tune()
+            except BaseException as e:
+                cache.release(claim, f"{type(e).__name__}: {e}")
+                raise
+            result = cache.publish(claim, tuned, meta=getattr(tuned, "meta", None))
+        if result is None or result.source == "failed":
+            return None
+        with self._lock:
+            self._transferred.discard(key.hash)
+            self._decided.discard(key.hash)
+        self.note(key, result.timings, result.meta)
+        return dict(result.timings)
+
     def transferred(self, key: Key) -> bool:
         """Whether the key's entry was transferred and transfer is on: its timings are
         then the whole answer, and what the transfer left out is not benchmarked."""
@@ -188,7 +231,7 @@ class GemmEntries:
         """
         from ..core.result import Result
 
-        if plan.winner_ms is None:
+        if not measured.is_measured(plan.winner_ms):
             return "open"
         cache = self._cache()
         claim = cache.claim(key, wait=0.0)

@@ -389,6 +389,15 @@ class GemmHooks:
         timings, missing_ids = self._complete(key, timings, choices, ids, bench)
         answer = {i: timings.get(i, math.inf) for i in ids}
         best = tc_keys.best_candidate(answer)
+        if best is None and source != "tuned" and tc_keys.best_candidate(timings) \
+                is not None:
+            # The entry timed other candidates only (a decision naming a kernel this
+            # call lacks): the first job that measures the key replaces it.
+            replaced = self.entries.replace(key, ids, tune)
+            if replaced is not None:
+                timings, missing_ids = self._complete(key, replaced, choices, ids, bench)
+                answer = {i: timings.get(i, math.inf) for i in ids}
+                best, source = tc_keys.best_candidate(answer), "tuned"
         if best is None:
             # Nothing in this compile has a finite stored timing: never trust that.
             raise ValueError(f"no candidate of this {op} compile has a finite stored timing")

@@ -194,7 +194,14 @@ def decided_narrow(ktcs: list[Any], plan: Plan) -> tuple[list[Any], list[str]] |
         # Two extern kernels (mm and a bias addmm) would be benchmarked and their entry
         # stored without templates, which a later job would top up in full.
         externs = [k for k in ktcs if isinstance(k.template, ExternKernelChoice)]
-        return (externs, []) if len(externs) == 1 else None
+        if len(externs) != 1:
+            return None
+        # Only this call's own kernel is a decision: neighbours naming another
+        # ("extern:evil") published it as the key's entry, which no job could use.
+        # Generating an extern choice is cheap, and Inductor keeps it (ktc.choice).
+        choice = externs[0].choice
+        return (externs, []) if choice is not None and candidate_id(choice) == winner \
+            else None
     found = [(ktc, pid) for ktc in ktcs
              if (pid := predicted_id(ktc)) is not None and transfer_id(pid) == winner]
     if len(found) != 1:

@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .. import keys as tc_keys
+from .. import measured
 
 __all__ = ["GEMM_MAX_OCTAVES", "octaves", "NEIGHBOURS", "MAX_TEMPLATES", "DECISIVE_MARGIN",
            "Plan", "gemm_family", "gemm_sizes", "transfer_id", "winner_and_margin",
@@ -186,9 +187,10 @@ class Plan:
 def winner_and_margin(timings: Mapping[str, float]) -> tuple[str, float] | None:
     """A neighbour's winner as an identity across shapes, and its margin over the
     runner-up (runner-up's time over the winner's, minus 1; inf where nothing else ran);
-    None where the winner is of a kind we cannot match."""
+    None where the winner is of a kind we cannot match, or the times are no measurements
+    (:func:`tunecache.measured.all_measured`: a 0 or 1e-300 made any margin infinite)."""
     best = sorted((ms, c) for c, ms in timings.items() if math.isfinite(ms))
-    if not best:
+    if not best or not measured.all_measured(timings):
         return None
     ms, candidate = best[0]
     identity = transfer_id(candidate)
@@ -196,9 +198,7 @@ def winner_and_margin(timings: Mapping[str, float]) -> tuple[str, float] | None:
         identity = candidate  # an ATen kernel's id names no size
     if identity is None:
         return None
-    runner_up = best[1][0] if len(best) > 1 else math.inf
-    margin = math.inf if ms <= 0 or not math.isfinite(runner_up) else runner_up / ms - 1
-    return identity, margin
+    return identity, measured.margin(ms, best[1][0] if len(best) > 1 else None)
 
 
 AGREE = "agree"
@@ -228,6 +228,8 @@ def neighbours_agreement(ranked: Sequence[Any]) -> Agreement:
     may not be the real one."""
     if any("transfer" in n.meta for n in ranked):
         return Agreement("a neighbour was itself transferred")
+    if not all(measured.all_measured(n.timings) for n in ranked):
+        return Agreement("a neighbour's times are no measurements")
     winners = [w for n in ranked if (w := winner_and_margin(n.timings)) is not None]
     if len(winners) < len(ranked):
         return Agreement("a neighbour's winner is not matched across sizes")
@@ -267,9 +269,11 @@ def plan_transfer(key: Mapping[str, Any], neighbours: Sequence[Any],
     or None: no neighbour near enough, or none with a runnable template. ``decisive``:
     also name the winner where the nearest neighbours decide it."""
     sizes = gemm_sizes(key)
-    if sizes is None:
+    family = gemm_family(key)
+    if sizes is None or family is None:
         return None
-    nearest = nearest_neighbours(sizes, neighbours)
+    # A neighbour by its own key, not only by the family column its writer filled in.
+    nearest = nearest_neighbours(sizes, [n for n in neighbours if gemm_family(n.key) == family])
     ids: list[str] = []
     sources = []
     for i, n in enumerate(nearest):

@@ -32,7 +32,8 @@ The new entry
 
 Never a decision from a bad row
     An old record is a source only if its finite times are positive and bounded
-    (:data:`MAX_MS`), one of them is finite, and its winner is exactly one of this
+    (:func:`tunecache.measured.all_measured`, the check every decision shares), one of
+    them is finite, and its winner is exactly one of this
     call's candidates (else the key is tuned in full); one that decides must name
     exactly one of them too. A planted row may cost a benchmark, never a decision.
 """
@@ -47,7 +48,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import measured
 from ..keys import MAX_LABEL, Key
+from ..measured import MAX_MS
 from .fingerprint import LIBRARY_FIELDS
 from .transfer import (
     DECISIVE_MARGIN,
@@ -72,8 +75,6 @@ log = logging.getLogger("tunecache")
 EARLIER_VERSIONS = 3
 # Keys of one version read to learn its library fields beyond the two the labels carry.
 KEYS_PER_VERSION = 4
-# A GEMM timing above an hour is no measurement; a record holding one is no source.
-MAX_MS = 3.6e6
 _RELEASE = re.compile(r"(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?")
 
 
@@ -99,13 +100,6 @@ def _version_order(version: str) -> tuple[int, int, int]:
     return _release(version) or (0, 0, 0)
 
 
-def _usable(timings: Mapping[str, float]) -> bool:
-    """Whether a record's times can start a key: one finite, every finite one positive
-    and bounded."""
-    finite = [ms for ms in timings.values() if math.isfinite(ms)]
-    return bool(finite) and all(0 < ms <= MAX_MS for ms in finite)
-
-
 @dataclasses.dataclass(frozen=True)
 class UpgradePlan(Plan):
     """A transfer plan from the key's own entry under older library versions
@@ -122,21 +116,21 @@ class UpgradePlan(Plan):
 
     def applies(self, ids: Sequence[str]) -> bool:
         """An old record whose winner is none of this call's candidates is no source."""
-        return self.old_winner is not None and len(_named(self.old_winner, ids)) == 1
+        return self.old_winner is not None and _named(self.old_winner, ids) is not None
 
     def decided_id(self, ids: Sequence[str]) -> str | None:
         """The one of this call's candidate ``ids`` the old record decided, or None: no
         decision, or it names none (or more than one) of them."""
         winner, ms = self.winner, self.winner_ms
-        if winner is None or ms is None or not 0 < ms <= MAX_MS:
+        if winner is None or not measured.is_measured(ms):
             return None
-        found = _named(winner, ids)
-        return found[0] if len(found) == 1 else None
+        return _named(winner, ids)
 
 
-def _named(identity: str, ids: Sequence[str]) -> list[str]:
-    """The candidate ``ids`` that ``identity`` (an id, or a transfer_id) names."""
-    return [i for i in ids if i == identity or transfer_id(i) == identity]
+def _named(identity: str, ids: Sequence[str]) -> str | None:
+    """The one of the candidate ``ids`` that ``identity`` (an id, or a transfer_id)
+    names, or None."""
+    return measured.one_of(identity, ids, transfer_id)
 
 
 def plan_upgrade(key: Key, records: Sequence[tuple[Neighbour, Mapping[str, str]]],
@@ -147,7 +141,7 @@ def plan_upgrade(key: Key, records: Sequence[tuple[Neighbour, Mapping[str, str]]
     env = key.mapping.get("env")
     env = env if isinstance(env, Mapping) else {}
     for record, libraries in records:
-        if not _usable(record.timings):
+        if not measured.all_measured(record.timings):
             continue
         ranked = sorted((ms, c) for c, ms in record.timings.items() if math.isfinite(ms))
         best_ms = ranked[0][0]

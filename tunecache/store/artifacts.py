@@ -259,14 +259,16 @@ class ArtifactStore:
             return None
         return self._fetch(kind, key)[0]
 
-    def examine(self, kind: str, key: str) -> tuple[Artifact | str | None, Any, Any]:
+    def examine(self, kind: str, key: str, limit: int = MAX_PAYLOAD_BYTES
+                ) -> tuple[Artifact | str | None, Any, Any]:
         """For a publisher whose put found the row there: the artifact (or why it is
         unreadable, or None if gone since), with the row's digest and signature exactly as
         read, which :meth:`replace` takes to swap only that row. No warning, no recorded
-        use."""
+        use. ``limit``: the kind's own bound, as :meth:`get` takes it (a rewrite of a
+        planted profile read all of it)."""
         if validate_identity(kind, key) is not None:
             return None, None, None
-        found, row = self._fetch(kind, key)
+        found, row = self._fetch(kind, key, min(limit, MAX_PAYLOAD_BYTES))
         if row is None:
             return None, None, None
         return found, row.digest, row.signature

@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .. import measured
 from ..core.cache import TuneCache
-from ..core.result import Tuned
+from ..core.result import Result, Tuned
 from ..errors import KeyFailedError
 from ..keys import Key, meta_to_json, octaves_apart
 from ..settings import Settings
@@ -214,13 +215,39 @@ class UserKernelSharing:
         settled = self._validated(autotuner, result.timings, configs)
         if settled is None:
             self.count("refused")
-            benchmark()
+            self._replace(autotuner, key, result, benchmark, describe_call)
             return None
         self.count("peer" if result.source == "peer" else "hits")
         if (self.settings.levers.user_kernel_regret and "transfer" in result.meta
                 and "regret" not in result.meta):
             self._measure_regret(autotuner, key, settled, benchmark)
         return settled
+
+    def _replace(self, autotuner: Any, key: Key, refused: Result,
+                 benchmark: Callable[[], None],
+                 describe_call: Callable[[], dict[str, Any] | None]) -> None:
+        """Triton's own benchmark for a key whose entry was refused, published in its
+        place where this process re-claims it: left there, it was refused (and warned
+        about) by every job, for good."""
+        cache = self.cache()
+        try:
+            claim = cache.reclaim(key, refused)
+        except Exception as e:  # noqa: BLE001 - the entry stays; Triton tunes it here
+            log.debug("tunecache: a refused user kernel entry not re-claimed: %r", e)
+            claim = None
+        if claim is None or isinstance(claim, Result):
+            benchmark()
+            return
+        try:
+            benchmark()
+        except BaseException as e:
+            cache.release(claim, f"{type(e).__name__}: {e}")
+            raise
+        timings = {config_id(c): _median_ms(t) for c, t in autotuner.configs_timings.items()}
+        try:
+            cache.publish(claim, timings, meta=_with_call({}, describe_call()))
+        except Exception as e:  # noqa: BLE001 - not shared: the next job measures it
+            cache.release(claim, f"publishing failed: {e!r}", failed=False)
 
     def _transfer(self, key: Key, configs: Sequence[Any]) -> TransferPlan | None:
         """The winners of the key's nearest recorded values (:data:`TRANSFER_NEIGHBOURS`
@@ -241,7 +268,8 @@ class UserKernelSharing:
                                   most_total=TRANSFER_MAX_OCTAVES)
             if apart is None:
                 continue
-            if any(name not in own for name in neighbour.timings):
+            if any(name not in own for name in neighbour.timings) \
+                    or not measured.all_measured(neighbour.timings):
                 continue
             finite = {n: ms for n, ms in neighbour.timings.items() if math.isfinite(ms)}
             if finite:

@@ -142,6 +142,10 @@ def _agree(scheduler: Any, site: FusionSite, state: Any, before: _Before,
         rank = ranked.index(winner)
     ours = Decision.of(before.best_unfused + epilogue_ms, fused_ms, rank)
     agreed = decisions.settle(state.cache(), site.key, ours, site.sizes)
+    if not agreed.applies(len(ranked)):
+        # No process can follow it (a planted rank): ours, measured, replaces it.
+        agreed = decisions.replace(state.cache(), site.key, agreed, ours, site.sizes) \
+            or agreed
     if agreed.rank == ours.rank:
         return fused
     choice = _fusing_choice(scheduler, site, agreed) if agreed.fused else None
@@ -171,7 +175,8 @@ def _sharing_speedup_by_fusion(orig: Callable[..., Any]) -> Callable[..., Any]:
                 if replays:
                     stored = decisions.stored_decision(cache, site.key)
                 if stored is None and cache.settings.shares("transfer") and replays:
-                    stored = decisions.decided_by_neighbours(cache, site.key, site.sizes)
+                    stored = decisions.decided_by_neighbours(
+                        cache, site.key, site.sizes, len(_ranked_choices(site.template)))
                     if stored is not None:
                         REGISTRY.triton_stats.add(fusion_decisions_decided=1)
         if site is None:

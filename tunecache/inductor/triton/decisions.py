@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import keys as tc_keys
+from ... import measured
 from ...core.cache import TuneCache
 from ...core.result import Result
 from ..transfer import AGREE, GEMM_MAX_OCTAVES, Agreement, octaves
@@ -40,7 +40,7 @@ from ..transfer import AGREE, GEMM_MAX_OCTAVES, Agreement, octaves
 __all__ = ["DECISION_KIND", "DECIDING_SITES", "FUSION_DECISIVE_MARGIN", "Decision",
            "decision_key", "neighbours_decide", "nearest_sites", "sites_agreement",
            "stored_decision",
-           "decided_by_neighbours", "settle"]
+           "decided_by_neighbours", "settle", "family_of", "replace"]
 
 DECISION_KIND = "fusion_decision"
 # How many of the nearest recorded sites must agree for a decision without measuring.
@@ -83,12 +83,20 @@ class Decision:
         """How clearly it was decided: the slower option over the faster, minus 1; for a
         fusion also the winner over the next fused candidate."""
         low, high = sorted((self.unfused_ms, self.fused_ms))
-        if not math.isfinite(low) or low <= 0:
-            return 0.0
-        margin = high / low - 1
+        margin = measured.margin(low, high)
         if self.fused and self.runner_up_ms is not None:
-            margin = min(margin, self.runner_up_ms / self.fused_ms - 1)
+            margin = min(margin, measured.margin(self.fused_ms, self.runner_up_ms))
         return margin
+
+    def measured(self) -> bool:
+        """Whether its times are measurements (tunecache.measured), so that it may
+        decide for another site."""
+        return measured.all_measured(self.timings())
+
+    def applies(self, choices: int) -> bool:
+        """Whether it can be followed at a site whose template has ``choices`` Triton
+        choices: not to fuse, or to fuse one of them."""
+        return not self.fused or measured.within(self.rank, choices)
 
     def timings(self) -> dict[str, float]:
         out = {"unfused": self.unfused_ms, "fused": self.fused_ms}
@@ -125,6 +133,24 @@ def decision_key(env: Mapping[str, str], structure: Any, sizes: Sequence[int]
     return tc_keys.Key.of({**shape_free, "sizes": list(sizes)}, family=family)
 
 
+def family_of(mapping: Mapping[str, Any]) -> tuple[str, list[int]] | None:
+    """The family and sizes a recorded key says it has (:func:`decision_key`), or None
+    where it is no decision key: a neighbour is one by its own key, not only by the
+    family column its writer filled in."""
+    if mapping.get("kind") != DECISION_KIND or set(mapping) != {
+            "kind", "op", "env", "site", "sizes"}:
+        return None
+    sizes = _sizes(mapping["sizes"])
+    if sizes is None:
+        return None
+    shape_free = {k: v for k, v in mapping.items() if k != "sizes"}
+    try:
+        text = tc_keys.canonical_json(shape_free)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest(), sizes
+
+
 def _sizes(value: Any) -> list[int] | None:
     if not isinstance(value, list) or not 0 < len(value) <= _MAX_SIZES:
         return None
@@ -156,6 +182,8 @@ def sites_agreement(nearest: Sequence[tuple[str, Decision, Mapping[str, Any]]]
     decision, and the smallest of their margins."""
     if any("transfer" in meta for _, _, meta in nearest):
         return Agreement("a neighbour was itself decided")
+    if not all(decision.measured() for _, decision, _ in nearest):
+        return Agreement("a neighbour's times are no measurements")
     margin = min(decision.margin() for _, decision, _ in nearest)
     if len({decision.rank for _, decision, _ in nearest}) != 1:
         return Agreement("the neighbours disagree", margin=margin)
@@ -190,18 +218,25 @@ def stored_decision(cache: TuneCache, key: tc_keys.Key) -> Decision | None:
     return None if answer is None else _from_result(answer)
 
 
-def decided_by_neighbours(cache: TuneCache, key: tc_keys.Key, sizes: Sequence[int]
-                          ) -> Decision | None:
+def decided_by_neighbours(cache: TuneCache, key: tc_keys.Key, sizes: Sequence[int],
+                          choices: int | None = None) -> Decision | None:
     """With no entry for the site: the decision its neighbours make
     (:func:`neighbours_decide`), published as the site's entry under a claim taken
     without waiting, so that every rank follows it; None where they do not decide, or
     a peer holds the site's claim (this process then measures, and :func:`settle`
-    follows whatever was published)."""
+    follows whatever was published). A neighbour counts only where its own key is of
+    this site's family and, with ``choices`` (the site's Triton choices), it decided
+    something this site can follow."""
     found = []
     for n in cache.neighbours(key):
         decision = Decision.from_entry(n.timings, n.meta)
-        if decision is not None:
-            found.append((n.key_hash, decision, n.meta))
+        of = family_of(n.key)
+        if decision is None or of is None or of[0] != key.family:
+            continue
+        if choices is not None and not decision.applies(choices):
+            continue
+        # Its sizes as its key says, whatever its meta says.
+        found.append((n.key_hash, decision, {**n.meta, "sizes": of[1]}))
     decided = neighbours_decide(sizes, found)
     if decided is None:
         return None
@@ -241,3 +276,26 @@ def settle(cache: TuneCache, key: tc_keys.Key, ours: Decision, sizes: Sequence[i
     if published is None:
         return stored_decision(cache, key) or ours
     return ours
+
+
+def replace(cache: TuneCache, key: tc_keys.Key, found: Decision, ours: Decision,
+            sizes: Sequence[int]) -> Decision | None:
+    """``ours``, measured here, published in place of the site's entry ``found``, which
+    no process can follow (a rank outside the template's choices): left alone, every
+    job warned about it and kept its own, for good. The entry a peer replaced it with
+    meanwhile, or None where it cannot be replaced."""
+    stored = cache.lookup(key)
+    if stored is None or _from_result(stored) != found:
+        return None
+    claim = cache.reclaim(key, stored)
+    if isinstance(claim, Result):
+        return _from_result(claim)
+    if claim is None:
+        return None
+    try:
+        published = cache.publish(claim, ours.timings(), tune_seconds=0.0,
+                                   meta=ours.meta(sizes))
+    except BaseException as e:
+        cache.release(claim, f"publishing a fusion decision failed: {e!r}", failed=False)
+        raise
+    return ours if published is not None else stored_decision(cache, key)

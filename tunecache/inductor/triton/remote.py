@@ -51,6 +51,9 @@ DECIDING_NEIGHBOURS = 3
 TRITON_LEASE_SECONDS = 60.0
 
 
+# The fields of a Triton key that its family (keys.triton_kernel_info) hashes too.
+_FAMILY_KEY_FIELDS = ("kind", "env", "device_type", "heuristic", "coordesc", "tag")
+
 class TritonCache:
     """get/put of Inductor's remote autotune cache, over the shared TuneCache.
 
@@ -189,7 +192,12 @@ class TritonCache:
             refused = set(self._refused)
         with self._reading() as cache:
             found = cache.neighbours(key)
-        return nearest_results(sizes, [n for n in found if n.key_hash not in refused])
+        # A neighbour by its own key as far as the key tells the family (all it hashes but
+        # the sizeless source), not only by the family column its writer filled in.
+        ours = key.mapping
+        return nearest_results(sizes, [
+            n for n in found if n.key_hash not in refused
+            and all(n.key.get(f) == ours.get(f) for f in _FAMILY_KEY_FIELDS)])
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[TuneCache]:
