@@ -125,7 +125,8 @@ def test_a_graph_kernel_is_published_once_inductor_keeps_it_not_when_compiled(
     assert compiled["outcome"] == "compiled" and "published" not in compiled["counts"]
     assert _rows(sqlite_url) == [] or not Path(sqlite_url.removeprefix("sqlite:///")).exists()
     kept = subprocess.run(
-        [sys.executable, "-c", f"import dataclasses, tunecache\nfrom tunecache import triton_cache as t\n"
+        [sys.executable, "-c", "import dataclasses, tunecache\n"
+                               "from tunecache import triton_cache as t\n"
                                f"print(t.publish_kept({KEY!r}), {_NONZERO_KERNEL_COUNTS})"],
         env=_env(sqlite_url, tmp_path / "node1", **_publisher(keys)), capture_output=True,
         text=True, timeout=120)
@@ -144,7 +145,8 @@ def test_a_fifo_planted_in_a_kept_kernels_directory_publishes_nothing_and_never_
     cubin.unlink()
     os.mkfifo(cubin)  # no writer: a plain read waits forever
     kept = subprocess.run(
-        [sys.executable, "-c", f"import dataclasses, tunecache\nfrom tunecache import triton_cache as t\n"
+        [sys.executable, "-c", "import dataclasses, tunecache\n"
+                               "from tunecache import triton_cache as t\n"
                                f"t.publish_kept({KEY!r}); print({_NONZERO_KERNEL_COUNTS})"],
         env=_env(sqlite_url, node, **_publisher(keys)), capture_output=True, text=True,
         timeout=60)

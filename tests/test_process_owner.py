@@ -103,6 +103,7 @@ def _patched_objects() -> list[Any]:
     from torch._dynamo import config as dynamo_config
     from torch._functorch import config as functorch_config
     from torch._inductor import choices, config, remote_cache, scheduler, select_algorithm
+    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codegen import simd, triton, wrapper
     from torch._inductor.runtime import autotune_cache, coordinate_descent_tuner, triton_heuristics
     from triton.runtime.autotuner import Autotuner
@@ -112,7 +113,7 @@ def _patched_objects() -> list[Any]:
             autotune_cache.AutotuneCache, triton_heuristics.CachingAutotuner,
             coordinate_descent_tuner.CoordescTuner, triton.TritonScheduling,
             simd.SIMDScheduling, wrapper.PythonWrapperCodegen, scheduler.Scheduler,
-            remote_cache, config, functorch_config, dynamo_config]
+            AsyncCompile, remote_cache, config, functorch_config, dynamo_config]
 
 
 def _own(owner: Any) -> dict[str, Any]:
@@ -132,6 +133,11 @@ def test_disable_gives_back_every_patched_object_tritons_autotuner_included(tmp_
     owners = _patched_objects()
     before = [_own(o) for o in owners]
     manager = os.environ.get("TRITON_CACHE_MANAGER")
+    # Compiled kernels are shared only where the environment selects this database and
+    # key (compile workers read it): set them as a job would.
+    monkeypatch.setenv("TUNECACHE_DB", str(tmp_path / "tune.db"))
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", str(tmp_path / "keys" / PRIVATE_KEY_NAME))
+    monkeypatch.setattr(PROCESS, "settings", None)
     assert tunecache.enable(db=str(tmp_path / "tune.db"),
                             signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME))
     try:
@@ -139,7 +145,8 @@ def test_disable_gives_back_every_patched_object_tritons_autotuner_included(tmp_
         assert {"user_kernels", "triton", "gemm", "graphs", "kernels", "profiles"} <= on
         patched = PROCESS.ledger.entries()
         assert any(o is owners[0] for o, _ in patched), "Triton's Autotuner is patched"
-        assert all(any(o is owner for owner in owners) for o, _ in patched), patched
+        assert all(any(o is owner for owner in owners) for o, _ in patched), [
+            (o, n) for o, n in patched if not any(o is owner for owner in owners)]
     finally:
         tunecache.disable()
     assert not tunecache.is_enabled() and len(PROCESS.ledger) == 0
