@@ -62,6 +62,10 @@ def main() -> int:
         loss.backward()
         outputs.append({"loss": loss.item(),
                         "grads": [p.grad.flatten().tolist() for p in model.parameters()]})
+    import torch._dynamo.config
+    import torch._functorch.config
+    import torch._inductor.config
+
     share = REGISTRY.graphs
     if enabled is None:
         enabled = tunecache.is_enabled()
@@ -75,6 +79,13 @@ def main() -> int:
         "graphs": None if share is None else dict(share.counts),
         "publishes": None if share is None else share.publishes,
         "outputs": outputs,
+        # torch's remote-cache flags as the job ran with them (a user's False is kept)
+        "flags": {name: getattr(owner, name) for owner, name in (
+            (torch._inductor.config, "fx_graph_remote_cache"),
+            (torch._functorch.config, "enable_remote_autograd_cache"),
+            (torch._inductor.config, "autotune_remote_cache"),
+            (torch._dynamo.config, "automatic_dynamic_remote_pgo"))},
+        "parts": tunecache.switch.parts_on(),
     }
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f)

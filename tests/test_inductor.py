@@ -386,9 +386,12 @@ def test_disable_restores_inductor_methods_and_the_previous_pre_fusion_pass(sqli
         assert isinstance(ours, CustomSchedulerPass)  # keeps the FX graph cache usable
         assert ours.uuid() == ("tunecache-pre-fusion-v1", "theirs-v1")
         assert ours([]) == [] and theirs.seen == 0  # chained: theirs still runs
-        assert "lookup" in vars(selector)
+        selector_cls = type(selector)
+        precompile = vars(selector_cls)["make_precompile_fn"]
+        assert "lookup" in vars(selector_cls) and "lookup" not in vars(selector)
         tunecache.disable()
-        assert "lookup" not in vars(selector) and "make_precompile_fn" not in vars(selector)
+        assert "lookup" not in vars(selector_cls)
+        assert vars(selector_cls)["make_precompile_fn"] is not precompile
         assert inductor_config._pre_fusion_custom_pass is theirs
     finally:
         tunecache.disable()
@@ -431,8 +434,8 @@ def _patched_inductor_attributes() -> dict[str, Any]:
         f"{owner}.{name}": vars(cls).get(name, _MISSING)
         for owner, (cls, names) in owners.items() for name in names
     }
-    for name in ("lookup", "make_precompile_fn"):
-        found[f"selector.{name}"] = vars(selector).get(name, _MISSING)
+    for name in ("lookup", "make_precompile_fn"):  # on the class: later patches compose
+        found[f"AlgorithmSelectorCache.{name}"] = vars(type(selector)).get(name, _MISSING)
     for name in ("_pre_fusion_custom_pass", "autotune_remote_cache", "compile_threads",
                  "distributed_max_autotune_gemm"):
         found[f"config.{name}"] = getattr(inductor_config, name)
@@ -569,7 +572,7 @@ def test_triton_sharing_failing_half_way_leaves_nothing_of_it_patched(tmp_path, 
             triton = {"remote_cache.RemoteAutotuneCache", "config.autotune_remote_cache",
                       "config.compile_threads"}
             assert changed & triton == set()
-            assert "selector.lookup" in changed
+            assert "AlgorithmSelectorCache.lookup" in changed
             assert REGISTRY.triton is None
             assert {name for _, name in PROCESS.ledger.entries()} & {
                 "RemoteAutotuneCache", "autotune_remote_cache", "compile_threads"} == set()
@@ -660,7 +663,7 @@ def test_unsupported_torch_version_warns_once_and_installs_no_inductor_part(
             assert parts_on() == ["user_kernels"]
         finally:
             tunecache.disable()
-    assert "lookup" not in vars(get_algorithm_selector_cache())
+    assert "lookup" not in vars(type(get_algorithm_selector_cache()))
     assert sum("2.10.0" in r.getMessage() for r in caplog.records) == 1
 
 

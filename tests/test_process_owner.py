@@ -145,7 +145,8 @@ def test_disable_gives_back_every_patched_object_tritons_autotuner_included(tmp_
         assert {"user_kernels", "triton", "gemm", "graphs", "kernels", "profiles"} <= on
         patched = PROCESS.ledger.entries()
         assert any(o is owners[0] for o, _ in patched), "Triton's Autotuner is patched"
-        assert all(any(o is owner for owner in owners) for o, _ in patched), patched
+        assert all(any(o is owner for owner in owners) for o, _ in patched), [
+            (o, n) for o, n in patched if not any(o is owner for owner in owners)]
     finally:
         tunecache.disable()
     assert not tunecache.is_enabled() and len(PROCESS.ledger) == 0

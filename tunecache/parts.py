@@ -20,7 +20,22 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .patching import Ledger
     from .settings import Settings
 
-__all__ = ["Part", "Enable", "install"]
+__all__ = ["Part", "Enable", "install", "REMOTE_FLAGS"]
+
+# The torch flags tunecache turns on, by (config module, name): the environment variable
+# torch reads each from ("1" True, "0" False, unset None), and what tunecache shares
+# through it. Each is set only where the user left it None; an explicit False is kept
+# (tunecache/inductor/compat.py, `tunecache doctor`'s "remote flags" check).
+REMOTE_FLAGS: dict[tuple[str, str], tuple[str, str]] = {
+    ("torch._inductor.config", "fx_graph_remote_cache"):
+        ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "compiled graphs"),
+    ("torch._functorch.config", "enable_remote_autograd_cache"):
+        ("TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE", "AOTAutograd entries"),
+    ("torch._inductor.config", "autotune_remote_cache"):
+        ("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "Triton configs"),
+    ("torch._dynamo.config", "automatic_dynamic_remote_pgo"):
+        ("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO", "Dynamo's shape profiles"),
+}
 
 # enable(ledger, opener, settings, environment) -> whether the part is on. It decides from
 # ``settings`` whether it applies; ``environment`` is TUNECACHE_* as Inductor's compile

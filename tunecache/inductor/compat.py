@@ -17,14 +17,18 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..parts import REMOTE_FLAGS
 from ..process import PROCESS
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..patching import Ledger
 
 __all__ = ["MIN_TORCH", "TESTED_TORCH", "LOOKUP_PARAMS", "PRECOMPILE_PARAMS",
            "PRECOMPILE_PARAMS_215", "InductorChanged", "inductor_config", "torch_release",
            "too_old", "untested", "say_untested", "param_names", "require", "warn_off",
-           "explain_once"]
+           "explain_once", "kept_off", "turn_on"]
 
 log = logging.getLogger("tunecache")
 
@@ -133,3 +137,23 @@ def warn_off(off: str, why: BaseException | str, still: str = "") -> None:
 def explain_once(level: int, message: str, *args: Any) -> None:
     """:meth:`tunecache.process.Process.explain_once`."""
     PROCESS.explain_once(level, message, *args)
+
+
+def kept_off(owner: Any, name: str) -> bool:
+    """Whether the user turned ``owner.name`` (one of :data:`~tunecache.parts.
+    REMOTE_FLAGS`) off: an explicit False, in code or through its environment variable.
+    It is kept, and said once."""
+    if getattr(owner, name, None) is not False:
+        return False
+    variable, what = REMOTE_FLAGS[(owner.__name__, name)]
+    explain_once(logging.INFO, "tunecache: %s are not shared: %s.%s is False (%s=0 or set "
+                 "in code), and tunecache keeps it", what, owner.__name__, name, variable)
+    return True
+
+
+def turn_on(ledger: Ledger, owner: Any, name: str) -> bool:
+    """``owner.name = True`` through ``ledger`` where the user left it None (unset), never
+    over their True or False; returns whether the flag is on now."""
+    if getattr(owner, name) is None:
+        ledger.patch(owner, name, True)
+    return bool(getattr(owner, name))

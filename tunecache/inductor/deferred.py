@@ -36,8 +36,8 @@ log = logging.getLogger("tunecache")
 
 def tune_deferred(hooks: GemmHooks, nodes: list[Any]) -> None:
     """Claim, tune and wait for all of a graph's deferred GEMMs in one go."""
-    if hooks.count_only or hooks.broken:
-        return
+    if hooks.count_only or hooks.broken or not hooks.serving():
+        return  # someone else's lookup times these buffers, not ours
     from torch._inductor import ir
     from torch._inductor.scheduler import SchedulerNode
 

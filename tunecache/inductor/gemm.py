@@ -5,9 +5,11 @@ Hooks, and why each is safe
 ---------------------------
 All GEMM (and convolution) autotuning goes through the process-wide singleton
 ``torch._inductor.select_algorithm.get_algorithm_selector_cache()``. We override two
-methods on that *instance* with ``types.MethodType``; the class, the lowering registry
-and every other instance are untouched, and :func:`disable` deletes the instance
-attributes, which restores the class methods.
+methods of its class, ``AlgorithmSelectorCache``, through the patch ledger
+(tunecache/inductor/gemm_hooks.py); the lowering registry is untouched, and
+:func:`disable` puts the class's own back (``lookup`` it inherits: ours is deleted). A
+later patch of either method (on the class, a base class or the instance) is the caller's
+to win: ours is hidden, or passes through, for its duration (:meth:`GemmHooks.serving`).
 
 ``lookup(choices, op, inputs, benchmark, hint_override=None)``
     Inherited from ``codecache.PersistentCache`` (2.11-2.14, same signature). It is the
@@ -257,6 +259,11 @@ class GemmHooks:
         self._dist_warned = False
 
     # -- helpers
+
+    def serving(self) -> bool:
+        """Whether this process's lookup is tunecache's now, not one patched over it
+        (replaced where the hooks are installed, gemm_hooks.py)."""
+        return True
 
     def warn_once(self, what: str, error: BaseException) -> None:
         with self.lock:

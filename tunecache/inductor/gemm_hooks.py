@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..parts import Part
+from ..patching import ABSENT
 from ..process import PROCESS
 from .compat import (
     LOOKUP_PARAMS,
@@ -83,14 +84,45 @@ GEMM = Part(enable_gemm, disable_gemm, "not enabled for Inductor",
             "Inductor autotunes as usual", probe=probe_gemm)
 
 
+def _inherited(cls: type, name: str) -> Any:
+    """What ``cls.name`` resolves to below ``cls`` itself (its bases, in MRO order)."""
+    for base in cls.__mro__[1:]:
+        if name in vars(base):
+            return vars(base)[name]
+    raise AttributeError(name)
+
+
 def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
                         benchmark_key: bool) -> None:
-    """The selector's lookup and make_precompile_fn through ``hooks`` (count-only hooks
-    too), through REGISTRY.patches. ``benchmark_key``: make_precompile_fn takes 2.15's
-    ``benchmark_inputs_key``, the string lookup() then gets as ``inputs``."""
+    """The selector class's lookup and make_precompile_fn through ``hooks`` (count-only
+    hooks too), through the process's patch ledger. ``benchmark_key``: make_precompile_fn
+    takes 2.15's ``benchmark_inputs_key``, the string lookup() then gets as ``inputs``.
+
+    On the class, not the instance, so that they compose: a later patch of either method
+    on the class (``patch.object(AlgorithmSelectorCache, "lookup", ...)``, as PyTorch's
+    own tests, profilers and users' selection overrides do) replaces ours for its
+    duration, and ours is back when it ends. A patch of a base class's method (lookup is
+    PersistentCache's) or of the instance is theirs as well: each hook calls the method
+    it hides as it is now, and only serves while that is the one captured at enable
+    time (:meth:`GemmHooks.serving`)."""
+    from torch._inductor import select_algorithm
+
     patch = PROCESS.ledger.patch
-    orig_lookup = cls.lookup.__get__(selector, cls)
-    orig_precompile = cls.make_precompile_fn.__get__(selector, cls)
+    captured = {name: getattr(cls, name) for name in ("lookup", "make_precompile_fn")}
+    installed: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+
+    def below(name: str) -> Any:
+        """The function our ``name`` hides, as it is now."""
+        was = own[name]
+        return _inherited(cls, name) if was is ABSENT else was
+
+    def serving() -> bool:
+        """Whether tunecache's lookup is the one Inductor calls now."""
+        current = select_algorithm._ALGORITHM_SELECTOR_CACHE
+        return (REGISTRY.hooks is hooks and vars(cls).get("lookup") is installed["lookup"]
+                and below("lookup") is captured["lookup"]
+                and (current is None or "lookup" not in vars(current)))
 
     def lookup(
         self: Any,
@@ -100,7 +132,13 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
         benchmark: Callable[[Any], dict[Any, float]] | None,
         hint_override: int | None = None,
     ) -> dict[Any, float]:
-        return hooks.lookup(orig_lookup, choices, op, inputs, benchmark, hint_override)
+        inner = below("lookup")
+        if inner is not captured["lookup"] or REGISTRY.hooks is not hooks:
+            # A base class's lookup patched since (theirs wins), or a hook left behind
+            # by a disable() made while someone's patch hid it: pass through.
+            return inner(self, choices, op, inputs, benchmark, hint_override)
+        return hooks.lookup(types.MethodType(inner, self), choices, op, inputs, benchmark,
+                            hint_override)
 
     def make_precompile_fn(
         self: Any,
@@ -110,16 +148,19 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
         benchmark_inputs_key: str | None = None,
         precompilation_timeout_seconds: int | None = 60 * 60,
     ) -> Callable[[], dict[Any, float]]:
-        try:
-            # Recorded under the string lookup() will get, to match the two.
-            hooks.note_choices(choices, name, benchmark_inputs_key or inputs_key)
-        except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
-            hooks.warn_once("recording a deferred GEMM", e)
+        if REGISTRY.hooks is hooks:
+            try:
+                # Recorded under the string lookup() will get, to match the two.
+                hooks.note_choices(choices, name, benchmark_inputs_key or inputs_key)
+            except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
+                hooks.warn_once("recording a deferred GEMM", e)
+        inner = below("make_precompile_fn")
         if not benchmark_key:
-            return orig_precompile(
-                choices, name, inputs_key,
+            return inner(
+                self, choices, name, inputs_key,
                 precompilation_timeout_seconds=precompilation_timeout_seconds)
-        return orig_precompile(
+        return inner(
+            self,
             choices,
             name,
             inputs_key,
@@ -127,9 +168,14 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
             precompilation_timeout_seconds=precompilation_timeout_seconds,
         )
 
-    # Instance attributes over the class's methods: undone, the class's show through.
-    patch(selector, "lookup", types.MethodType(lookup, selector))
-    patch(selector, "make_precompile_fn", types.MethodType(make_precompile_fn, selector))
+    hooked: tuple[tuple[str, Any], ...] = (("lookup", lookup),
+                                           ("make_precompile_fn", make_precompile_fn))
+    for name, fn in hooked:
+        fn.__qualname__ = f"{cls.__qualname__}.{name}"
+        fn.tunecache_hook = True  # how a reader (and the tests) tell ours
+        installed[name] = fn
+        own[name] = patch(cls, name, fn)
+    hooks.serving = serving  # type: ignore[method-assign]
 
 
 def _install_pre_fusion_pass(hooks: GemmHooks) -> None:

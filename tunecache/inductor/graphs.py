@@ -44,7 +44,7 @@ from .. import stored_json
 from ..core.graphs import GraphShare
 from ..errors import SigningKeyError
 from ..parts import Part
-from .compat import explain_once, require
+from .compat import explain_once, kept_off, require, turn_on
 from .state import REGISTRY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -119,9 +119,23 @@ def remote_cache_classes() -> dict[str, type]:
             super().__init__()
             self.kind = kind
 
+        def serves(self) -> bool:
+            """Whether this kind is served now. An AOTAutograd entry is only while the FX
+            graph remote cache and the local AOTAutograd cache are on (a test or a user
+            may turn either off after tunecache is on): its hit without its FX graph costs
+            a miss, a second compile and an artifact recorded twice, and a cache turned
+            off must not live on remote-only."""
+            if self.kind != "autograd":
+                return True
+            from torch._functorch import config as functorch_config
+            from torch._inductor import config
+
+            return bool(config.fx_graph_remote_cache) and bool(
+                functorch_config.enable_autograd_cache)
+
         def _get(self, key: str) -> Any:
             share = REGISTRY.graphs
-            if share is None:
+            if share is None or not self.serves():
                 return None
             data = share.load(self.kind, key)
             if data is None:
@@ -134,7 +148,7 @@ def remote_cache_classes() -> dict[str, type]:
 
         def _put(self, key: str, data: Any) -> None:
             share = REGISTRY.graphs
-            if share is None or not share.publishes:
+            if share is None or not share.publishes or not self.serves():
                 return
             frame = encode_entry(data)
             if frame is None:
@@ -220,11 +234,16 @@ def enable_graphs(ledger: Ledger, cache: CacheOpener, settings: Settings,
     from torch._inductor import config
     from torch._inductor import remote_cache as rc
 
+    # The user's False of either flag is kept (TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=0,
+    # TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE=0); AOTAutograd entries need the FX graph's.
+    if kept_off(config, "fx_graph_remote_cache"):
+        return False
     REGISTRY.graphs = share
     for name, cls in remote_cache_classes().items():
         ledger.patch(rc, name, cls)
-    ledger.patch(config, "fx_graph_remote_cache", True)
-    ledger.patch(functorch_config, "enable_remote_autograd_cache", True)
+    turn_on(ledger, config, "fx_graph_remote_cache")
+    if not kept_off(functorch_config, "enable_remote_autograd_cache"):
+        turn_on(ledger, functorch_config, "enable_remote_autograd_cache")
     clear_autograd_remote_cache()
     log.debug("tunecache: compiled graphs shared (%s, key %s)",
               "publish and load" if share.publishes else "load only", share.fingerprint)

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.pgo import ProfileShare
 from ..errors import SigningKeyError
 from ..parts import Part
-from .compat import explain_once, require
+from .compat import explain_once, kept_off, require, turn_on
 from .graphs import decode_entry, encode_entry
 from .state import REGISTRY
 
@@ -180,15 +180,11 @@ def enable_pgo(ledger: Ledger, cache: CacheOpener, settings: Settings,
     from torch._dynamo import config as dynamo_config
     from torch._inductor import remote_cache as rc
 
-    if dynamo_config.automatic_dynamic_remote_pgo is False:
-        explain_once(logging.INFO, "tunecache: Dynamo's shape profiles are not shared: "
-                     "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO turns Dynamo's remote "
-                     "profiles off")
-        return False
+    if kept_off(dynamo_config, "automatic_dynamic_remote_pgo"):
+        return False  # TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO=0
     REGISTRY.pgo = share
     ledger.patch(rc, CLASS_NAME, remote_pgo_class())
-    if dynamo_config.automatic_dynamic_remote_pgo is None:  # the user left it to us
-        ledger.patch(dynamo_config, "automatic_dynamic_remote_pgo", True)
+    turn_on(ledger, dynamo_config, "automatic_dynamic_remote_pgo")
     if getattr(torch.compiler.config, "job_id", None) is None:
         # Read again at every compile: a job may still set it in code.
         explain_once(logging.INFO, "%s", _NO_JOB_ID)

@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Literal
 
 from ..errors import SchemaTooNewError, SigningKeyError, TuneCacheError
+from ..parts import REMOTE_FLAGS
 from ..settings import Settings, default_db_path, unknown_variables
 from ..store import Database, probe
 from ..store.migrate import current_revision, head_revision, known_revisions
@@ -229,6 +230,19 @@ class _Doctor:
                 asked = not part["why"].startswith("not asked for")
                 self.add(f"part {part['name']}", "warn" if asked else "ok",
                          f"{part['what']}: off ({part['why']})")
+
+    def remote_flags(self, environ: Any) -> None:
+        """torch's remote-cache flags tunecache turns on only where they are unset: one
+        set to 0 in the environment is kept, and what it shares is then not shared."""
+        off = [(variable, what) for variable, what in REMOTE_FLAGS.values()
+               if environ.get(variable) == "0"]
+        if not off:
+            self.add("remote flags", "ok", "none of torch's remote-cache flags is turned off "
+                     "in the environment (tunecache turns on those left unset)")
+            return
+        kept = "; ".join(f"{variable}=0 (so {what} are not shared)" for variable, what in off)
+        self.add("remote flags", "warn", f"kept as set: {kept}",
+                 "unset them to share through tunecache (tunecache never overrides a 0)")
 
     def pgo(self) -> None:
         """Dynamo's shape profiles (``profiles`` in TUNECACHE_SHARE), with the graphs'
@@ -471,6 +485,7 @@ def run_checks(settings: Settings) -> list[Check]:
     doctor.graphs()
     doctor.pgo()
     doctor.libraries()
+    doctor.remote_flags(os.environ)
     if settings.is_postgresql:
         doctor.postgresql()
     else:

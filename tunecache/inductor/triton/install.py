@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ... import keys as tc_keys
 from ...parts import Part
 from ...process import PROCESS
-from ..compat import InductorChanged, param_names, require, warn_off
+from ..compat import InductorChanged, kept_off, param_names, require, turn_on, warn_off
 from ..state import REGISTRY, InstalledTritonCache
 from .candidates import install_candidate_skip
 from .coordesc import end_deferrals, keeping_hit_configs, sharing_coordesc, sharing_one_config
@@ -256,11 +256,13 @@ def enable_triton(ledger: Ledger, cache: CacheOpener, settings: Settings,
 
     probe_triton()
     create = ac.AutotuneCache.__dict__["create"]
+    if kept_off(config, "autotune_remote_cache"):  # TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=0
+        return False
     ours = remote_cache_class()
     REGISTRY.triton = TritonCache(cache, worker=True)
     ledger.patch(rc, "RemoteAutotuneCache", ours)
     ledger.patch(ac.AutotuneCache, "create", staticmethod(rekey_create(create.__func__, ours)))
-    ledger.patch(config, "autotune_remote_cache", True)
+    turn_on(ledger, config, "autotune_remote_cache")
     ensure_runtime_hooks(ours)
     if not REGISTRY.triton_atexit:
         REGISTRY.triton_atexit = True
