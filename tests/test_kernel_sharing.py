@@ -438,18 +438,36 @@ def _ptxas_after_enable(env: dict[str, str], db: str, torch_tree: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def _workers_ptxas(env: dict[str, str], torch_tree: Path) -> str:
+    """TRITON_PTXAS_PATH as Inductor's compile workers set it, without tunecache."""
+    module = torch_tree / "_inductor" / "runtime" / "compile_tasks.py"
+    code = ("import os\nfrom torch._inductor.runtime import compile_tasks\n"
+            f"compile_tasks.__file__ = {str(module)!r}\n"
+            "compile_tasks._set_triton_ptxas_path()\n"
+            "print(os.environ.get('TRITON_PTXAS_PATH'))\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "TUNECACHE_MODE": "off"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_sharing_kernels_compiles_in_this_process_with_the_compile_workers_ptxas(
         sqlite_url, keys, tmp_path):
     # Triton's key holds `ptxas --version`; Inductor's compile workers take torch's own
     # ptxas at start. A kernel compiled here with another ptxas had another key, and a
     # job that compiled it here never found what a worker of another job published.
-    ptxas = tmp_path / "torch" / "_inductor" / "bin" / "ptxas"
-    ptxas.parent.mkdir(parents=True)
-    ptxas.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9'\n")
-    ptxas.chmod(0o755)
+    # Where the wheel keeps it moved (torch/_inductor/bin in 2.13, torch/bin in 2.15):
+    # one in each place, and the one Inductor's own function picks is the workers'.
+    for where in ("_inductor/bin", "bin"):
+        ptxas = tmp_path / "torch" / where / "ptxas"
+        ptxas.parent.mkdir(parents=True)
+        ptxas.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.9'\n")
+        ptxas.chmod(0o755)
     env = _env(sqlite_url, tmp_path / "node", **_publisher(keys))
     env.pop("TRITON_PTXAS_PATH", None)
-    assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == str(ptxas)
+    workers = _workers_ptxas(env, tmp_path / "torch")
+    assert workers.startswith(str(tmp_path / "torch")), workers
+    assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == workers
     env["TUNECACHE_SHARE"] = "-kernels"
     assert _ptxas_after_enable(env, sqlite_url, tmp_path / "torch") == "None", \
         "kernels not shared: nothing changes"

@@ -154,11 +154,14 @@ def test_lease_that_a_lock_wait_could_outlast_is_refused(env):
     [
         ({"TUNECACHE_DB": "/t.db"}, {"triton.runtime.autotuner",
                                      "torch._inductor.runtime.autotune_cache",
-                                     "torch._inductor.select_algorithm"}),
+                                     "torch._inductor.select_algorithm",
+                                     "torch._inductor.choices"}),
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "-triton"},
-         {"triton.runtime.autotuner", "torch._inductor.select_algorithm"}),
+         {"triton.runtime.autotuner", "torch._inductor.select_algorithm",
+          "torch._inductor.choices"}),
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "-user_kernels"},
-         {"torch._inductor.runtime.autotune_cache", "torch._inductor.select_algorithm"}),
+         {"torch._inductor.runtime.autotune_cache", "torch._inductor.select_algorithm",
+          "torch._inductor.choices"}),
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_MODE": " OFF "}, set()),
         # a bad value: tunecache is off in the job (one line, tests/test_patches.py)
         ({"TUNECACHE_DB": "/t.db", "TUNECACHE_SHARE": "maybe"}, set()),
