@@ -91,20 +91,39 @@ def compiles_started(monkeypatch) -> Iterator[CompilesStarted]:
 
 
 # The test files that touch torch or Triton internals (hooks, Inductor's and Triton's own
-# objects, real compiles through the parts): marked `internals`, which CI runs on every
-# other tested torch (.ci/run). A new such file goes here.
+# objects, real compiles through the parts): marked `internals`. A new such file goes here.
 INTERNALS = (
     "test_compile_ahead.py", "test_fusion_candidates.py", "test_fusion_decisions.py",
     "test_gemm_narrowing.py", "test_gemm_transfer.py", "test_graph_sharing.py",
-    "test_inductor.py", "test_kernel_sharing.py", "test_patches.py", "test_pgo_sharing.py",
-    "test_torch_versions.py", "test_triton_transfer.py", "test_upgrade.py",
-    "test_user_kernels.py", "test_user_kernels_warm.py", "triton_autotune/",
+    "test_hooks_compose.py", "test_inductor.py", "test_kernel_sharing.py", "test_patches.py",
+    "test_pgo_sharing.py", "test_remote_flags.py", "test_torch_versions.py",
+    "test_triton_transfer.py", "test_upgrade.py", "test_user_kernels.py",
+    "test_user_kernels_warm.py", "triton_autotune/",
 )
+# Of those, the files that check every hook point against the installed torch, each part
+# through at least one real compile, in about 8 minutes: marked `versions` as well, which
+# CI runs on each other tested torch (.ci/run; docs/decisions.md says why not all of
+# `internals`: it would take CI past its 60 minutes on two cores).
+VERSIONS = (
+    "test_compile_ahead.py", "test_fusion_candidates.py", "test_fusion_decisions.py",
+    "test_gemm_narrowing.py", "test_hooks_compose.py", "test_inductor.py",
+    "test_kernel_sharing.py", "test_patches.py", "test_torch_versions.py",
+    "test_triton_transfer.py", "test_user_kernels.py",
+    *(f"triton_autotune/test_triton_{name}.py" for name in (
+        "attempt", "claims_and_keys", "coordinate_descent", "fusion_timings",
+        "plug_in_and_workers", "split_sizes", "stored_config_fallbacks", "stored_configs")),
+)
+
+
+def _listed(path: str, files: tuple[str, ...]) -> bool:
+    return path in files or any(f.endswith("/") and path.startswith(f) for f in files)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         path = os.path.relpath(str(item.path), here).replace(os.sep, "/")
-        if path.startswith(INTERNALS[-1]) or path in INTERNALS:
+        if _listed(path, INTERNALS):
             item.add_marker(pytest.mark.internals)
+        if _listed(path, VERSIONS):
+            item.add_marker(pytest.mark.versions)

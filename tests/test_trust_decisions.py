@@ -370,24 +370,3 @@ def test_a_planted_decision_is_replaced_by_the_next_real_job_and_the_one_after_h
     second, warned = _job(tmp_path, db_url, "second")
     assert second["stats"]["hits"] == 1 and second["stats"]["benchmarks"] == 0
     assert warned == []
-
-
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("planted", ["agree on extern:evil", "all 0, an unknown kernel first"])
-def test_planted_neighbours_leave_a_real_jobs_new_key_its_own_candidates(
-        tmp_path, db_url, planted):
-    cpp = "CppTemplateCaller:CppMicroGemmFP32Vec-planted"
-    rows = {"agree on extern:evil": {EVIL: 1.0, cpp: 2.0},
-            "all 0, an unknown kernel first": {EVIL: 0.0, cpp: 0.0}}[planted]
-    with tunecache.open(db_url) as writer:
-        for tokens in (16, 64, 128):
-            mapping = _bmm_key(tmp_path, tokens)
-            writer.get_or_tune(Key.of(mapping, family=gemm_family(mapping)), lambda: rows)
-    mapping = _bmm_key(tmp_path, 32)
-    first, _ = _job(tmp_path, db_url, "first")
-    entry = _entry(db_url, mapping)
-    assert entry is not None and EVIL not in entry.timings and cpp not in entry.timings
-    assert first["stats"]["fallbacks"] == 0
-    second, warned = _job(tmp_path, db_url, "second")
-    assert second["stats"]["hits"] == 1 and second["stats"]["benchmarks"] == 0
-    assert warned == []
