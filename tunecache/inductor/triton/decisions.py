@@ -29,13 +29,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import keys as tc_keys
 from ... import measured
 from ...core.cache import TuneCache
 from ...core.result import Result
 from ..transfer import AGREE, GEMM_MAX_OCTAVES, Agreement, octaves
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ...store import Claim
 
 __all__ = ["DECISION_KIND", "DECIDING_SITES", "FUSION_DECISIVE_MARGIN", "Decision",
            "decision_key", "neighbours_decide", "nearest_sites", "sites_agreement",
@@ -267,15 +270,19 @@ def settle(cache: TuneCache, key: tc_keys.Key, ours: Decision, sizes: Sequence[i
         return _from_result(claim) or ours
     if claim is None:
         return ours
+    if _publish(cache, claim, ours, sizes) is None:
+        return stored_decision(cache, key) or ours
+    return ours
+
+
+def _publish(cache: TuneCache, claim: Claim, ours: Decision, sizes: Sequence[int]
+             ) -> Result | None:
+    """Publish ``ours`` under ``claim``; the claim is released where that raises."""
     try:
-        published = cache.publish(claim, ours.timings(), tune_seconds=0.0,
-                                   meta=ours.meta(sizes))
+        return cache.publish(claim, ours.timings(), tune_seconds=0.0, meta=ours.meta(sizes))
     except BaseException as e:
         cache.release(claim, f"publishing a fusion decision failed: {e!r}", failed=False)
         raise
-    if published is None:
-        return stored_decision(cache, key) or ours
-    return ours
 
 
 def replace(cache: TuneCache, key: tc_keys.Key, found: Decision, ours: Decision,
@@ -292,10 +299,5 @@ def replace(cache: TuneCache, key: tc_keys.Key, found: Decision, ours: Decision,
         return _from_result(claim)
     if claim is None:
         return None
-    try:
-        published = cache.publish(claim, ours.timings(), tune_seconds=0.0,
-                                   meta=ours.meta(sizes))
-    except BaseException as e:
-        cache.release(claim, f"publishing a fusion decision failed: {e!r}", failed=False)
-        raise
+    published = _publish(cache, claim, ours, sizes)
     return ours if published is not None else stored_decision(cache, key)
