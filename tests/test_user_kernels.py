@@ -6,6 +6,7 @@ PostgreSQL."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -361,3 +362,70 @@ def test_enabling_and_disabling_leaves_tritons_autotuner_as_it_was(sqlite_url):
         tunecache.disable()
     assert dict(Autotuner.__dict__) == before
     assert tuner.cache_results is False
+
+
+OLD_TORCH = "2.10.0"
+
+
+def _aged(db: str, tmp: Path) -> str:
+    """``db``'s entries as if recorded under torch :data:`OLD_TORCH` (tools/age_db.py), in
+    a new database."""
+    aged = f"sqlite:///{tmp / 'aged.db'}"
+    subprocess.run([sys.executable, str(TESTS.parent / "tools" / "age_db.py"), db, aged,
+                    "--torch", OLD_TORCH, "--kinds", "user_kernel"],
+                   check=True, env=_env(db), stdout=subprocess.DEVNULL)
+    return aged
+
+
+def test_after_an_upgrade_a_key_benchmarks_only_its_old_winner_and_the_next_hits(
+        sqlite_url, tmp_path):
+    _job(sqlite_url, tmp_path, "record", "--sizes", "1000")
+    _plant_all(sqlite_url, 128)  # the old winner, by far
+    aged = _aged(sqlite_url, tmp_path)
+
+    upgraded, stderr = _job(aged, tmp_path, "upgraded", "--sizes", "1000")
+    assert upgraded["benchmarks"] == 1 and upgraded["winners"] == {"1000": 128}
+    assert all(upgraded["correct"].values()) and _warnings(stderr) == []
+    ours = [json.loads(t) for _, t in _user_kernel_rows(aged)]
+    assert len(ours) == 2 and sorted(len(t) for t in ours) == [1, CONFIGS]
+    with tunecache.open(aged) as cache:
+        rows = cache.store.db.run(lambda c: c.execute(text(
+            "SELECT torch_version, meta_json FROM tunecache_entries "
+            "WHERE kind = 'user_kernel' AND torch_version != :old"), {"old": OLD_TORCH}
+        ).fetchall())
+    [(_, meta_json)] = rows
+    moved = json.loads(meta_json)["transfer"]
+    assert moved["from_version"]["torch"] == OLD_TORCH
+    assert (moved["benchmarked"], moved["generated"], len(moved["from"])) == (1, CONFIGS, 1)
+
+    again, _ = _job(aged, tmp_path, "again", "--sizes", "1000")
+    assert again["benchmarks"] == 0 and again["winners"] == {"1000": 128}
+
+
+def test_after_an_upgrade_configs_close_to_the_old_winner_are_benchmarked_with_it(
+        sqlite_url, tmp_path):
+    _job(sqlite_url, tmp_path, "record", "--sizes", "1000")
+    [(key_hash, stored)] = _user_kernel_rows(sqlite_url)
+    names = sorted(json.loads(stored))
+    _set_timings(sqlite_url, key_hash, {names[0]: 1.0, names[1]: 1.1, names[2]: 2.0})
+    upgraded, _ = _job(_aged(sqlite_url, tmp_path), tmp_path, "upgraded", "--sizes", "1000")
+    assert upgraded["benchmarks"] == 2 and all(upgraded["correct"].values())
+
+
+@pytest.mark.parametrize("planted", [
+    {"foreign": '{"BLOCK":4096,"num_ctas":1,"num_stages":3,"num_warps":2}'},
+    {"zero": 0.0}, {"nan": math.nan}, {"negative": -1.0}])
+def test_after_an_upgrade_a_planted_old_record_is_no_source(sqlite_url, tmp_path, planted):
+    _job(sqlite_url, tmp_path, "record", "--sizes", "1000")
+    [(key_hash, stored)] = _user_kernel_rows(sqlite_url)
+    names = sorted(json.loads(stored))
+    [(kind, value)] = planted.items()
+    timings = {names[0]: 0.001, names[1]: 1.0, names[2]: 1.0}
+    if kind == "foreign":  # a config the kernel does not have, as the old winner
+        timings = {value: 0.001, names[1]: 1.0, names[2]: 1.0}
+    else:
+        timings[names[0]] = value
+    _set_timings(sqlite_url, key_hash, timings)
+    upgraded, stderr = _job(_aged(sqlite_url, tmp_path), tmp_path, "upgraded", "--sizes",
+                            "1000")
+    assert upgraded["benchmarks"] == CONFIGS and all(upgraded["correct"].values())

@@ -7,9 +7,8 @@ The same key under another version
     them and so every key's hash. The key with this key's fields but an older version's
     library fields is the same GEMM on the same device, threads, flags and precision,
     recorded before the upgrade. The older versions a device has entries of are read
-    once per process (their label columns, then a few of their keys, for the library
-    fields the labels do not carry); then each new key's older twins are read by hash,
-    the newest version first, at most :data:`EARLIER_VERSIONS` of them. A database with
+    once per process (tunecache/earlier_versions.py); then each new key's older twins
+    are read by hash, the newest version first. A database with
     no older version costs one indexed read per device and process.
 
 What is carried
@@ -41,15 +40,13 @@ Never a decision from a bad row
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
-import re
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import measured
-from ..keys import MAX_LABEL, Key
+from ..earlier_versions import EarlierVersions, older
+from ..keys import Key
 from ..measured import MAX_MS
 from .fingerprint import LIBRARY_FIELDS
 from .transfer import (
@@ -66,39 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..core.cache import TuneCache
     from ..core.result import Neighbour
 
-__all__ = ["EARLIER_VERSIONS", "MAX_MS", "UpgradePlan", "Upgrades", "older", "plan_upgrade"]
-
-log = logging.getLogger("tunecache")
-
-# The newest older versions a key looks for its twin under; a database that kept every
-# version since the first still costs each new key one read of a few rows.
-EARLIER_VERSIONS = 3
-# Keys of one version read to learn its library fields beyond the two the labels carry.
-KEYS_PER_VERSION = 4
-_RELEASE = re.compile(r"(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?")
-
-
-def _release(version: str) -> tuple[int, int, int] | None:
-    """The release numbers of a version string ("2.13.0+cpu": (2, 13, 0)), or None."""
-    m = _RELEASE.match(version)
-    if m is None:
-        return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-
-
-def older(theirs: tuple[str, str], ours: tuple[str, str]) -> bool:
-    """Whether (torch, triton) versions ``theirs`` are older than ``ours``: an older torch
-    release, or the same one with an older Triton. An unreadable torch is never older; an
-    unreadable Triton ("none": not installed) compares as any other."""
-    torch_a, torch_b = _release(theirs[0]), _release(ours[0])
-    if torch_a is None or torch_b is None or torch_a > torch_b:
-        return False
-    return torch_a < torch_b or _version_order(theirs[1]) < _version_order(ours[1])
-
-
-def _version_order(version: str) -> tuple[int, int, int]:
-    return _release(version) or (0, 0, 0)
-
+__all__ = ["MAX_MS", "UpgradePlan", "Upgrades", "older", "plan_upgrade"]
 
 @dataclasses.dataclass(frozen=True)
 class UpgradePlan(Plan):
@@ -177,12 +142,11 @@ def _as_tuned(record: Neighbour) -> Neighbour:
 
 
 class Upgrades:
-    """What one process knows of the older versions its database holds: per device and
-    version of ours, the library fields of each older version (read once)."""
+    """What one process knows of the older versions its database holds
+    (:class:`tunecache.earlier_versions.EarlierVersions`), for GEMM keys."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._libraries: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+        self._earlier = EarlierVersions()
 
     def plan(self, cache: TuneCache, key: Key, decisive: bool) -> UpgradePlan | None:
         """The upgrade plan for ``key`` (None: none of its older twins is a source)."""
@@ -203,42 +167,8 @@ class Upgrades:
             return []
         ours = (str(env.get("torch")), str(env.get("triton")))
         out = []
-        for libraries in self._libraries_of(cache, kind, device, ours):
+        for libraries in self._earlier.fields(cache, kind, device, ours, LIBRARY_FIELDS):
             mapping = {**key.mapping, "env": {**env, **libraries}}
             if mapping != dict(key.mapping):
                 out.append((Key.of(mapping, family=gemm_family(mapping)), libraries))
         return out
-
-    def _libraries_of(self, cache: TuneCache, kind: str, device: str,
-                      ours: tuple[str, str]) -> list[dict[str, str]]:
-        memo = (kind, device, *ours)
-        with self._lock:
-            if memo in self._libraries:
-                return self._libraries[memo]
-        versions = [v for v in cache.recorded_versions(kind, device) if older(v, ours)]
-        versions.sort(key=lambda v: (_version_order(v[0]), _version_order(v[1])),
-                      reverse=True)
-        libraries: list[dict[str, str]] = []
-        for version in versions[:EARLIER_VERSIONS]:
-            for sample in cache.keys_of_version(kind, device, version, KEYS_PER_VERSION):
-                fields = _library_fields(sample)
-                if fields is not None and (fields.get("torch"), fields.get("triton")) \
-                        == version and fields not in libraries:
-                    libraries.append(fields)
-        if libraries:
-            log.debug("tunecache: GEMM keys without an entry start from older versions' "
-                      "entries where they have one: %s", libraries)
-        with self._lock:
-            self._libraries[memo] = libraries
-        return libraries
-
-
-def _library_fields(sample: Mapping[str, Any]) -> dict[str, str] | None:
-    """The library fields of a recorded key (each a short string), or None."""
-    env = sample.get("env")
-    if not isinstance(env, Mapping):
-        return None
-    fields = {f: env[f] for f in LIBRARY_FIELDS if f in env}
-    if not all(isinstance(v, str) and len(v) <= MAX_LABEL for v in fields.values()):
-        return None
-    return fields

@@ -18,6 +18,13 @@ as a transferred GEMM's). With ``TUNECACHE_USER_KERNEL_REGRET=1``, a job that re
 transferred entry benchmarks every config of it once and records the regret (the stored
 winner's time over the fastest's) in its meta, for ``tunecache stats``; it still launches
 the stored winner.
+
+After an upgrade of torch or Triton, a key with no entry whose same key (every field but
+the versions, :data:`.tuning_keys.VERSION_FIELDS`) was recorded under an older version
+on the same device benchmarks only that record's winner and the configs within
+:data:`UPGRADE_MARGIN` of it (on with transfer, ``TUNECACHE_SHARE``'s default): the
+configs are the kernel's own list, unchanged, so the old winner almost always still
+wins. Its entry is one of the new version, with ``meta["transfer"]["from_version"]``.
 """
 
 from __future__ import annotations
@@ -33,12 +40,13 @@ from typing import Any
 
 from .. import measured
 from ..core.cache import TuneCache
-from ..core.result import Result, Tuned
+from ..core.result import Neighbour, Result, Tuned
+from ..earlier_versions import EarlierVersions
 from ..errors import KeyFailedError
 from ..keys import Key, meta_to_json, octaves_apart
 from ..settings import Settings
 from .calls import REPLAY
-from .tuning_keys import config_id, kernel_name
+from .tuning_keys import VERSION_FIELDS, config_id, kernel_name
 
 __all__ = ["UserKernelStats", "UserKernelSharing", "Settled", "TransferPlan",
            "TRANSFER_NEIGHBOURS", "TRANSFER_MAX_OCTAVES"]
@@ -53,7 +61,7 @@ class UserKernelStats:
     without the store (``local``), stored entries refused (``refused``: a config not the
     kernel's own, or no usable time) and stored configs that failed to compile or launch
     (``fallbacks``); both then tune as Triton does. ``transferred``: keys tuned here on
-    only their neighbours' winners; ``regret_measured``: transferred keys whose every
+    only their neighbours' winners, or after an upgrade their old record's; ``regret_measured``: transferred keys whose every
     config was benchmarked to measure the transfer's regret."""
 
     hits: int = 0
@@ -80,6 +88,10 @@ class UserKernelStats:
 # other neighbour's winner is measured beside it.
 TRANSFER_NEIGHBOURS = 2
 TRANSFER_MAX_OCTAVES = 3.0
+# After an upgrade, the old record's configs this close to its winner's time (their time
+# over the winner's, minus 1) are benchmarked with it: GEMM's decisive margin
+# (inductor/transfer.py), below which a winner is not taken as settled.
+UPGRADE_MARGIN = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +161,7 @@ class UserKernelSharing:
         self.stats = stats if stats is not None else UserKernelStats()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._earlier = EarlierVersions()
 
     def store_usable(self) -> bool:
         """Whether the database can be used now; once it failed, this process's kernels
@@ -183,8 +196,9 @@ class UserKernelSharing:
 
         def tune() -> Tuned:
             nonlocal ran, transferred
-            plan = (self._transfer(key, configs) if self.settings.levers.user_kernel_transfer
-                    else None)
+            plan = self._upgrade(key, configs)
+            if plan is None and self.settings.levers.user_kernel_transfer:
+                plan = self._transfer(key, configs)
             if plan is not None and isinstance(configs, list):
                 with _benchmarking_only(configs, plan.configs):
                     benchmark()
@@ -283,6 +297,40 @@ class UserKernelSharing:
             "from": [h for _, h, _ in chosen], "benchmarked": len(subset),
             "generated": len(configs)}})
 
+    def _upgrade(self, key: Key, configs: Sequence[Any]) -> TransferPlan | None:
+        """After an upgrade: the key's own record under the newest older version that has
+        one (this module's docstring), or None: no such record, or none usable."""
+
+        if not (self.settings.shares("transfer") and isinstance(configs, list)):
+            return None
+        env, device = key.mapping.get("env"), key.labels.get("device")
+        if not isinstance(env, Mapping) or device is None:
+            return None
+        own = {config_id(c): c for c in configs}
+        try:
+            cache = self.cache()
+            ours = (str(env.get("torch")), str(env.get("triton")))
+            twins = []
+            for fields in self._earlier.fields(cache, key["kind"], device, ours,
+                                               VERSION_FIELDS):
+                mapping = {**key.mapping, "env": {**env, **fields}}
+                if mapping != dict(key.mapping):
+                    twins.append((Key.of(mapping), fields))
+            found = {n.key_hash: n for n in cache.recorded([k for k, _ in twins])} \
+                if twins else {}
+        except Exception as e:  # noqa: BLE001 - the key is tuned in full
+            self.warn_once("upgrade", "tunecache: no upgrade path for a user kernel key "
+                           "(%s: %s); tuning it in full", type(e).__name__, e)
+            return None
+        for twin, fields in twins:
+            record = found.get(twin.hash)
+            subset = None if record is None else _old_winners(record, own)
+            if subset is not None and len(subset) < len(configs):
+                return TransferPlan([own[name] for name in subset], {"transfer": {
+                    "from": [record.key_hash], "from_version": dict(fields),
+                    "benchmarked": len(subset), "generated": len(configs)}})
+        return None
+
     def _measure_regret(self, autotuner: Any, key: Key, settled: Settled,
                         benchmark: Callable[[], None]) -> None:
         """Benchmark every config of a transferred key (Triton's own benchmark) and
@@ -315,3 +363,18 @@ class UserKernelSharing:
             return None
         winner = min(sorted(finite), key=finite.__getitem__)
         return Settled(own[winner], {own[name]: ms for name, ms in timings.items()})
+
+
+def _old_winners(record: Neighbour, own: Mapping[str, Any]) -> list[str] | None:
+    """The ids of an old record's winner and of its configs within
+    :data:`UPGRADE_MARGIN` of it, fastest first; None where the record names a config
+    not among ``own`` or holds a time that is no measurement (planted or torn: no
+    source)."""
+    if any(name not in own for name in record.timings) \
+            or not measured.all_measured(record.timings):
+        return None
+    finite = sorted((ms, name) for name, ms in record.timings.items() if math.isfinite(ms))
+    if not finite:
+        return None
+    best = finite[0][0]
+    return [name for ms, name in finite if ms <= best * (1 + UPGRADE_MARGIN)]

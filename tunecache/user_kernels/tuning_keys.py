@@ -39,10 +39,13 @@ from typing import Any
 
 from ..keys import Key, canonical_json
 
-__all__ = ["KIND", "config_id", "distinct_ids", "tuning_values", "kernel_name",
+__all__ = ["KIND", "VERSION_FIELDS", "config_id", "distinct_ids", "tuning_values", "kernel_name",
            "user_kernel_key"]
 
 KIND = "user_kernel"
+# The fields of a key's ``env`` that an upgrade of torch or Triton changes; the device,
+# the compile target and the variables that change a compile stay.
+VERSION_FIELDS = ("torch", "triton", "triton_key", "backend")
 
 
 def config_id(config: Any) -> str:
