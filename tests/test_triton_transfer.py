@@ -659,3 +659,73 @@ def test_a_decided_config_whose_publish_fails_is_tuned_as_without_it_with_one_wa
     assert len(warnings) == 1 and "disk full" in warnings[0], warnings
     stored, _ = _entry(decisive.cache, decisive.key(k))
     assert stored["XBLOCK"] == BEST_XBLOCK
+
+
+# ------------------------------------------------------------------- after an upgrade
+OLD_TORCH = "2.10.0"
+
+
+def _upgraded(transfer: Any, monkeypatch: Any, key: Any) -> None:
+    """The stored entry of ``key`` rewritten as an older torch would have recorded it
+    (its torch version, and Inductor's key of the kernel, which hashes torch's sources);
+    then the cache opened again, as by a job started after the upgrade."""
+    from sqlalchemy import text
+
+    cache = transfer.cache
+    old_hash = key_hash(key)[0]
+    mapping = {**key, "env": {**key["env"], "torch": OLD_TORCH},
+               "inductor_key": "older-" + key["inductor_key"]}
+    new_hash, new_text = key_hash(mapping)
+    cache.store.db.run(lambda c: c.execute(text(
+        "UPDATE tunecache_entries SET key_hash = :n, key_json = :j, torch_version = :t "
+        "WHERE key_hash = :o"), {"n": new_hash, "j": new_text, "t": OLD_TORCH, "o": old_hash}),
+        write=True)
+    _reopen(transfer, monkeypatch, {})
+
+
+def test_after_an_upgrade_a_kernel_starts_from_its_own_old_result_without_descent(transfer,
+                                                                             monkeypatch, db_url):
+    recorded = _record(transfer, 1024)
+    best, _ = _entry(transfer.cache, transfer.key(recorded))
+    _upgraded(transfer, monkeypatch, transfer.key(recorded))
+    tunecache.reset_stats()
+    k = transfer.load(SILU, 1024, index=1)
+    assert k.autotune_cache_info["autotune_cache_state"] != "hit"
+    ran = transfer.first_run(k)
+    assert (ran.kwargs, ran.num_warps) == ({"XBLOCK": best["XBLOCK"]}, best["num_warps"])
+    assert transfer.descents == [] and len(transfer.timed.benched) == 2
+    assert tunecache.stats().triton.coordesc_transferred == 1
+    stored, entry_meta = _entry(transfer.cache, transfer.key(k))
+    assert stored["XBLOCK"] == BEST_XBLOCK
+    assert entry_meta["transfer"]["from_version"]["torch"] == OLD_TORCH
+    assert entry_meta["transfer"]["benchmarked"] == 2
+    again = transfer.load(SILU, 1024, index=0)
+    assert again.autotune_cache_info["autotune_cache_state"] == "hit"
+
+
+def test_after_an_upgrade_an_old_record_at_other_sizes_or_of_another_kernel_is_no_source(
+        transfer, monkeypatch):
+    recorded = _record(transfer, 1024)
+    _upgraded(transfer, monkeypatch, transfer.key(recorded))
+    tunecache.reset_stats()
+    transfer.first_run(transfer.load(SILU, 2048))  # the same kernel at another size
+    transfer.first_run(transfer.load(TRANSPOSE, 1024))  # another kernel
+    assert len(transfer.descents) == 1  # each first_run clears them: the last one's
+    assert tunecache.stats().triton.coordesc_transferred == 0
+    assert tunecache.stats().triton.coordesc_full == 2
+
+
+def test_after_an_upgrade_an_old_record_that_is_no_descent_result_is_no_source(transfer,
+                                                                             monkeypatch):
+    from sqlalchemy import text
+
+    recorded = _record(transfer, 1024)
+    _upgraded(transfer, monkeypatch, transfer.key(recorded))
+    planted = json.dumps({json.dumps({"XBLOCK": 2048, "num_warps": 4, "num_stages": 1}): 0.5})
+    transfer.cache.store.db.run(lambda c: c.execute(text(
+        "UPDATE tunecache_entries SET timings_json = :t WHERE torch_version = :old"),
+        {"t": planted, "old": OLD_TORCH}), write=True)
+    tunecache.reset_stats()
+    transfer.first_run(transfer.load(SILU, 1024, index=1))
+    assert len(transfer.descents) == 1
+    assert tunecache.stats().triton.coordesc_transferred == 0

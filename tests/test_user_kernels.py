@@ -426,6 +426,6 @@ def test_after_an_upgrade_a_planted_old_record_is_no_source(sqlite_url, tmp_path
     else:
         timings[names[0]] = value
     _set_timings(sqlite_url, key_hash, timings)
-    upgraded, stderr = _job(_aged(sqlite_url, tmp_path), tmp_path, "upgraded", "--sizes",
+    upgraded, _ = _job(_aged(sqlite_url, tmp_path), tmp_path, "upgraded", "--sizes",
                             "1000")
     assert upgraded["benchmarks"] == CONFIGS and all(upgraded["correct"].values())

@@ -151,6 +151,12 @@ class TuneCache:
         except StoreError as e:
             self._available.disable(e)
             return []
+        return self._read_neighbours(rows, kind)
+
+    def _read_neighbours(self, rows: Sequence[tuple[str, str | None, str | None, str | None]],
+                         kind: str) -> list[Neighbour]:
+        """Each row (key hash, key, timings, meta: untrusted text) validated as a
+        :class:`Neighbour`; an invalid one is skipped, with one warning per process."""
         found = []
         skipped = 0
         for key_hash, key_json, timings_json, meta_json in rows:
@@ -187,6 +193,20 @@ class TuneCache:
             return []
         return [(torch, triton) for torch, triton in rows
                 if torch is not None and triton is not None]
+
+    def entries_of_op(self, kind: str, op: str, device: str, versions: tuple[str, str],
+                      limit: int = 64) -> list[Neighbour]:
+        """Done entries of ``kind`` and ``op`` on ``device`` recorded under ``versions``
+        (torch, triton), validated as :meth:`neighbours` are; at most ``limit``, empty
+        while the store is unavailable. Only reads."""
+        if not self._available.ensure():
+            return []
+        try:
+            rows = earlier_queries.entries_of_op(self._db, kind, op, device, versions, limit)
+        except StoreError as e:
+            self._available.disable(e)
+            return []
+        return self._read_neighbours(rows, kind)
 
     def keys_of_version(self, kind: str, device: str, versions: tuple[str, str],
                         limit: int = 4) -> list[dict[str, Any]]:

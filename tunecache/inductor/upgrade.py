@@ -7,7 +7,7 @@ The same key under another version
     them and so every key's hash. The key with this key's fields but an older version's
     library fields is the same GEMM on the same device, threads, flags and precision,
     recorded before the upgrade. The older versions a device has entries of are read
-    once per process (tunecache/earlier_versions.py); then each new key's older twins
+    once per process (tunecache/core/earlier_versions.py); then each new key's older twins
     are read by hash, the newest version first. A database with
     no older version costs one indexed read per device and process.
 
@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import measured
-from ..earlier_versions import EarlierVersions, older
+from ..core.earlier_versions import EarlierVersions, older
 from ..keys import Key
 from ..measured import MAX_MS
 from .fingerprint import LIBRARY_FIELDS
@@ -143,7 +143,7 @@ def _as_tuned(record: Neighbour) -> Neighbour:
 
 class Upgrades:
     """What one process knows of the older versions its database holds
-    (:class:`tunecache.earlier_versions.EarlierVersions`), for GEMM keys."""
+    (:class:`tunecache.core.earlier_versions.EarlierVersions`), for GEMM keys."""
 
     def __init__(self) -> None:
         self._earlier = EarlierVersions()

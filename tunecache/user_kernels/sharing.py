@@ -40,8 +40,8 @@ from typing import Any
 
 from .. import measured
 from ..core.cache import TuneCache
+from ..core.earlier_versions import EarlierVersions
 from ..core.result import Neighbour, Result, Tuned
-from ..earlier_versions import EarlierVersions
 from ..errors import KeyFailedError
 from ..keys import Key, meta_to_json, octaves_apart
 from ..settings import Settings
@@ -61,8 +61,9 @@ class UserKernelStats:
     without the store (``local``), stored entries refused (``refused``: a config not the
     kernel's own, or no usable time) and stored configs that failed to compile or launch
     (``fallbacks``); both then tune as Triton does. ``transferred``: keys tuned here on
-    only their neighbours' winners, or after an upgrade their old record's; ``regret_measured``: transferred keys whose every
-    config was benchmarked to measure the transfer's regret."""
+    only their neighbours' winners, or after an upgrade their old record's;
+    ``regret_measured``: transferred keys whose every config was benchmarked to measure
+    the transfer's regret."""
 
     hits: int = 0
     tuned: int = 0
@@ -324,7 +325,9 @@ class UserKernelSharing:
             return None
         for twin, fields in twins:
             record = found.get(twin.hash)
-            subset = None if record is None else _old_winners(record, own)
+            if record is None:
+                continue
+            subset = _old_winners(record, own)
             if subset is not None and len(subset) < len(configs):
                 return TransferPlan([own[name] for name in subset], {"transfer": {
                     "from": [record.key_hash], "from_version": dict(fields),

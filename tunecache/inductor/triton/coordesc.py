@@ -445,6 +445,9 @@ def _benchmark_and_save(kernel: Any, launcher: Any, key: tuple[str, str],
     }
     if math.isfinite(to_ms(base_ms)):
         fields["baseline"] = {"candidate": "heuristic", "ms": float(base_ms)}
+    from_version = state.upgraded_from(used)
+    if from_version is not None:
+        fields["transfer"]["from_version"] = from_version
     state.note_meta(*key, **fields)
     if kernel.save_cache_hook:
         elapsed = int(getattr(kernel, "autotune_time_taken_ns", 0) or 0) + time.time_ns() - t0

@@ -33,6 +33,7 @@ from .kernel_keys import (
     triton_key,
 )
 from .signals import released_as
+from .upgrade import TritonUpgrades
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ...core.cache import TuneCache
@@ -93,6 +94,7 @@ class TritonCache:
         self._refused: set[str] = set()
         self._reasons: set[str] = set()  # reasons already warned about, once each
         self._local = threading.local()  # .served: key text of this thread's last hit
+        self.upgrades = TritonUpgrades()
 
     @staticmethod
     def _info(key_text: str) -> dict[str, Any]:
@@ -149,10 +151,12 @@ class TritonCache:
         (the same kernel at other sizes, same device and versions) whose sizes
         (meta "sizes") are within :data:`.keys.TRITON_MAX_OCTAVES` in every dimension. Whatever
         a neighbour holds is checked (:func:`.keys.coordesc_result`); one that does not
-        pass is skipped."""
+        pass is skipped. After an upgrade the kernel's own records under the newest older
+        version that has one come first (:mod:`.upgrade`)."""
         chosen: list[tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
-        for key_hash, best, _ in self._nearest(inductor_key, key_text):
+        for key_hash, best, _ in [*self._upgrade_sources(inductor_key, key_text),
+                                  *self._nearest(inductor_key, key_text)]:
             config = config_text(best)
             if config not in seen:
                 seen.add(config)
@@ -198,6 +202,23 @@ class TritonCache:
         return nearest_results(sizes, [
             n for n in found if n.key_hash not in refused
             and all(n.key.get(f) == ours.get(f) for f in _FAMILY_KEY_FIELDS)])
+
+    def _upgrade_sources(self, inductor_key: str, key_text: str
+                         ) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
+        """This kernel's own records under an older torch/Triton (:mod:`.upgrade`)."""
+        info, key = self._key(inductor_key, key_text)
+        sizes = _valid_sizes(info.get(SIZES_FIELD))
+        if not sizes:
+            return []
+        with self._lock:
+            refused = set(self._refused)
+        with self._reading() as cache:
+            return self.upgrades.sources(cache, key, sizes, refused)
+
+    def upgraded_from(self, key_hashes: list[str]) -> dict[str, str] | None:
+        """The library versions of the first of ``key_hashes`` that was an older version's
+        record (:mod:`.upgrade`), or None."""
+        return self.upgrades.from_version(key_hashes)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[TuneCache]:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .core.cache import TuneCache
+    from .cache import TuneCache
 
 __all__ = ["EARLIER_VERSIONS", "EarlierVersions", "older", "release"]
 
