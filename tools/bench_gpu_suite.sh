@@ -84,7 +84,7 @@ for spec in "$@"; do
         age-db)
             rm -f "$db"
             python3 "$here/tools/age_db.py" "${AGE_FROM:?}" "$db" --torch "${WARM_FROM_TORCH:?}" \
-                >>"$out/$step.log" 2>&1
+                --kinds "${AGE_KINDS:-gemm}" >>"$out/$step.log" 2>&1
             echo "== age-db rc=$?" ;;
         warm-command)
             timeout $(( deadline - $(date +%s) )) torchrun --standalone --nproc-per-node "$nproc" \
