@@ -46,8 +46,13 @@ def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | No
     from torch._inductor import select_algorithm
 
     probe_gemm()
-    selector = select_algorithm.get_algorithm_selector_cache()
-    cls = type(selector)
+    # The class, not get_algorithm_selector_cache(): creating Inductor's singleton here
+    # would run CacheBase.get_system() (and cache triton_key()) the moment
+    # select_algorithm is imported, before the job configures anything; without
+    # tunecache that happens at the first autotuned op. The hooks go on the class, so a
+    # selector Inductor creates later is hooked all the same.
+    selector = select_algorithm._ALGORITHM_SELECTOR_CACHE
+    cls = type(selector) if selector is not None else select_algorithm.AlgorithmSelectorCache
     hooks = GemmHooks(selector, opener)
     _install_gemm_hooks(hooks, selector, cls,
                         param_names(cls.make_precompile_fn) == PRECOMPILE_PARAMS_215)

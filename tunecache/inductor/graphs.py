@@ -208,6 +208,53 @@ def clear_autograd_remote_cache() -> None:
         clear()
 
 
+# Where torch asks whether the remote AOTAutograd cache is on: the function and the two
+# modules that import it by name (2.13-2.15).
+_REMOTE_AUTOGRAD_USERS = ("torch._functorch._aot_autograd.autograd_cache",
+                          "torch._functorch.aot_autograd",
+                          "torch._functorch._aot_autograd.graph_compile")
+
+
+def _gate_remote_autograd(ledger: Ledger) -> None:
+    """The remote AOTAutograd cache tunecache turned on is on only while tunecache serves
+    it (the FX graph remote cache and the local AOTAutograd cache on, see ``serves``).
+    The flag itself stays True, since it is part of the AOTAutograd key; but with it
+    True torch goes through AOTAutogradCache even where a job turned the AOTAutograd
+    cache off (``enable_autograd_cache=False``), and records the entries it saves for
+    ``torch.compiler.save_cache_artifacts()``: with tunecache only, a job that had
+    turned that cache off got AOTAutograd artifacts (test_codecache.py's
+    test_cache_hot_load_pgo)."""
+    import importlib
+
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    modules = []
+    for name in _REMOTE_AUTOGRAD_USERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if callable(getattr(module, "should_use_remote_autograd_cache", None)):
+            modules.append(module)
+    if not modules:
+        return
+    inner = modules[0].should_use_remote_autograd_cache
+
+    @functools.wraps(inner)
+    def should_use_remote_autograd_cache() -> bool:
+        if not inner():
+            return False
+        if REGISTRY.graphs is None or functorch_config.enable_remote_autograd_cache is not True:
+            return True
+        return bool(config.fx_graph_remote_cache) and bool(
+            functorch_config.enable_autograd_cache)
+
+    for module in modules:
+        ledger.patch(module, "should_use_remote_autograd_cache",
+                     should_use_remote_autograd_cache)
+
+
 def enable_graphs(ledger: Ledger, cache: CacheOpener, settings: Settings,
                   environment: Settings | None) -> bool:
     """Serve Inductor's remote FX graph and AOTAutograd caches from the database, if
@@ -242,8 +289,10 @@ def enable_graphs(ledger: Ledger, cache: CacheOpener, settings: Settings,
     for name, cls in remote_cache_classes().items():
         ledger.patch(rc, name, cls)
     turn_on(ledger, config, "fx_graph_remote_cache")
-    if not kept_off(functorch_config, "enable_remote_autograd_cache"):
+    if (not kept_off(functorch_config, "enable_remote_autograd_cache")
+            and functorch_config.enable_remote_autograd_cache is None):
         turn_on(ledger, functorch_config, "enable_remote_autograd_cache")
+        _gate_remote_autograd(ledger)
     clear_autograd_remote_cache()
     log.debug("tunecache: compiled graphs shared (%s, key %s)",
               "publish and load" if share.publishes else "load only", share.fingerprint)
