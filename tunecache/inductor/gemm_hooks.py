@@ -51,7 +51,7 @@ def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | No
     # select_algorithm is imported, before the job configures anything; without
     # tunecache that happens at the first autotuned op. The hooks go on the class, so a
     # selector Inductor creates later is hooked all the same.
-    selector = select_algorithm._ALGORITHM_SELECTOR_CACHE
+    selector = getattr(select_algorithm, "_ALGORITHM_SELECTOR_CACHE", None)
     cls = type(selector) if selector is not None else select_algorithm.AlgorithmSelectorCache
     hooks = GemmHooks(selector, opener)
     _install_gemm_hooks(hooks, selector, cls,
