@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -447,6 +448,15 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     found["config.fx_graph_remote_cache"] = inductor_config.fx_graph_remote_cache
     found["functorch_config.enable_remote_autograd_cache"] = (
         functorch_config.enable_remote_autograd_cache)
+    # Where torch asks whether the remote AOTAutograd cache is on (tunecache keeps it off
+    # while it does not serve it).
+    for module_name in ("torch._functorch._aot_autograd.autograd_cache",
+                        "torch._functorch.aot_autograd",
+                        "torch._functorch._aot_autograd.graph_compile"):
+        module = importlib.import_module(module_name)
+        if callable(getattr(module, "should_use_remote_autograd_cache", None)):
+            found[f"{module_name}.should_use_remote_autograd_cache"] = (
+                module.should_use_remote_autograd_cache)
     return found
 
 
