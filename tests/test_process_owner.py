@@ -5,6 +5,7 @@ honest line for a bad setting."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -110,7 +111,15 @@ def _patched_objects() -> list[Any]:
     from torch._inductor.runtime import autotune_cache, coordinate_descent_tuner, triton_heuristics
     from triton.runtime.autotuner import Autotuner
 
-    return [Autotuner, select_algorithm.AlgorithmSelectorCache,
+    # The modules where torch asks whether the remote AOTAutograd cache is on (graph
+    # sharing keeps it off while it does not serve it); those of this torch.
+    autograd_cache_users = [
+        module for name in ("torch._functorch._aot_autograd.autograd_cache",
+                            "torch._functorch.aot_autograd",
+                            "torch._functorch._aot_autograd.graph_compile")
+        if callable(getattr(module := importlib.import_module(name),
+                            "should_use_remote_autograd_cache", None))]
+    return [*autograd_cache_users, Autotuner, select_algorithm.AlgorithmSelectorCache,
             select_algorithm.get_algorithm_selector_cache(), choices.InductorChoices,
             autotune_cache.AutotuneCache, triton_heuristics.CachingAutotuner,
             coordinate_descent_tuner.CoordescTuner, triton.TritonScheduling,
