@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from ..keys import Key
     from .cache import TuneCache
 
 __all__ = ["EARLIER_VERSIONS", "EarlierVersions", "older", "release"]
@@ -94,6 +95,24 @@ class EarlierVersions:
         with self._lock:
             self._known[memo] = found
         return found
+
+
+    def older_envs(self, cache: TuneCache, key: Key, fields: Sequence[str]
+                   ) -> list[tuple[dict[str, Any], dict[str, str]]]:
+        """``key``'s env as each older version recorded it: (the env with that version's
+        values of ``fields``, those values), the newest first (:meth:`fields`); empty
+        where the key has no env or no kind or device label."""
+        env = key.mapping.get("env")
+        kind, device = key.labels.get("kind"), key.labels.get("device")
+        if not isinstance(env, Mapping) or kind is None or device is None:
+            return []
+        ours = (str(env.get("torch")), str(env.get("triton")))
+        out = []
+        for values in self.fields(cache, kind, device, ours, fields):
+            old_env = {**env, **values}
+            if old_env != env:
+                out.append((old_env, values))
+        return out
 
 
 def env_fields(key: Mapping[str, Any], fields: Sequence[str]) -> dict[str, str] | None:

@@ -161,14 +161,8 @@ class Upgrades:
                      key: Key) -> list[tuple[Key, dict[str, str]]]:
         """``key`` under each older version's library fields (the newest first), with
         those fields."""
-        env = key.mapping.get("env")
-        kind, device = key.labels.get("kind"), key.labels.get("device")
-        if not isinstance(env, Mapping) or kind is None or device is None:
-            return []
-        ours = (str(env.get("torch")), str(env.get("triton")))
         out = []
-        for libraries in self._earlier.fields(cache, kind, device, ours, LIBRARY_FIELDS):
-            mapping = {**key.mapping, "env": {**env, **libraries}}
-            if mapping != dict(key.mapping):
-                out.append((Key.of(mapping, family=gemm_family(mapping)), libraries))
+        for env, libraries in self._earlier.older_envs(cache, key, LIBRARY_FIELDS):
+            mapping = {**key.mapping, "env": env}
+            out.append((Key.of(mapping, family=gemm_family(mapping)), libraries))
         return out

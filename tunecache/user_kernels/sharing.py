@@ -301,22 +301,13 @@ class UserKernelSharing:
     def _upgrade(self, key: Key, configs: Sequence[Any]) -> TransferPlan | None:
         """After an upgrade: the key's own record under the newest older version that has
         one (this module's docstring), or None: no such record, or none usable."""
-
         if not (self.settings.shares("transfer") and isinstance(configs, list)):
-            return None
-        env, device = key.mapping.get("env"), key.labels.get("device")
-        if not isinstance(env, Mapping) or device is None:
             return None
         own = {config_id(c): c for c in configs}
         try:
             cache = self.cache()
-            ours = (str(env.get("torch")), str(env.get("triton")))
-            twins = []
-            for fields in self._earlier.fields(cache, key["kind"], device, ours,
-                                               VERSION_FIELDS):
-                mapping = {**key.mapping, "env": {**env, **fields}}
-                if mapping != dict(key.mapping):
-                    twins.append((Key.of(mapping), fields))
+            twins = [(Key.of({**key.mapping, "env": env}), fields)
+                     for env, fields in self._earlier.older_envs(cache, key, VERSION_FIELDS)]
             found = {n.key_hash: n for n in cache.recorded([k for k, _ in twins])} \
                 if twins else {}
         except Exception as e:  # noqa: BLE001 - the key is tuned in full

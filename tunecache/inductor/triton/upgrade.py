@@ -58,12 +58,10 @@ class TritonUpgrades:
                 refused: Set[str]) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
         """(key hash, best-config dict, meta) of ``key``'s records under the newest older
         version that has any (this module's docstring); none of ``refused``."""
-        env, op, device = key.mapping.get("env"), key.labels.get("op"), key.labels.get("device")
-        if not isinstance(env, Mapping) or op is None or device is None:
+        op, device = key.labels.get("op"), key.labels.get("device")
+        if op is None or device is None:
             return []
-        ours = (str(env.get("torch")), str(env.get("triton")))
-        for fields in self._earlier.fields(cache, KIND, device, ours, LIBRARY_FIELDS):
-            old_env = {**env, **fields}
+        for old_env, fields in self._earlier.older_envs(cache, key, LIBRARY_FIELDS):
             versions = (fields.get("torch", ""), fields.get("triton", ""))
             found = []
             for n in cache.entries_of_op(KIND, op, device, versions):
