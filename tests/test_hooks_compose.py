@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from torch._inductor import codecache, select_algorithm  # noqa: E402
 
 import tunecache  # noqa: E402
+from tunecache import switch  # noqa: E402
 from tunecache.inductor.state import REGISTRY  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,3 +167,92 @@ def test_a_hook_left_behind_by_a_disable_under_a_patch_passes_through(sqlite_url
     finally:
         if _own("lookup") is ours:
             delattr(cls, "lookup")
+
+
+def _skip_cache(self, choices, name, key, benchmark, hint_override=None):
+    """test_cpu_select_algorithm.py's patch: its parameters are named otherwise than
+    Inductor's lookup."""
+    return {} if benchmark is None else benchmark(choices)
+
+
+def test_a_patch_active_at_enable_keeps_its_place_and_the_hook_comes_after_it(sqlite_url):
+    cls = select_algorithm.AlgorithmSelectorCache
+    with mock.patch.object(cls, "lookup", _skip_cache):
+        assert tunecache.enable(db=sqlite_url)  # the probe reads Inductor's own lookup
+        try:
+            hooks = REGISTRY.hooks
+            assert hooks is not None and "gemm" in switch.parts_on()
+            assert _own("lookup") is _skip_cache and not hooks.serving()
+            assert getattr(_own("make_precompile_fn"), "tunecache_hook", False)
+        except BaseException:
+            tunecache.disable()
+            raise
+    try:
+        assert _own("lookup") is None  # the patch ended: Inductor's own shows
+        assert hooks.serving()  # ... and tunecache's hook is installed over it
+        assert getattr(_own("lookup"), "tunecache_hook", False)
+    finally:
+        tunecache.disable()
+    assert _own("lookup") is None
+
+
+def test_both_methods_patched_at_enable_are_hooked_once_both_patches_end(sqlite_url):
+    cls = select_algorithm.AlgorithmSelectorCache
+    precompile = _own("make_precompile_fn")
+
+    def their_precompile(self, choices, name, inputs_key, *args, **kwargs):
+        return lambda: {}
+
+    try:
+        with mock.patch.object(cls, "make_precompile_fn", their_precompile), \
+                mock.patch.object(cls, "lookup", _skip_cache):
+            assert tunecache.enable(db=sqlite_url)
+            hooks = REGISTRY.hooks
+            assert not hooks.serving()
+            assert _own("lookup") is _skip_cache
+            assert _own("make_precompile_fn") is their_precompile
+        assert hooks.serving()
+        assert all(getattr(_own(name), "tunecache_hook", False)
+                   for name in ("lookup", "make_precompile_fn"))
+    finally:
+        tunecache.disable()
+    assert _own("lookup") is None and _own("make_precompile_fn") is precompile
+
+
+def test_a_disabled_tunecache_does_not_hook_after_the_patch_ends(sqlite_url):
+    cls = select_algorithm.AlgorithmSelectorCache
+    with mock.patch.object(cls, "lookup", _skip_cache):
+        assert tunecache.enable(db=sqlite_url)
+        hooks = REGISTRY.hooks
+        tunecache.disable()
+    assert not hooks.serving()
+    assert _own("lookup") is None
+
+
+# The worker above, with tunecache turned on again while the patch is active: the patch
+# wins for its duration, and tunecache serves once it ends.
+_ENABLED_UNDER_THE_PATCH = _WORKER.replace("assert tunecache.enable()\n", "").replace(
+    "    templated, first = compile_once()\n",
+    "    assert tunecache.enable()\n"
+    "    templated, first = compile_once()\n"
+    "    tunecache.disable()\n").replace(
+    "skip_cache):\n        patched_templated, during = compile_once()\n",
+    "skip_cache):\n        assert tunecache.enable()\n"
+    "        patched_templated, during = compile_once()\n")
+
+
+def test_a_lookup_patch_active_at_enable_wins_and_tunecache_serves_after_it(tmp_path):
+    assert _ENABLED_UNDER_THE_PATCH.count("tunecache.enable()") == 2
+    done = subprocess.run([sys.executable, "-c", _ENABLED_UNDER_THE_PATCH],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    first, during, after = result["templated"]
+    assert result["patched_calls"], "the patched lookup was never called"
+    best_is_template = not result["stored_best"].startswith("extern:")
+    assert first == int(best_is_template) and during == int(not best_is_template), result
+    lookups_first, lookups_during, lookups_after = result["lookups"]
+    assert lookups_during == lookups_first, result
+    assert lookups_after > lookups_during and after == first, result
+    assert set(result["sources"][lookups_during:]) <= {"local", "hit", "memo"}, result

@@ -11,6 +11,7 @@ installed: the hooks count Inductor's benchmarks and answer as Inductor would.
 from __future__ import annotations
 
 import logging
+import threading
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -54,8 +55,7 @@ def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | No
     selector = getattr(select_algorithm, "_ALGORITHM_SELECTOR_CACHE", None)
     cls = type(selector) if selector is not None else select_algorithm.AlgorithmSelectorCache
     hooks = GemmHooks(selector, opener)
-    _install_gemm_hooks(hooks, selector, cls,
-                        param_names(cls.make_precompile_fn) == PRECOMPILE_PARAMS_215)
+    _install_gemm_hooks(hooks, cls)
     if opener is not None:
         _install_pre_fusion_pass(hooks)
     REGISTRY.hooks = hooks
@@ -63,20 +63,46 @@ def enable_gemm(ledger: Any, opener: CacheOpener | None, settings: Settings | No
     return True
 
 
+def _installable(fn: Any) -> bool:
+    """Whether ``fn`` is what a hook may go over: Inductor's own method, or a tunecache
+    hook an earlier enable left behind (it passes through). Anything else is a patch of
+    someone else's, active now, which keeps its place while it lasts."""
+    return (str(getattr(fn, "__module__", "")).startswith("torch._inductor.")
+            or getattr(fn, "tunecache_hook", False))
+
+
+def _inductors_own(cls: type, name: str) -> Any:
+    """Inductor's own ``name`` as ``cls`` would resolve it without anyone's patch, or
+    None where a patch replaced it in the class itself (it cannot be seen then)."""
+    for base in cls.__mro__:
+        fn = vars(base).get(name)
+        if fn is not None and _installable(fn):
+            return fn
+    return None
+
+
 def probe_gemm() -> None:
     """Raise :class:`InductorChanged` where the selector's hooked methods differ from
-    those the hooks were written against (2.11-2.14, or 2.15's)."""
+    those the hooks were written against (2.11-2.14, or 2.15's). Inductor's own methods
+    are checked, not a patch of someone else's active now (a hook is installed over a
+    method only once it is Inductor's own again, and checked then)."""
     from torch._inductor import select_algorithm
 
     cls = getattr(select_algorithm, "AlgorithmSelectorCache", None)
     if cls is None or not callable(getattr(select_algorithm, "get_algorithm_selector_cache",
                                            None)):
         raise InductorChanged("this torch lacks select_algorithm.AlgorithmSelectorCache")
-    if param_names(cls.lookup) != LOOKUP_PARAMS or param_names(
-        cls.make_precompile_fn
-    ) not in (PRECOMPILE_PARAMS, PRECOMPILE_PARAMS_215):
-        raise InductorChanged(
-            "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+    for name in ("lookup", "make_precompile_fn"):
+        fn = _inductors_own(cls, name)
+        if fn is not None and not _signature_known(name, fn):
+            raise InductorChanged(
+                "AlgorithmSelectorCache.lookup/make_precompile_fn changed signature")
+
+
+def _signature_known(name: str, fn: Any) -> bool:
+    allowed = ((LOOKUP_PARAMS,) if name == "lookup"
+               else (PRECOMPILE_PARAMS, PRECOMPILE_PARAMS_215))
+    return getattr(fn, "tunecache_hook", False) or param_names(fn) in allowed
 
 
 def disable_gemm() -> bool:
@@ -97,25 +123,53 @@ def _inherited(cls: type, name: str) -> Any:
     raise AttributeError(name)
 
 
-def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
-                        benchmark_key: bool) -> None:
+def _install_gemm_hooks(hooks: GemmHooks, cls: Any) -> None:
     """The selector class's lookup and make_precompile_fn through ``hooks`` (count-only
-    hooks too), through the process's patch ledger. ``benchmark_key``: make_precompile_fn
-    takes 2.15's ``benchmark_inputs_key``, the string lookup() then gets as ``inputs``.
+    hooks too), through the process's patch ledger.
 
     On the class, not the instance, so that they compose: a later patch of either method
     on the class (``patch.object(AlgorithmSelectorCache, "lookup", ...)``, as PyTorch's
     own tests, profilers and users' selection overrides do) replaces ours for its
     duration, and ours is back when it ends. A patch of a base class's method (lookup is
     PersistentCache's) or of the instance is theirs as well: each hook calls the method
-    it hides as it is now, and only serves while that is the one captured at enable
-    time (:meth:`GemmHooks.serving`)."""
+    it hides as it is now, and only serves while that is the one captured when it was
+    installed (:meth:`GemmHooks.serving`).
+
+    A patch of someone else's already active now keeps its place: that method's hook is
+    installed once Inductor's own is back (the patch ended, and took whatever was over it
+    along), checked by every call of either hook and by ``serving()``."""
     from torch._inductor import select_algorithm
 
-    patch = PROCESS.ledger.patch
-    captured = {name: getattr(cls, name) for name in ("lookup", "make_precompile_fn")}
     installed: dict[str, Any] = {}
-    own: dict[str, Any] = {}
+    captured: dict[str, Any] = {}  # what each hook hid when installed
+    own: dict[str, Any] = {}  # the class's own value then (the ledger's record)
+    waiting: set[str] = set()
+    # make_precompile_fn takes 2.15's benchmark_inputs_key, the string lookup() then gets
+    # as ``inputs``: read from the method the hook went over.
+    benchmark_key: list[bool] = [False]
+    arming = threading.Lock()
+
+    def arm(name: str) -> None:
+        fn = getattr(cls, name)
+        if not _installable(fn) or not _signature_known(name, fn):
+            waiting.add(name)
+            return
+        if name == "make_precompile_fn":  # (a hook left behind takes it too)
+            benchmark_key[0] = (getattr(fn, "tunecache_hook", False)
+                                or param_names(fn) == PRECOMPILE_PARAMS_215)
+        captured[name] = fn
+        own[name] = PROCESS.ledger.patch(cls, name, installed[name])
+        waiting.discard(name)
+
+    def rearm() -> None:
+        """Install each hook still waiting whose method is Inductor's own again."""
+        if not waiting or REGISTRY.hooks is not hooks:
+            return
+        with arming:
+            for name in sorted(waiting):
+                arm(name)
+        if not waiting:
+            log.debug("tunecache: GEMM hooks installed now that the patch over them ended")
 
     def below(name: str) -> Any:
         """The function our ``name`` hides, as it is now."""
@@ -124,8 +178,10 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
 
     def serving() -> bool:
         """Whether tunecache's lookup is the one Inductor calls now."""
+        rearm()
         current = select_algorithm._ALGORITHM_SELECTOR_CACHE
-        return (REGISTRY.hooks is hooks and vars(cls).get("lookup") is installed["lookup"]
+        return (REGISTRY.hooks is hooks and "lookup" not in waiting
+                and vars(cls).get("lookup") is installed["lookup"]
                 and below("lookup") is captured["lookup"]
                 and (current is None or "lookup" not in vars(current)))
 
@@ -137,6 +193,7 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
         benchmark: Callable[[Any], dict[Any, float]] | None,
         hint_override: int | None = None,
     ) -> dict[Any, float]:
+        rearm()
         inner = below("lookup")
         if inner is not captured["lookup"] or REGISTRY.hooks is not hooks:
             # A base class's lookup patched since (theirs wins), or a hook left behind
@@ -153,6 +210,7 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
         benchmark_inputs_key: str | None = None,
         precompilation_timeout_seconds: int | None = 60 * 60,
     ) -> Callable[[], dict[Any, float]]:
+        rearm()
         if REGISTRY.hooks is hooks:
             try:
                 # Recorded under the string lookup() will get, to match the two.
@@ -160,7 +218,7 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
             except Exception as e:  # noqa: BLE001 - only the deferred pass loses this op
                 hooks.warn_once("recording a deferred GEMM", e)
         inner = below("make_precompile_fn")
-        if not benchmark_key:
+        if not benchmark_key[0]:
             return inner(
                 self, choices, name, inputs_key,
                 precompilation_timeout_seconds=precompilation_timeout_seconds)
@@ -179,7 +237,10 @@ def _install_gemm_hooks(hooks: GemmHooks, selector: Any, cls: Any,
         fn.__qualname__ = f"{cls.__qualname__}.{name}"
         fn.tunecache_hook = True  # how a reader (and the tests) tell ours
         installed[name] = fn
-        own[name] = patch(cls, name, fn)
+        arm(name)
+    if waiting:
+        log.debug("tunecache: %s patched by someone else now; tunecache's hook waits for "
+                  "Inductor's own to be back", ", ".join(sorted(waiting)))
     hooks.serving = serving  # type: ignore[method-assign]
 
 
