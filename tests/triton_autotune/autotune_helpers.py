@@ -213,8 +213,10 @@ def warning_lines(caplog: Any) -> list[str]:
 FINE_CONFIG = {"num_warps": 4, "num_stages": 1, "XBLOCK": 16, "R0_BLOCK": 128}
 
 
-# A valid config, not one of the kernel's own (a coordinate-descent result elsewhere).
-STORED_CONFIG = {"num_warps": 16, "num_stages": 1, "XBLOCK": 1024}
+# A valid config, not one of the kernel's own: a coordinate-descent result, as stored
+# for a kernel that coordinate descent tunes. Every torch loads such a one (2.11 and 2.12
+# load no other config outside the kernel's own list; 2.13 rebuilds any).
+STORED_CONFIG = {"num_warps": 16, "num_stages": 1, "XBLOCK": 1024, "found_by_coordesc": True}
 
 
 def broken_kernels(broken: Any, tmp_path: Path, n: int = 2, first: int = 0) -> list[Any]:
@@ -222,8 +224,10 @@ def broken_kernels(broken: Any, tmp_path: Path, n: int = 2, first: int = 0) -> l
     kernels = []
     for i in range(first, first + n):
         body = f"tmp0 + {i}"
-        plant(broken.cache, kernel_file(tmp_path, 0, body=body), meta(), STORED_CONFIG, configs())
-        k = broken.fa.load_autotuner(kernel_file(tmp_path, 1, body=body), meta(), configs())
+        plant(broken.cache, kernel_file(tmp_path, 0, body=body), meta(coordesc=True),
+              STORED_CONFIG, configs())
+        k = broken.fa.load_autotuner(kernel_file(tmp_path, 1, body=body), meta(coordesc=True),
+                                     configs())
         assert k.autotune_cache_info["autotune_cache_state"] == "hit"
         kernels.append(k)
     return kernels

@@ -80,6 +80,45 @@ def test_a_stored_config_the_kernel_could_not_have_is_refused_with_one_warning(
     assert [r["state"] for r in stored(enabled)] == ["done"] * 3
 
 
+def test_a_stored_config_with_another_lists_hash_is_no_hit_and_said_once(
+    enabled, tmp_path, monkeypatch, caplog
+):
+    # Inductor itself drops it (its configs hash is not this kernel's): not a hit.
+    monkeypatch.setattr(ac, "Config", TritonConfig)
+    entry = {**FINE_CONFIG, "configs_hash": "another list"}
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        for body in ("tmp0 + tmp1", "tmp0 * tmp1"):
+            plant(enabled, kernel_file(tmp_path, 0, body=body), meta(), entry, own_configs())
+            cfgs, _, info = load(kernel_file(tmp_path, 1, body=body), meta(), own_configs())
+            assert info["autotune_cache_state"] == "miss"
+            assert [c.kwargs for c in cfgs] == [c.kwargs for c in own_configs()]
+    (warning,) = warning_lines(caplog)
+    assert "configs hash" in warning and "refused" in warning, warning
+    assert tunecache.stats().triton.invalid == 2 and tunecache.stats().triton.hits == 0
+
+
+def test_a_config_outside_the_kernels_list_is_a_hit_only_where_this_torch_loads_it(
+    enabled, tmp_path, monkeypatch, caplog
+):
+    # 2.13 rebuilds any stored config; 2.11 and 2.12 load none outside the kernel's own
+    # list unless coordinate descent found it (with descent on): there it is no hit, and
+    # tunecache says so once.
+    monkeypatch.setattr(ac, "Config", TritonConfig)
+    rebuilds = hasattr(ac, "_reconstruct_triton_config")
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        plant(enabled, kernel_file(tmp_path, 0), meta(), FINE_CONFIG, own_configs())
+        cfgs, _, info = load(kernel_file(tmp_path, 1), meta(), own_configs())
+    if rebuilds:
+        assert info["autotune_cache_state"] == "hit" and warning_lines(caplog) == []
+        assert cfgs[0].kwargs == {"XBLOCK": 16, "R0_BLOCK": 128}
+        assert tunecache.stats().triton.hits == 1
+    else:
+        assert info["autotune_cache_state"] == "miss"
+        (warning,) = warning_lines(caplog)
+        assert "coordinate-descent" in warning and "refused" in warning, warning
+        assert tunecache.stats().triton.hits == 0
+
+
 def test_the_hostile_cases_are_refused_by_entry_validation():
     from tunecache.inductor.triton.kernel_keys import triton_config_problem
 
@@ -108,10 +147,11 @@ def test_tiny_blocks_32_warps_and_16_stages_are_still_used(enabled, tmp_path, mo
     # What ran correctly under Triton on CUDA: a coordinate-descent result may go below the
     # kernel's own configs (XBLOCK=1, R0_BLOCK=2) and up to 32 warps and 16 stages.
     monkeypatch.setattr(ac, "Config", TritonConfig)
-    entry = {"num_warps": 32, "num_stages": 16, "XBLOCK": 1, "R0_BLOCK": 2}
-    plant(enabled, kernel_file(tmp_path, 0), meta(), entry, own_configs())
+    entry = {"num_warps": 32, "num_stages": 16, "XBLOCK": 1, "R0_BLOCK": 2,
+             "found_by_coordesc": True}
+    plant(enabled, kernel_file(tmp_path, 0), meta(coordesc=True), entry, own_configs())
     with caplog.at_level(logging.WARNING, logger="tunecache"):
-        cfgs, _, info = load(kernel_file(tmp_path, 1), meta(), own_configs())
+        cfgs, _, info = load(kernel_file(tmp_path, 1), meta(coordesc=True), own_configs())
     assert info["autotune_cache_state"] == "hit" and warning_lines(caplog) == []
     assert (cfgs[0].kwargs, cfgs[0].num_warps, cfgs[0].num_stages) == (
         {"XBLOCK": 1, "R0_BLOCK": 2}, 32, 16)
@@ -161,7 +201,8 @@ def test_a_stored_config_that_launches_is_launched_directly_after_its_first_run(
         assert k.run(arg, stream=0) == ("ran", {"XBLOCK": 1024}, 16, (arg,))
     # Nothing of tunecache's stays between the run and the stored config's launcher.
     assert type(k.launchers[0]) is broken.fa.FakeRunLauncher
-    assert type(k._cached_launcher) is broken.fa.FakeRunLauncher
+    # (2.13 also keeps it for its fast path)
+    assert type(vars(k).get("_cached_launcher", k.launchers[0])) is broken.fa.FakeRunLauncher
 
 
 def test_a_kernel_that_fails_with_inductors_own_configs_too_raises_their_error(
@@ -199,8 +240,10 @@ def test_a_stored_config_that_fails_to_compile_in_a_compile_worker_falls_back_th
     pool = SubprocPool(1)
     try:
         with tunecache.open(db) as peer:
-            plant(peer, kernel_file(tmp_path, 0), meta(), STORED_CONFIG, configs())
-        done = pool.submit(fa.compile_in_worker, kernel_file(tmp_path, 1), meta(), configs(),
+            plant(peer, kernel_file(tmp_path, 0), meta(coordesc=True), STORED_CONFIG,
+                  configs())
+        done = pool.submit(fa.compile_in_worker, kernel_file(tmp_path, 1),
+                           meta(coordesc=True), configs(),
                            functools.partial(fa.xblock_at_least, 1024)).result(timeout=120)
         assert done["state"] == "miss"
         assert [kw["XBLOCK"] for kw, _ in done["compiled"]] == [128, 512, 64]

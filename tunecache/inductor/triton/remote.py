@@ -93,7 +93,9 @@ class TritonCache:
         # compile or launch: Inductor tunes them here, and nothing adopts that entry.
         self._refused: set[str] = set()
         self._reasons: set[str] = set()  # reasons already warned about, once each
-        self._local = threading.local()  # .served: key text of this thread's last hit
+        # .served: key text of this thread's last hit; .served_best: a copy of what it
+        # handed Inductor (which pops fields from the dict it gets)
+        self._local = threading.local()
         self.upgrades = TritonUpgrades()
 
     @staticmethod
@@ -348,6 +350,15 @@ class TritonCache:
             return None
         REGISTRY.triton_stats.add(hits=1)
         self._local.served = key_text
+        self._local.served_best = dict(best)
+        return best
+
+    def served(self, key_text: str) -> dict[str, Any] | None:
+        """The stored config this thread's last hit handed Inductor for ``key_text``
+        (a copy), or None where that hit was for another key or there was none."""
+        if getattr(self._local, "served", None) != key_text:
+            return None
+        best: dict[str, Any] | None = getattr(self._local, "served_best", None)
         return best
 
     def plan_coordesc(

@@ -28,11 +28,12 @@ job's, as without tunecache: nothing catches it.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
 from ..state import REGISTRY
-from .kernel_keys import kernel_config_problem
+from .kernel_keys import CONFIG_FIELDS, kernel_config_problem
 
 __all__ = ["checking_read_best", "decided_from", "falling_back_precompile", "FirstLaunch",
            "neighbour_config"]
@@ -64,6 +65,11 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
             return best
         own = list(configs or ())
         if best is None:
+            served = state.served(key[1])
+            if served is not None:
+                # Ours was read and Inductor did not take it: not a hit, and said once.
+                state.refuse(*key, _not_taken(served, self.configs_hash, own), served)
+                return None
             return _decided_by_neighbours(self, key, inductor_meta, own)
         with state.attempt("checking a stored Triton config") as checking:
             problem = kernel_config_problem(best, own)
@@ -76,6 +82,21 @@ def checking_read_best(orig: Callable[..., Any], ours: type) -> Callable[..., An
         return best
 
     return read_best
+
+
+def _not_taken(served: dict[str, Any], configs_hash: str, own: list[Any]) -> str:
+    """Why Inductor's ``_load_cached_autotuning`` returned nothing for a stored config we
+    served: another config list's hash, a config the kernel could not have, or one that
+    this torch does not load (2.11 and 2.12 load only one of the kernel's own configs or,
+    with coordinate descent on, a descent's result; 2.13 rebuilds any)."""
+    if served.get("configs_hash") != configs_hash:
+        return "its configs hash is not this kernel's"
+    config = types.SimpleNamespace(
+        kwargs={k: v for k, v in served.items() if k not in CONFIG_FIELDS},
+        num_warps=served.get("num_warps"), num_stages=served.get("num_stages"))
+    return (kernel_config_problem(config, own)
+            or "neither one of the kernel's own configs nor a coordinate-descent result "
+               "for it, the only configs this torch's Inductor loads")
 
 
 def _decided_by_neighbours(autotune_cache: Any, key: tuple[str, str], inductor_meta: Any,
