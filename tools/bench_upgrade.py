@@ -7,6 +7,8 @@
    before the upgrade);
 2. for each --new-python (an interpreter of a virtual environment with a newer torch; this
    checkout is put first on its PYTHONPATH, so it imports this tunecache), in turn:
+     default-V   the same job compiled in default mode (nothing autotuned): what any
+                 compile costs, the floor no tuning cache goes below;
      plain-V     the same job with tunecache off (max-autotune, every GEMM tuned);
      upgraded-V  tunecache on a copy of the recorded database (the first job after the
                  upgrade: keys start from their entries under the older torch);
@@ -16,8 +18,6 @@
    With --age VERSION, the record is also relabelled as torch VERSION (tools/age_db.py)
    and the same three jobs run under this interpreter, tagged "aged".
 --recorded DB starts from a database recorded before (a copy of it) instead of step 1.
---untested is accepted and changes nothing: no torch is refused for being newer any more
-(each part probes what it hooks; one that fails stays off, with a warning in the log).
 Each job is a fresh process with its own Inductor cache directory; GEMM benchmarks are
 Inductor's own "AUTOTUNE benchmarking" lines, counted in the job's log, so plain and
 tunecache jobs are counted alike. Writes OUTDIR/bench.jsonl (one line per job) and
@@ -46,9 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _BENCHMARKED = re.compile(r"AUTOTUNE benchmarking takes ([0-9.]+) seconds")
 # Hidden sizes of the MLP: each Linear is its own GEMM key.
 WIDTHS = (64, 96, 128, 160, 192, 224, 256)
+AUTOTUNE = "max-autotune-no-cudagraphs"
 
 
-def job(out: Path, untested: bool) -> int:
+def job(out: Path, mode: str) -> int:
     """One compiling process (see the module docstring)."""
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
@@ -69,9 +70,8 @@ def job(out: Path, untested: bool) -> int:
     a, b = torch.randn(4, 64, 48), torch.randn(4, 48, 40)
     with torch.no_grad():
         t0 = time.perf_counter()
-        mlp = torch.compile(model, mode="max-autotune-no-cudagraphs")(x)
-        bmm = torch.compile(lambda p, q: torch.bmm(p, q).relu(),
-                            mode="max-autotune-no-cudagraphs")(a, b)
+        mlp = torch.compile(model, mode=mode)(x)
+        bmm = torch.compile(lambda p, q: torch.bmm(p, q).relu(), mode=mode)(a, b)
         seconds = time.perf_counter() - t0
     if enabled:
         import tunecache
@@ -84,7 +84,7 @@ def job(out: Path, untested: bool) -> int:
 
 
 def _run(python: str, tag: str, outdir: Path, db: str | None,
-         untested: bool = False) -> dict[str, Any]:
+         mode: str = AUTOTUNE) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(outdir / f"inductor-{tag}")
@@ -93,8 +93,8 @@ def _run(python: str, tag: str, outdir: Path, db: str | None,
     log = outdir / f"{tag}.log"
     result = outdir / f"{tag}.json"
     with open(log, "w") as f:
-        done = subprocess.run([python, __file__, "--job", str(result),
-                               *(["--untested"] if untested else [])], env=env,
+        done = subprocess.run([python, __file__, "--job", str(result), "--mode", mode],
+                              env=env,
                               stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"{tag} failed; see {log}")
@@ -111,7 +111,7 @@ def _run(python: str, tag: str, outdir: Path, db: str | None,
     return line
 
 
-def _regret(python: str, tag: str, outdir: Path, db: str, untested: bool) -> None:
+def _regret(python: str, tag: str, outdir: Path, db: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECACHE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TORCHINDUCTOR_CACHE_DIR"] = str(outdir / f"inductor-{tag}")
@@ -133,14 +133,15 @@ def _regret(python: str, tag: str, outdir: Path, db: str, untested: bool) -> Non
         f.write(json.dumps({"tag": tag, "rc": done.returncode, "regrets": regrets}) + "\n")
 
 
-def _upgrade(python: str, name: str, outdir: Path, recorded: Path, untested: bool) -> None:
+def _upgrade(python: str, name: str, outdir: Path, recorded: Path) -> None:
     copy = outdir / f"db-{name}.sqlite"
     shutil.copy(recorded, copy)
     db = f"sqlite:///{copy}"
-    _run(python, f"plain-{name}", outdir, None, untested)
-    _run(python, f"upgraded-{name}", outdir, db, untested)
-    _run(python, f"again-{name}", outdir, db, untested)
-    _regret(python, f"regret-{name}", outdir, db, untested)
+    _run(python, f"default-{name}", outdir, None, "default")
+    _run(python, f"plain-{name}", outdir, None)
+    _run(python, f"upgraded-{name}", outdir, db)
+    _run(python, f"again-{name}", outdir, db)
+    _regret(python, f"regret-{name}", outdir, db)
 
 
 def main() -> int:
@@ -150,12 +151,11 @@ def main() -> int:
     p.add_argument("--new-python", action="append", default=[])
     p.add_argument("--age", default=None, help="also relabel the record as this torch")
     p.add_argument("--recorded", default=None, help="a recorded SQLite file to start from")
-    p.add_argument("--untested", action="store_true",
-                   help="lift the torch version check in the measured processes")
     p.add_argument("--job", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default=AUTOTUNE, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.job:
-        return job(Path(args.job), args.untested)
+        return job(Path(args.job), args.mode)
     if not args.outdir:
         p.error("OUTDIR is required")
     outdir = Path(args.outdir).resolve()
@@ -166,7 +166,7 @@ def main() -> int:
     else:
         _run(sys.executable, "record", outdir, f"sqlite:///{recorded}")
     for python in args.new_python:
-        _upgrade(python, Path(python).parent.parent.name, outdir, recorded, args.untested)
+        _upgrade(python, Path(python).parent.parent.name, outdir, recorded)
     if args.age:
         aged = outdir / "aged.sqlite"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
@@ -174,7 +174,7 @@ def main() -> int:
         subprocess.run([sys.executable, str(ROOT / "tools" / "age_db.py"),
                         f"sqlite:///{recorded}", f"sqlite:///{aged}", "--torch", args.age],
                        check=True, env=env, stdout=subprocess.DEVNULL)
-        _upgrade(sys.executable, "aged", outdir, aged, False)
+        _upgrade(sys.executable, "aged", outdir, aged)
     return 0
 
 
