@@ -19,13 +19,26 @@ _JOB = """
 import sys
 import torch
 
+from contextlib import nullcontext
+from unittest.mock import patch
+
+from torch._inductor import config, select_algorithm
+
+
+def theirs(self, choices, name, key, benchmark, hint_override=None):
+    return {} if benchmark is None else benchmark(choices)
+
+
 with torch.no_grad():
     if sys.argv[1] == "linear":
         model = torch.nn.Linear(64, 32)
         torch.compile(model, mode="max-autotune")(torch.randn(16, 64))
     else:
         fn = torch.compile(lambda a, b: torch.bmm(a, b), mode="max-autotune")
-        fn(torch.randn(4, 32, 48), torch.randn(4, 48, 40))
+        with config.patch(max_autotune_gemm_backends="CPP,ATEN"), (
+                patch.object(select_algorithm.AlgorithmSelectorCache, "lookup", theirs)
+                if sys.argv[1] == "patched" else nullcontext()):
+            fn(torch.randn(4, 32, 48), torch.randn(4, 48, 40))
 """
 
 
@@ -53,3 +66,10 @@ def test_job_that_autotunes_does_not_say_it_found_nothing(tmp_path):
     done = _job(tmp_path, "bmm")
     assert MARKER not in done.stderr, done.stderr[-4000:]
     assert (tmp_path / "tune.db").exists()
+
+
+def test_a_job_whose_gemms_went_through_someones_patched_lookup_says_that(tmp_path):
+    done = _job(tmp_path, "patched")
+    lines = [line for line in done.stderr.splitlines() if MARKER in line]
+    assert len(lines) == 1, done.stderr[-4000:]
+    assert "patched over tunecache's" in lines[0] and "bmm" not in lines[0], lines[0]

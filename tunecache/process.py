@@ -89,6 +89,8 @@ class Process:
         # the hooks; a job activated from TUNECACHE_DB that compiled but never asked for
         # the database says so once at exit (tunecache.switch).
         self.compiled = False
+        # GEMM autotuning went through a lookup patched over tunecache's (GemmHooks.serving)
+        self.gemm_stood_aside = False
         self.nothing_shared_atexit = False
         self._database_was_used = False  # by an opener since closed
 

@@ -323,8 +323,12 @@ def _say_if_nothing_shared(settings: Settings) -> None:
             url.render_as_string(hide_password=True)
         graphs = ("; compiled graphs are shared only with TUNECACHE_SIGNING_KEY"
                   if settings.graph_sharing().state == "unconfigured" else "")
-        log.warning("tunecache: this job found nothing to share in %s: nothing it compiled "
-                    "was autotuned, so no key was looked up or published (%s)%s",
-                    where, _WHAT_AUTOTUNES, graphs)
+        why = ("its GEMMs were autotuned through a lookup patched over tunecache's "
+               "(AlgorithmSelectorCache.lookup), so no key was looked up or published"
+               if PROCESS.gemm_stood_aside else
+               "nothing it compiled was autotuned, so no key was looked up or published "
+               f"({_WHAT_AUTOTUNES})")
+        log.warning("tunecache: this job found nothing to share in %s: %s%s", where, why,
+                    graphs)
     except Exception as e:  # noqa: BLE001 - never fail the job's exit
         log.debug("tunecache: could not report an unused database: %r", e)

@@ -210,8 +210,9 @@ def _install_gemm_hooks(hooks: GemmHooks, cls: Any) -> None:
         benchmark_inputs_key: str | None = None,
         precompilation_timeout_seconds: int | None = 60 * 60,
     ) -> Callable[[], dict[Any, float]]:
-        rearm()
         if REGISTRY.hooks is hooks:
+            if not serving():  # (which installs a waiting lookup hook first)
+                PROCESS.gemm_stood_aside = True  # said at exit if the store went unused
             try:
                 # Recorded under the string lookup() will get, to match the two.
                 hooks.note_choices(choices, name, benchmark_inputs_key or inputs_key)
