@@ -45,6 +45,7 @@ def main() -> int:
 
     import torch
     from torch._dynamo.utils import counters
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._inductor import remote_cache
 
     import tunecache
@@ -85,6 +86,8 @@ def main() -> int:
             (torch._functorch.config, "enable_remote_autograd_cache"),
             (torch._inductor.config, "autotune_remote_cache"),
             (torch._dynamo.config, "automatic_dynamic_remote_pgo"))},
+        # whether torch goes through the remote AOTAutograd cache
+        "remote_autograd": autograd_cache.should_use_remote_autograd_cache(),
         "parts": tunecache.switch.parts_on(),
     }
     with open(args.out, "w", encoding="utf-8") as f:

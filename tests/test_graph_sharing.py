@@ -428,6 +428,7 @@ def test_a_bad_graph_setting_is_one_warning_and_tuning_stays_on(sqlite_url, sett
 
 def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monkeypatch):
     from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._inductor import config, remote_cache
 
     monkeypatch.setattr(PROCESS, "explained", set())
@@ -439,7 +440,10 @@ def test_disable_puts_inductors_remote_graph_caches_back(sqlite_url, keys, monke
         assert [getattr(remote_cache, n).__name__ for n in names] == [
             "TuneCacheFxGraphCache", "TuneCacheAOTAutogradCache"]
         assert config.fx_graph_remote_cache is True
-        assert functorch_config.enable_remote_autograd_cache is True
+        # The AOTAutograd flag stays the user's (None): tunecache answers while it is.
+        assert functorch_config.enable_remote_autograd_cache is None
+        with functorch_config.patch(enable_autograd_cache=True):
+            assert autograd_cache.should_use_remote_autograd_cache() is True
     finally:
         tunecache.disable()
     assert ([getattr(remote_cache, n) for n in names], config.fx_graph_remote_cache,

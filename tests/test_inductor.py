@@ -415,7 +415,6 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     2.13), by name: the value
     each holds now (the object in the owner's ``__dict__`` for methods, so that a
     restored staticmethod counts as restored only if it is the very same object)."""
-    from torch._functorch import config as functorch_config
     from torch._inductor import remote_cache
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.choices import InductorChoices
@@ -454,10 +453,8 @@ def _patched_inductor_attributes() -> dict[str, Any]:
     found["dynamo_config.automatic_dynamic_remote_pgo"] = (
         torch._dynamo.config.automatic_dynamic_remote_pgo)
     found["config.fx_graph_remote_cache"] = inductor_config.fx_graph_remote_cache
-    found["functorch_config.enable_remote_autograd_cache"] = (
-        functorch_config.enable_remote_autograd_cache)
-    # Where torch asks whether the remote AOTAutograd cache is on (tunecache keeps it off
-    # while it does not serve it).
+    # Where torch asks whether the remote AOTAutograd cache is on (tunecache answers
+    # while the user leaves its flag None, and keeps it off while it does not serve it).
     for module_name in ("torch._functorch._aot_autograd.autograd_cache",
                         "torch._functorch.aot_autograd",
                         "torch._functorch._aot_autograd.graph_compile"):

@@ -1,7 +1,8 @@
 """A user's remote-cache setting is never overridden.
 
-tunecache turns on torch's remote FX graph, AOTAutograd, autotune and shape-profile
-caches (tunecache.parts.REMOTE_FLAGS) only where the user left them unset; an explicit
+tunecache turns on torch's remote FX graph, autotune and shape-profile caches
+(tunecache.parts.REMOTE_FLAGS) only where the user left them unset, and answers whether
+the remote AOTAutograd cache is on while its flag is unset; an explicit
 ``=0`` is kept, said once, and reported by ``tunecache doctor``. AOTAutograd entries are
 served and published only while the FX graph remote cache is on. Real jobs
 (tests/graph_share_worker.py: a training step under max-autotune) with a signing key.
@@ -71,13 +72,16 @@ def test_a_remote_cache_flag_set_to_0_is_kept_and_said_once(tmp_path, variable):
     job = _job(tmp_path, "job", **({variable: "0"} if variable else {}))
     assert job["enabled"], job
     off = FLAGS.get(variable or "")
-    # Only the flag the user turned off is off; tunecache turned every other one on (but
-    # AOTAutograd's remote cache, which is of no use without the FX graph's).
-    expected: dict[str, Any] = {off: False} if off else {}
-    if off == "fx_graph_remote_cache":
-        expected["enable_remote_autograd_cache"] = None
+    # Only the flag the user turned off is off; tunecache turned every other one on, but
+    # AOTAutograd's: its flag stays the user's (None), and tunecache answers torch's
+    # should_use_remote_autograd_cache() itself (no use without the FX graph's cache).
+    expected: dict[str, Any] = {"enable_remote_autograd_cache": None}
+    if off:
+        expected[off] = False
     assert {name: value for name, value in job["flags"].items() if value is not True} == (
         expected), job["flags"]
+    assert job["remote_autograd"] is (off not in ("fx_graph_remote_cache",
+                                                  "enable_remote_autograd_cache")), job
     said = [line for line in job["log"] if "tunecache keeps it" in line]
     assert len(said) == (1 if off else 0), job["log"]
     if off:
@@ -99,7 +103,7 @@ def test_aotautograd_entries_are_served_only_while_the_fx_graph_remote_cache_is_
     from torch._functorch import config as functorch_config
     from torch._inductor import config
 
-    from tunecache.inductor.graphs import remote_cache_classes
+    from tunecache.inductor.graphs import encode_entry, remote_cache_classes
     from tunecache.inductor.state import REGISTRY
 
     assert config.fx_graph_remote_cache is None  # as this test process's environment has it
@@ -114,11 +118,15 @@ def test_aotautograd_entries_are_served_only_while_the_fx_graph_remote_cache_is_
             autograd.put("k1", value)  # not published
         assert _kinds(tmp_path) == []
         autograd.put("k2", value)
-        assert _kinds(tmp_path) == ["autograd"] and autograd.get("k2") is not None
+        assert _kinds(tmp_path) == ["autograd"]
+        assert autograd.get("k2") is None  # compiled here: Inductor's local cache has it
+        # An entry another process published:
+        REGISTRY.graphs.publish("autograd", "k3", encode_entry(value), torch.__version__)
+        assert autograd.get("k3") is not None
         with config.patch(fx_graph_remote_cache=False):
-            assert autograd.get("k2") is None
+            assert autograd.get("k3") is None
         with functorch_config.patch(enable_autograd_cache=False):
-            assert autograd.get("k2") is None  # a cache turned off does not live on remotely
+            assert autograd.get("k3") is None  # a cache turned off does not live on remotely
     finally:
         tunecache.disable()
 
@@ -140,3 +148,27 @@ def test_doctor_reports_remote_cache_flags_kept_off(sqlite_url, monkeypatch):
     assert "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE=0" in check["message"]
     done = run("doctor", "--db", sqlite_url)
     assert "remote flags" in done.output and "never overrides a 0" in done.output
+
+
+def test_a_remote_autograd_flag_the_user_sets_after_enable_is_torchs_answer(tmp_path):
+    """test_codecache.py's test_log_event_autograd_remote: a job that turns the remote
+    AOTAutograd cache on in code, with the local one off, after tunecache is on, gets a
+    remote-only AOTAutograd cache, as without tunecache; while the flag is unset,
+    tunecache keeps it off with the local cache off."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import autograd_cache
+
+    write_key_pair(tmp_path / "keys")
+    with functorch_config.patch(enable_remote_autograd_cache=None):
+        assert tunecache.enable(db=str(tmp_path / "tune.db"),
+                                signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME))
+        try:
+            with functorch_config.patch(enable_autograd_cache=False):
+                assert autograd_cache.should_use_remote_autograd_cache() is False
+                with functorch_config.patch(enable_remote_autograd_cache=True):
+                    assert autograd_cache.should_use_remote_autograd_cache() is True
+            with functorch_config.patch(enable_autograd_cache=True,
+                                        enable_remote_autograd_cache=False):
+                assert autograd_cache.should_use_remote_autograd_cache() is False
+        finally:
+            tunecache.disable()

@@ -25,7 +25,9 @@ __all__ = ["Part", "Enable", "install", "REMOTE_FLAGS"]
 # The torch flags tunecache turns on, by (config module, name): the environment variable
 # torch reads each from ("1" True, "0" False, unset None), and what tunecache shares
 # through it. Each is set only where the user left it None; an explicit False is kept
-# (tunecache/inductor/compat.py, `tunecache doctor`'s "remote flags" check).
+# (tunecache/inductor/compat.py, `tunecache doctor`'s "remote flags" check). AOTAutograd's
+# is never set: while it is None tunecache answers torch's question instead
+# (tunecache/inductor/graphs.py).
 REMOTE_FLAGS: dict[tuple[str, str], tuple[str, str]] = {
     ("torch._inductor.config", "fx_graph_remote_cache"):
         ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "compiled graphs"),

@@ -20,3 +20,4 @@ class GraphShare(SignedArtifactShare):
     noun = "compiled graph"
     compiler = "Inductor"
     max_bytes = MAX_GRAPH_BYTES
+    loads_own = False

@@ -77,6 +77,11 @@ class SignedArtifactShare:
     # grows as jobs learn (Dynamo's shape profile), unlike a compiled artifact, which is
     # the same wherever it is compiled (first publish wins).
     rewritable: ClassVar[bool] = False
+    # Whether load() returns an entry this process compiled itself (compiled_here). A
+    # compiled graph: no. The process's own graphs are in Inductor's local cache; one it
+    # dropped from there (``FxGraphCache.clear()``, ``fresh_cache()``, as a test or a
+    # cold-compile measurement does) is compiled again, as without tunecache.
+    loads_own: ClassVar[bool] = True
 
     def __init__(self, cache: Callable[[], TuneCache], *, signer: Signer | None,
                  verifier: Verifier) -> None:
@@ -89,6 +94,8 @@ class SignedArtifactShare:
         self._warned: set[str] = set()
         # (kind, key) this process has loaded or published: they are in the database.
         self._known: set[tuple[str, str]] = set()
+        # (kind, key) this process compiled itself (see loads_own)
+        self._own: set[tuple[str, str]] = set()
         # loaded, absent, refused, published, present (published by someone first),
         # replaced (an entry that did not verify, replaced by this process's publish)
         self.counts: Counter[str] = Counter()
@@ -128,9 +135,19 @@ class SignedArtifactShare:
 
     # -- the two calls
 
+    def compiled_here(self, kind: str, key: str) -> None:
+        """Note that this process compiled (kind, key) itself (see ``loads_own``)."""
+        with self._lock:
+            self._own.add((kind, key))
+
     def load(self, kind: str, key: str) -> bytes | None:
         """The bytes published under (kind, key) if present and signed by our key pair;
-        None otherwise (absent, refused, or the database failed)."""
+        None otherwise (absent, refused, the database failed, or this process compiled
+        it and ``loads_own`` is off)."""
+        if not self.loads_own:
+            with self._lock:
+                if (kind, key) in self._own:
+                    return None
         store = self._artifacts()
         if store is None:
             return None

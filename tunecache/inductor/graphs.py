@@ -13,11 +13,15 @@ releases' autograd_cache.py; the same in each):
   ``functools.cache``d: its cache is cleared when we install and remove ours (the
   classes and the two flags below are set through the registry's patch ledger, and
   :func:`tunecache.inductor.disable` undoes them).
-* They are used when ``torch._inductor.config.fx_graph_remote_cache`` and
-  ``torch._functorch.config.enable_remote_autograd_cache`` are true (None, the default,
-  means off outside fbcode). The first is left out of the FX graph's cache key; the
-  second is part of the AOTAutograd key (functorch's ``config.save_config()``), so
-  every job that shares graphs (publisher or consumer) has it on, and their keys agree.
+* They are used when ``torch._inductor.config.fx_graph_remote_cache`` is true and
+  ``should_use_remote_autograd_cache()`` answers True (None, the default of both flags,
+  means off outside fbcode). tunecache turns the first on where it is None; it is left
+  out of the FX graph's cache key. The second flag, ``torch._functorch.config.
+  enable_remote_autograd_cache``, stays as the user left it: it is part of the
+  AOTAutograd key (functorch's ``config.save_config()``), and a True of ours could not
+  be told from a True the user sets later. While it is None, tunecache answers
+  ``should_use_remote_autograd_cache()`` itself (``_answer_remote_autograd``); every job
+  that shares graphs has it None, so their keys agree.
 * Inductor puts ``{"data": base64 of the pickled entry, "time_taken_ms": n}`` and, on
   a hit, base64-decodes ``data`` and **unpickles** it. The local caches stay first in
   line: a local hit never asks the remote one, and a remote hit is also written locally.
@@ -148,7 +152,10 @@ def remote_cache_classes() -> dict[str, type]:
 
         def _put(self, key: str, data: Any) -> None:
             share = REGISTRY.graphs
-            if share is None or not share.publishes or not self.serves():
+            if share is None or not self.serves():
+                return
+            share.compiled_here(self.kind, key)
+            if not share.publishes:
                 return
             frame = encode_entry(data)
             if frame is None:
@@ -215,17 +222,19 @@ _REMOTE_AUTOGRAD_USERS = ("torch._functorch._aot_autograd.autograd_cache",
                           "torch._functorch._aot_autograd.graph_compile")
 
 
-def _gate_remote_autograd(ledger: Ledger) -> None:
-    """The remote AOTAutograd cache tunecache turned on is on only while tunecache serves
-    it (the FX graph remote cache and the local AOTAutograd cache on, see ``serves``).
-    The flag itself stays True, since it is part of the AOTAutograd key; but with it
-    True torch goes through AOTAutogradCache even where a job turned the AOTAutograd
-    cache off (``enable_autograd_cache=False``), and records the entries it saves for
-    ``torch.compiler.save_cache_artifacts()``: with tunecache only, a job that had
-    turned that cache off got AOTAutograd artifacts (test_codecache.py's
-    test_cache_hot_load_pgo)."""
+def _answer_remote_autograd(ledger: Ledger) -> None:
+    """torch's ``should_use_remote_autograd_cache()`` answered by tunecache while the
+    user leaves ``enable_remote_autograd_cache`` None: on while tunecache serves graphs
+    and the FX graph remote cache and the local AOTAutograd cache are on (``serves``). A
+    job that turned the AOTAutograd cache off must not go through AOTAutogradCache on
+    tunecache's account: it records the entries it saves for
+    ``torch.compiler.save_cache_artifacts()`` (test_codecache.py's
+    test_cache_hot_load_pgo). The user's True or False, set before tunecache is on or
+    after, is torch's answer unchanged (test_log_event_autograd_remote: a remote-only
+    AOTAutograd cache)."""
     import importlib
 
+    import torch
     from torch._functorch import config as functorch_config
     from torch._inductor import config
 
@@ -243,10 +252,10 @@ def _gate_remote_autograd(ledger: Ledger) -> None:
 
     @functools.wraps(inner)
     def should_use_remote_autograd_cache() -> bool:
-        if not inner():
+        if REGISTRY.graphs is None or functorch_config.enable_remote_autograd_cache is not None:
+            return bool(inner())
+        if getattr(torch.compiler.config, "force_disable_caches", False):
             return False
-        if REGISTRY.graphs is None or functorch_config.enable_remote_autograd_cache is not True:
-            return True
         return bool(config.fx_graph_remote_cache) and bool(
             functorch_config.enable_autograd_cache)
 
@@ -289,10 +298,8 @@ def enable_graphs(ledger: Ledger, cache: CacheOpener, settings: Settings,
     for name, cls in remote_cache_classes().items():
         ledger.patch(rc, name, cls)
     turn_on(ledger, config, "fx_graph_remote_cache")
-    if (not kept_off(functorch_config, "enable_remote_autograd_cache")
-            and functorch_config.enable_remote_autograd_cache is None):
-        turn_on(ledger, functorch_config, "enable_remote_autograd_cache")
-        _gate_remote_autograd(ledger)
+    kept_off(functorch_config, "enable_remote_autograd_cache")  # (said once if so)
+    _answer_remote_autograd(ledger)
     clear_autograd_remote_cache()
     log.debug("tunecache: compiled graphs shared (%s, key %s)",
               "publish and load" if share.publishes else "load only", share.fingerprint)
