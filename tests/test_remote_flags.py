@@ -172,3 +172,43 @@ def test_a_remote_autograd_flag_the_user_sets_after_enable_is_torchs_answer(tmp_
                 assert autograd_cache.should_use_remote_autograd_cache() is False
         finally:
             tunecache.disable()
+
+
+def test_a_backend_override_patched_after_the_remote_cache_was_made_wins_while_it_lasts(
+        tmp_path):
+    """torch keeps one AOTAutograd remote cache per process; PyTorch's tests patch
+    ``RemoteAOTAutogradCache.backend_override_cls`` (``mock_cache.PatchCaches``) and
+    count what reaches their mock backend, also where tunecache's instance was made by
+    an earlier compile (test_codecache.py's test_log_event_autograd_remote after
+    TestFxGraphCacheHashing)."""
+    from unittest import mock
+
+    from torch._inductor import remote_cache
+
+    from tunecache.inductor.graphs import remote_cache_classes
+
+    class Theirs:
+        def __init__(self) -> None:
+            self.data: dict[str, Any] = {}
+
+        def get(self, key: str) -> Any:
+            return self.data.get(key)
+
+        def put(self, key: str, data: Any) -> None:
+            self.data[key] = data
+
+    write_key_pair(tmp_path / "keys")
+    assert tunecache.enable(db=str(tmp_path / "tune.db"),
+                            signing_key=str(tmp_path / "keys" / PRIVATE_KEY_NAME))
+    try:
+        made_before = remote_cache_classes()["RemoteAOTAutogradCache"]("test")
+        value = {"data": "aGVsbG8=", "time_taken_ms": 1}
+        with mock.patch.object(remote_cache.RemoteAOTAutogradCache, "backend_override_cls",
+                               Theirs):
+            made_before.put("k", value)
+            assert made_before.get("k") == value
+            assert isinstance(made_before.backend, Theirs)
+        assert _kinds(tmp_path) == []  # theirs took it, not the database
+        assert made_before.get("k") is None  # ours again
+    finally:
+        tunecache.disable()

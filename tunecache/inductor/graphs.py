@@ -168,9 +168,27 @@ def remote_cache_classes() -> dict[str, type]:
             rc.RemoteCache.__init__(self, TuneCacheGraphBackend(kind),
                                     rc.RemoteCachePassthroughSerde())
 
+        def get_backend(self: Any) -> Any:
+            """The backend a ``backend_override_cls`` set on the class now gives (one per
+            override), else the one this instance was made with. torch keeps one
+            AOTAutograd remote cache per process (``get_remote_cache`` is cached), so an
+            override patched after it was made (``mock_cache.PatchCaches``, as PyTorch's
+            tests do) must still win for its duration, as for an instance made under it."""
+            override = getattr(type(self), "backend_override_cls", None)
+            if override is None:
+                return self.__dict__["_backend"]
+            made = self.__dict__.get("_override")
+            if made is None or made[0] is not override:
+                made = self.__dict__["_override"] = (override, override())
+            return made[1]
+
+        def set_backend(self: Any, backend: Any) -> None:
+            self.__dict__["_backend"] = backend
+
         # Inductor reports cache use (TORCH_LOGS=cache) under the class's name.
         return type(name, (rc.RemoteCache,), {
             "__init__": __init__, "__module__": __name__,
+            "backend": property(get_backend, set_backend),
             "__doc__": f"Inductor's {kind} remote cache, backed by tunecache's database."})
 
     return {
