@@ -11,8 +11,8 @@ releases' autograd_cache.py; the same in each):
   two names is the one override point both caches share, as tunecache already does for
   ``RemoteAutotuneCache`` (triton/remote.py). ``AOTAutogradCache.get_remote_cache`` is
   ``functools.cache``d: its cache is cleared when we install and remove ours (the
-  classes and the two flags below are set through the registry's patch ledger, and
-  :func:`tunecache.inductor.disable` undoes them).
+  classes, the FX graph flag and the answer below are set through the registry's patch
+  ledger, and :func:`tunecache.inductor.disable` undoes them).
 * They are used when ``torch._inductor.config.fx_graph_remote_cache`` is true and
   ``should_use_remote_autograd_cache()`` answers True (None, the default of both flags,
   means off outside fbcode). tunecache turns the first on where it is None; it is left
