@@ -111,6 +111,15 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
+def _autograd_entries_served() -> bool:
+    """Whether AOTAutograd entries are served now: while the FX graph remote cache and the
+    local AOTAutograd cache are on."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    return bool(config.fx_graph_remote_cache) and bool(functorch_config.enable_autograd_cache)
+
+
 @functools.cache
 def remote_cache_classes() -> dict[str, type]:
     """Our stand-ins for Inductor's remote graph caches, by Inductor's class name."""
@@ -129,13 +138,7 @@ def remote_cache_classes() -> dict[str, type]:
             may turn either off after tunecache is on): its hit without its FX graph costs
             a miss, a second compile and an artifact recorded twice, and a cache turned
             off must not live on remote-only."""
-            if self.kind != "autograd":
-                return True
-            from torch._functorch import config as functorch_config
-            from torch._inductor import config
-
-            return bool(config.fx_graph_remote_cache) and bool(
-                functorch_config.enable_autograd_cache)
+            return self.kind != "autograd" or _autograd_entries_served()
 
         def _get(self, key: str) -> Any:
             share = REGISTRY.graphs
@@ -254,7 +257,6 @@ def _answer_remote_autograd(ledger: Ledger) -> None:
 
     import torch
     from torch._functorch import config as functorch_config
-    from torch._inductor import config
 
     modules = []
     for name in _REMOTE_AUTOGRAD_USERS:
@@ -274,8 +276,7 @@ def _answer_remote_autograd(ledger: Ledger) -> None:
             return bool(inner())
         if getattr(torch.compiler.config, "force_disable_caches", False):
             return False
-        return bool(config.fx_graph_remote_cache) and bool(
-            functorch_config.enable_autograd_cache)
+        return _autograd_entries_served()
 
     for module in modules:
         ledger.patch(module, "should_use_remote_autograd_cache",
